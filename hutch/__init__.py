@@ -1,0 +1,79 @@
+"""hutch: a self-hosted runtime for AI agents that run code and remember.
+
+Two wings share this package:
+
+- sandboxes (`hutch.Sandbox`, `hutch.AsyncSandbox`, `hutch.Image`, `hutch.Mount`,
+  `hutch.Network`): isolated, ephemeral Linux environments for untrusted code;
+- memory (`hutch.Memory`): SMF, the Semantic Memory Filesystem, agent memory
+  as plain Markdown files, symlinks and git, with a derived search index.
+
+Names are imported lazily so that `import hutch` stays cheap (the sandbox start
+server and the CLI import only what they use).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from hutch._core.errors import (
+    ConfigError,
+    DaemonError,
+    Error,
+    ExecError,
+    ImageError,
+    InvalidSpecError,
+    MemoryStoreError,
+    NetworkPolicyError,
+    NotFoundError,
+    OutOfMemoryError,
+    SandboxError,
+    SandboxTimeout,
+    SearchIndexError,
+    StateError,
+)
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (imported on first use)
+_LAZY = {
+    "Mount": "hutch.sandbox._spec",
+    "Network": "hutch.sandbox._spec",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hutch.sandbox._spec import Mount, Network
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hutch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = sorted(
+    [
+        "ConfigError",
+        "DaemonError",
+        "Error",
+        "ExecError",
+        "ImageError",
+        "InvalidSpecError",
+        "MemoryStoreError",
+        "NetworkPolicyError",
+        "NotFoundError",
+        "OutOfMemoryError",
+        "SandboxError",
+        "SandboxTimeout",
+        "SearchIndexError",
+        "StateError",
+        *_LAZY,
+    ]
+)

@@ -1,0 +1,3 @@
+from hutch.cli import main
+
+main()

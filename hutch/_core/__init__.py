@@ -1,0 +1,1 @@
+"""Small shared pieces used by both wings: errors, paths, atomic writes."""

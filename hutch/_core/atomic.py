@@ -1,0 +1,38 @@
+"""Atomic file writes: a unique temp file in the same directory, fsync, rename.
+
+A reader sees the old bytes or the new bytes, never a half-written file, and a
+crash leaves at most a stray temp file whose name starts with `.tmp-`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+TEMP_PREFIX = ".tmp-"
+
+
+def atomic_write(path: str | os.PathLike, data: bytes, *, mode: int = 0o644, fsync_dir: bool = True) -> None:
+    """Replace `path` with `data` atomically."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    if fsync_dir:
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

@@ -1,0 +1,102 @@
+"""The exception tree of hutch. Every error hutch raises derives from `Error`.
+
+    Error
+    ├── ConfigError            bad input to a constructor or call: the message names the fix
+    │   ├── InvalidSpecError   a sandbox or option spec that cannot be honoured
+    │   └── NetworkPolicyError an egress policy entry is invalid; names the entry
+    ├── NotFoundError          a sandbox, image, entity, volume ... that does not exist
+    ├── StateError             an operation on something in the wrong state (exec on a terminated sandbox)
+    ├── SandboxError           a sandbox failed to start or broke while running
+    │   ├── ImageError         an image could not be found or built
+    │   ├── ExecError          a command exited non-zero (carries stdout, stderr, exit code)
+    │   ├── SandboxTimeout     a sandbox or command ran past its timeout
+    │   └── OutOfMemoryError   the sandbox's memory limit was hit and the kernel killed a process
+    ├── DaemonError            the host daemon could not be reached or answered badly
+    └── MemoryStoreError       the SMF store: bad files, dangling links, conflicts
+        └── SearchIndexError   the derived search index could not be built or read
+
+Messages are full sentences that say what went wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class Error(Exception):
+    """Root of every error raised by hutch."""
+
+
+class ConfigError(Error, ValueError):
+    """Bad input to a constructor or call; the message names the fix."""
+
+
+class InvalidSpecError(ConfigError):
+    """A sandbox specification that cannot be honoured."""
+
+
+class NotFoundError(Error, LookupError):
+    """A named thing (sandbox, image, entity, volume) does not exist."""
+
+
+class StateError(Error):
+    """An operation on something in the wrong lifecycle state."""
+
+
+class SandboxError(Error):
+    """A sandbox failed to start or broke while running."""
+
+
+class ImageError(SandboxError):
+    """An image could not be found or built."""
+
+
+class ExecError(SandboxError):
+    """A command exited non-zero. Carries its result: stdout, stderr, returncode."""
+
+    def __init__(self, message: str, *, argv=(), stdout=b"", stderr=b"", returncode=None):
+        super().__init__(message)
+        self.argv = tuple(argv)
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode = returncode
+
+
+class SandboxTimeout(SandboxError):
+    """A sandbox or a command ran past its timeout and was ended."""
+
+
+class OutOfMemoryError(SandboxError):
+    """The kernel killed a process of the sandbox because it hit its memory limit."""
+
+
+class DaemonError(Error):
+    """The host daemon could not be reached, or answered with an error."""
+
+
+class NetworkPolicyError(ConfigError):
+    """An egress policy entry is invalid; the message names the entry."""
+
+
+class MemoryStoreError(Error):
+    """The SMF store: bad files, dangling links, conflicting writes."""
+
+
+class SearchIndexError(MemoryStoreError):
+    """The derived search index could not be built or read."""
+
+
+__all__ = [
+    "ConfigError",
+    "DaemonError",
+    "Error",
+    "ExecError",
+    "ImageError",
+    "InvalidSpecError",
+    "MemoryStoreError",
+    "NetworkPolicyError",
+    "NotFoundError",
+    "OutOfMemoryError",
+    "SandboxError",
+    "SandboxTimeout",
+    "SearchIndexError",
+    "StateError",
+]

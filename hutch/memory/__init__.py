@@ -1,0 +1,1 @@
+"""The memory wing: SMF, the Semantic Memory Filesystem. Never imports hutch.sandbox."""

@@ -1,0 +1,1 @@
+"""The sandbox wing: isolated, ephemeral Linux environments. Never imports hutch.memory."""

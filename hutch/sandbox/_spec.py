@@ -1,0 +1,269 @@
+"""Frozen value objects that declare a sandbox: mounts, network policy, limits.
+
+Everything about a sandbox's isolation is fixed here, at construction, and each
+constructor validates its input and names the fix when it is wrong. The spec
+travels to the daemon as JSON (`to_dict` / `from_dict`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import PurePosixPath
+from typing import Any, Literal
+
+from hutch._core.errors import InvalidSpecError, NetworkPolicyError
+
+# Defaults, named in one place.
+DEFAULT_IMAGE = "debian-slim"
+DEFAULT_TIMEOUT = 300.0          # seconds a sandbox may live unless told otherwise
+DEFAULT_MEMORY = 512 * 1024**2   # bytes
+DEFAULT_PIDS = 512
+DEFAULT_DISK = 1024**3           # bytes of writable layer
+DEFAULT_CPU = 1.0
+DEFAULT_WORKDIR = "/home/user"
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB]?)?\s*$")
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(value: int | str, what: str) -> int:
+    """'512M', '1G', '1.5GiB', 1048576 -> bytes. Raises InvalidSpecError naming `what`."""
+    if isinstance(value, bool):
+        raise InvalidSpecError(f"{what}={value!r} is not a size; give bytes as an int or a string like '512M' or '2G'.")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    else:
+        raise InvalidSpecError(f"{what}={value!r} is not a size; give bytes as an int or a string like '512M' or '2G'.")
+    if n <= 0:
+        raise InvalidSpecError(f"{what}={value!r} must be positive; give a size like '512M'.")
+    return n
+
+
+def _abs_path(path: str, what: str) -> str:
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise InvalidSpecError(f"{what}={path!r} must be an absolute path inside the sandbox, like '/data'.")
+    p = PurePosixPath(path)
+    if ".." in p.parts:
+        raise InvalidSpecError(f"{what}={path!r} must not contain '..'; give the plain absolute path.")
+    return str(p)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A filesystem mounted into a sandbox. Build with `Mount.bind`, `Mount.tmpfs` or `Mount.volume`."""
+
+    kind: Literal["bind", "tmpfs", "volume"]
+    target: str
+    source: str | None = None
+    readonly: bool = True
+    size: int | None = None
+
+    @classmethod
+    def bind(cls, source: str, target: str, *, readonly: bool = True) -> "Mount":
+        """Bind a host path into the sandbox; read-only unless `readonly=False` is said."""
+        import os
+
+        if not isinstance(source, (str, os.PathLike)):
+            raise InvalidSpecError(f"Mount.bind source={source!r} must be a host path.")
+        src = os.path.abspath(os.fspath(source))
+        if not os.path.exists(src):
+            raise InvalidSpecError(
+                f"Mount.bind source {src!r} does not exist on the host; create it first or fix the path."
+            )
+        return cls("bind", _abs_path(target, "Mount.bind target"), src, bool(readonly))
+
+    @classmethod
+    def tmpfs(cls, target: str, *, size: int | str = "64M") -> "Mount":
+        """An empty, writable, memory-backed directory that vanishes with the sandbox."""
+        return cls("tmpfs", _abs_path(target, "Mount.tmpfs target"), None, False, parse_size(size, "Mount.tmpfs size"))
+
+    @classmethod
+    def volume(cls, volume: Any, target: str, *, readonly: bool = False) -> "Mount":
+        """A named hutch Volume (see `hutch.Volume`); `volume` is a Volume or its name."""
+        name = getattr(volume, "name", volume)
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name):
+            raise InvalidSpecError(f"Mount.volume volume={volume!r} is not a volume name; use hutch.Volume.from_name(...).")
+        return cls("volume", _abs_path(target, "Mount.volume target"), name, bool(readonly))
+
+
+_DOMAIN_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Network:
+    """A sandbox's network egress policy. Build with `none()`, `allow(...)` or `open()`.
+
+    Wildcards: "*.example.com" matches any name with at least one more label
+    below example.com (a.example.com, a.b.example.com), never example.com itself;
+    list both to allow both.
+    """
+
+    mode: Literal["none", "allow", "open"] = "none"
+    domains: tuple[str, ...] = ()
+    cidrs: tuple[str, ...] = ()
+    ports: tuple[int, ...] = ()
+
+    @classmethod
+    def none(cls) -> "Network":
+        """No network at all: loopback only. The default."""
+        return cls("none")
+
+    @classmethod
+    def open(cls) -> "Network":
+        """The public internet, never private, loopback, link-local or metadata ranges."""
+        return cls("open")
+
+    @classmethod
+    def allow(cls, domains=(), cidrs=(), ports=(443, 80)) -> "Network":
+        """Only these domains (DNS names, '*.' wildcards) and CIDR ranges, on these TCP ports."""
+        if isinstance(domains, str) or isinstance(cidrs, str) or isinstance(ports, (str, int)):
+            raise NetworkPolicyError("domains, cidrs and ports must be lists, e.g. domains=['api.example.com'].")
+        doms = []
+        for d in domains:
+            if not isinstance(d, str):
+                raise NetworkPolicyError(f"domain {d!r} is not a string; give names like 'api.example.com'.")
+            n = d.strip().lower().rstrip(".")
+            if not _DOMAIN_RE.match(n) or len(n) > 253 or "." not in n.lstrip("*."):
+                raise NetworkPolicyError(
+                    f"domain {d!r} is not a valid DNS name; give 'api.example.com' or '*.example.com' "
+                    "(a wildcard only as the whole leftmost label)."
+                )
+            doms.append(n)
+        nets = []
+        for c in cidrs:
+            try:
+                net = ipaddress.ip_network(str(c), strict=False)
+            except ValueError as e:
+                raise NetworkPolicyError(f"cidr {c!r} is not an address range; give one like '203.0.113.0/24'.") from e
+            if net.version != 4:
+                raise NetworkPolicyError(f"cidr {c!r} is IPv6; sandboxes have no IPv6, give an IPv4 range.")
+            nets.append(str(net))
+        prts = []
+        for p in ports:
+            if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 65535:
+                raise NetworkPolicyError(f"port {p!r} is not a TCP port; give an int in 1..65535.")
+            prts.append(p)
+        if not doms and not nets:
+            raise NetworkPolicyError("Network.allow() needs at least one domain or cidr; use Network.none() for no network.")
+        return cls("allow", tuple(sorted(set(doms))), tuple(sorted(set(nets))), tuple(sorted(set(prts))))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of a sandbox (bytes, processes, CPUs)."""
+
+    memory: int = DEFAULT_MEMORY
+    cpu: float = DEFAULT_CPU
+    pids: int = DEFAULT_PIDS
+    disk: int = DEFAULT_DISK
+
+    @classmethod
+    def of(cls, *, memory=DEFAULT_MEMORY, cpu=DEFAULT_CPU, pids=DEFAULT_PIDS, disk=DEFAULT_DISK) -> "Limits":
+        if isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or not 0.01 <= cpu <= 1024:
+            raise InvalidSpecError(f"cpu={cpu!r} must be a number of CPUs between 0.01 and 1024, like 1.0 or 0.5.")
+        if isinstance(pids, bool) or not isinstance(pids, int) or not 1 <= pids <= 1 << 22:
+            raise InvalidSpecError(f"pids={pids!r} must be a positive int, the most processes the sandbox may run.")
+        return cls(parse_size(memory, "memory"), float(cpu), pids, parse_size(disk, "disk"))
+
+
+def _timeout(value, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise InvalidSpecError(f"{what}={value!r} must be a positive number of seconds, or None.")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything that declares a sandbox. Immutable; sent to the daemon as JSON."""
+
+    command: tuple[str, ...] = ()
+    image: str = DEFAULT_IMAGE
+    mounts: tuple[Mount, ...] = ()
+    network: Network = field(default_factory=Network.none)
+    limits: Limits = field(default_factory=Limits)
+    timeout: float | None = DEFAULT_TIMEOUT
+    idle_timeout: float | None = None
+    workdir: str = DEFAULT_WORKDIR
+    env: tuple[tuple[str, str], ...] = ()
+    tags: tuple[tuple[str, str], ...] = ()
+    name: str | None = None
+    detach: bool = False
+
+    @classmethod
+    def build(cls, command=(), *, image=DEFAULT_IMAGE, mounts=(), network=None, memory=DEFAULT_MEMORY,
+              cpu=DEFAULT_CPU, pids=DEFAULT_PIDS, disk=DEFAULT_DISK, timeout=DEFAULT_TIMEOUT,
+              idle_timeout=None, workdir=DEFAULT_WORKDIR, env=None, tags=None, name=None,
+              detach=False) -> "SandboxSpec":
+        """Validate user arguments into a spec; every error names the argument and the fix."""
+        argv = tuple(command)
+        for a in argv:
+            if not isinstance(a, str):
+                raise InvalidSpecError(f"command argument {a!r} is not a string; pass argv as strings, not a shell line.")
+        if not isinstance(image, str) or not image:
+            raise InvalidSpecError(f"image={image!r} must be an image reference; use hutch.Image.debian_slim() or an image id.")
+        ms = tuple(mounts)
+        for m in ms:
+            if not isinstance(m, Mount):
+                raise InvalidSpecError(f"mounts entry {m!r} is not a Mount; build one with hutch.Mount.bind/tmpfs/volume.")
+        targets = [m.target for m in ms]
+        if len(set(targets)) != len(targets):
+            raise InvalidSpecError(f"two mounts share a target in {targets}; give each mount its own path.")
+        if network is None:
+            network = Network.none()
+        if not isinstance(network, Network):
+            raise InvalidSpecError(f"network={network!r} is not a Network; use hutch.Network.none(), .allow(...) or .open().")
+        envs = _str_pairs(env, "env")
+        for k, _ in envs:
+            if not k or "=" in k or "\0" in k:
+                raise InvalidSpecError(f"env name {k!r} is not a valid environment variable name.")
+        tgs = _str_pairs(tags, "tags")
+        if name is not None and (not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name)):
+            raise InvalidSpecError(f"name={name!r} must be 1-63 letters, digits, '_', '.', '-', starting with a letter or digit.")
+        return cls(
+            command=argv, image=image, mounts=ms, network=network,
+            limits=Limits.of(memory=memory, cpu=cpu, pids=pids, disk=disk),
+            timeout=_timeout(timeout, "timeout"), idle_timeout=_timeout(idle_timeout, "idle_timeout"),
+            workdir=_abs_path(workdir, "workdir"), env=envs, tags=tgs, name=name, detach=bool(detach),
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SandboxSpec":
+        try:
+            return cls(
+                command=tuple(d.get("command", ())),
+                image=d.get("image", DEFAULT_IMAGE),
+                mounts=tuple(Mount(**m) for m in d.get("mounts", ())),
+                network=Network(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.get("network", {"mode": "none"}).items()}),
+                limits=Limits(**d.get("limits", {})),
+                timeout=d.get("timeout", DEFAULT_TIMEOUT),
+                idle_timeout=d.get("idle_timeout"),
+                workdir=d.get("workdir", DEFAULT_WORKDIR),
+                env=tuple(tuple(p) for p in d.get("env", ())),
+                tags=tuple(tuple(p) for p in d.get("tags", ())),
+                name=d.get("name"),
+                detach=bool(d.get("detach", False)),
+            )
+        except TypeError as e:
+            raise InvalidSpecError(f"sandbox spec is malformed: {e}. Send the JSON that SandboxSpec.to_dict() makes.") from e
+
+
+def _str_pairs(value, what: str) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise InvalidSpecError(f"{what}={value!r} must be a dict of str to str.")
+    out = []
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidSpecError(f"{what} entry {k!r}: {v!r} must map a str to a str.")
+        out.append((k, v))
+    return tuple(sorted(out))
