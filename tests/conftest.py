@@ -1,0 +1,65 @@
+"""Suite-wide guard: a sandbox runtime must leave nothing behind.
+
+At the end of the session, look for mounts, cgroups, network namespaces and
+veths that carry hutch's names. Under CI (CI=true) a leftover fails the run;
+on a developer machine, where other suites may be running at the same time,
+it is reported as a warning.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import warnings
+from pathlib import Path
+
+
+def leftovers() -> list[str]:
+    found = []
+    try:
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            if "hutch" in line.lower():
+                found.append(f"mount: {line.split()[4]}")
+    except OSError:
+        pass
+    cg = Path("/sys/fs/cgroup")
+    if cg.is_dir():
+        for depth1 in cg.iterdir():
+            try:
+                for p in [depth1, *depth1.iterdir()]:
+                    if not p.is_dir():
+                        continue
+                    for q in [p, *[c for c in p.iterdir() if c.is_dir()]]:
+                        if "hutch" in q.name.lower():
+                            # the parent hutch/ directory itself may stay; its children may not
+                            kids = [c.name for c in q.iterdir() if c.is_dir()]
+                            if kids:
+                                found.append(f"cgroup: {q} has {kids}")
+            except OSError:
+                continue
+    try:
+        out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            name = line.split(":")[1].strip().split("@")[0]
+            if re.match(r"^(hutch|hv[0-9a-f])", name):
+                found.append(f"link: {name}")
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if "hutch" in line.lower():
+                found.append(f"netns: {line.split()[0]}")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    left = leftovers()
+    if not left:
+        return
+    msg = "resources left behind by the test session:\n  " + "\n  ".join(left)
+    if os.environ.get("CI"):
+        print("\n" + msg)
+        session.exitstatus = 1
+    else:
+        warnings.warn(msg)
