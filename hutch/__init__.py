@@ -37,12 +37,25 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it (imported on first use)
 _LAZY = {
+    "AsyncProcess": "hutch.sandbox._process",
+    "AsyncSandbox": "hutch.sandbox.aio",
+    "ExecResult": "hutch.sandbox._wire",
+    "FileInfo": "hutch.sandbox._files",
+    "Image": "hutch.sandbox.image",
     "Mount": "hutch.sandbox._spec",
     "Network": "hutch.sandbox._spec",
+    "Process": "hutch.sandbox._process",
+    "Sandbox": "hutch.sandbox.sandbox",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
+    from hutch.sandbox._files import FileInfo
+    from hutch.sandbox._process import AsyncProcess, Process
     from hutch.sandbox._spec import Mount, Network
+    from hutch.sandbox._wire import ExecResult
+    from hutch.sandbox.aio import AsyncSandbox
+    from hutch.sandbox.image import Image
+    from hutch.sandbox.sandbox import Sandbox
 
 
 def __getattr__(name: str):

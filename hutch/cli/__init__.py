@@ -17,6 +17,9 @@ from hutch._core.errors import Error
 
 # (module, attribute) of each top-level command or group, in help order.
 _COMMANDS: list[tuple[str, str]] = [
+    ("hutch.cli._sandbox", "run"),
+    ("hutch.cli._sandbox", "sandbox"),
+    ("hutch.cli._sandbox", "serve"),
 ]
 
 

@@ -11,11 +11,34 @@ An image reference is a string:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from hutch._core import paths
+from hutch._core.atomic import atomic_write
 from hutch._core.errors import ImageError, NotFoundError
+
+DEBIAN_SLIM = "debian-slim"
+DEBIAN_SUITE = "bookworm"
+DEBIAN_EXTRA_PACKAGES = ("python3-minimal", "ca-certificates")   # minbase already has coreutils
+#: Env: a Debian mirror URL for debootstrap; unset means debootstrap's own default.
+ENV_DEBIAN_MIRROR = "HUTCH_DEBIAN_MIRROR"
+IMAGE_ENV = (
+    ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+    ("HOME", "/home/user"),
+    ("LANG", "C.UTF-8"),
+)
+IMAGE_WORKDIR = "/home/user"
+_META = "image.json"
+_TMP_PREFIX = ".tmp-"
 
 
 @dataclass(frozen=True)
@@ -32,6 +55,11 @@ class ResolvedImage:
 ProgressFn = Callable[[dict], None]
 
 
+def images_dir() -> Path:
+    """Where built images live: state_dir()/images/<name>/{rootfs,image.json}."""
+    return paths.state_dir() / "images"
+
+
 def resolve_image(ref: str) -> ResolvedImage:
     """Layers of an image that is ready to use; raises NotFoundError if it must be built first."""
     if ref.startswith("dir:"):
@@ -41,12 +69,139 @@ def resolve_image(ref: str) -> ResolvedImage:
                 f"image {ref!r}: {root} is not a directory; give hutch.Image.from_directory() an existing root."
             )
         return ResolvedImage(ref=ref, id=ref, lowerdirs=(root,))
+    if ref == DEBIAN_SLIM:
+        d = images_dir() / DEBIAN_SLIM
+        try:
+            meta = json.loads((d / _META).read_text())
+        except FileNotFoundError:
+            raise NotFoundError(
+                f"image {ref!r} is not built yet on this host; hutch builds it on first use "
+                "(Sandbox.create or POST /v1/images/ensure)."
+            ) from None
+        return ResolvedImage(ref=ref, id=meta["id"], lowerdirs=(d / "rootfs",), env=IMAGE_ENV, workdir=IMAGE_WORKDIR)
     raise NotFoundError(f"image {ref!r} is not known here; use hutch.Image.debian_slim() or hutch.Image.from_directory(path).")
 
 
 def ensure_image(ref: str, progress: ProgressFn | None = None) -> ResolvedImage:
     """Like resolve_image, but builds a buildable image (the default) first, reporting progress."""
-    return resolve_image(ref)
+    try:
+        return resolve_image(ref)
+    except NotFoundError:
+        if ref != DEBIAN_SLIM:
+            raise
+    return _build_debian_slim(progress or (lambda ev: None))
 
 
-__all__ = ["ImageError", "ResolvedImage", "ensure_image", "resolve_image"]
+def _build_debian_slim(progress: ProgressFn) -> ResolvedImage:
+    base = images_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / f".{DEBIAN_SLIM}.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # one build per host; waiters find it done
+        try:
+            return resolve_image(DEBIAN_SLIM)
+        except NotFoundError:
+            pass
+        for stale in base.glob(f"{_TMP_PREFIX}{DEBIAN_SLIM}-*"):   # a build that crashed
+            _remove_tree(stale)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{DEBIAN_SLIM}-", dir=base))
+        try:
+            _debootstrap(tmp / "rootfs", progress)
+            meta = {"ref": DEBIAN_SLIM, "id": f"{DEBIAN_SLIM}-{DEBIAN_SUITE}-{int(time.time())}",
+                    "suite": DEBIAN_SUITE, "packages": list(DEBIAN_EXTRA_PACKAGES),
+                    "size": _du(tmp / "rootfs"), "created_at": time.time()}
+            atomic_write(tmp / _META, json.dumps(meta, indent=1).encode())
+            os.rename(tmp, base / DEBIAN_SLIM)   # the commit point: the image exists only when complete
+        except BaseException:
+            _remove_tree(tmp)
+            raise
+    return resolve_image(DEBIAN_SLIM)
+
+
+_PHASES = (("Retrieving", "download"), ("Validating", "download"), ("Checking", "download"),
+           ("Resolving", "resolve"), ("Found", "resolve"), ("Extracting", "extract"),
+           ("Installing", "install"), ("Unpacking", "install"), ("Configuring", "configure"),
+           ("Base system installed", "finish"))
+
+
+def _phase(line: str) -> str:
+    text = line[3:] if line.startswith(("I: ", "W: ", "E: ")) else line
+    for prefix, phase in _PHASES:
+        if text.startswith(prefix):
+            return phase
+    return "debootstrap"
+
+
+def _debootstrap(rootfs: Path, progress: ProgressFn) -> None:
+    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(DEBIAN_EXTRA_PACKAGES)}",
+           DEBIAN_SUITE, str(rootfs)]
+    if mirror := os.environ.get(ENV_DEBIAN_MIRROR):
+        cmd.append(mirror)
+    t0 = time.monotonic()
+    size, size_at = 0, 0.0
+    tail: list[str] = []
+    progress({"phase": "start", "message": " ".join(cmd), "bytes": 0, "elapsed": 0.0})
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    except FileNotFoundError:
+        raise ImageError(
+            "building the default image needs debootstrap, which is not installed; "
+            "run scripts/setup.sh (it installs scripts/debian-packages.txt) or `apt-get install debootstrap`."
+        ) from None
+    try:
+        for line in proc.stdout:
+            line = line.rstrip()
+            tail = (tail + [line])[-8:]
+            now = time.monotonic()
+            if now - size_at >= 2.0:   # walking the tree costs tens of ms: not on every line
+                size, size_at = _du(rootfs), now
+            progress({"phase": _phase(line), "message": line, "bytes": size, "elapsed": round(now - t0, 2)})
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if rc != 0:
+        raise ImageError(
+            f"debootstrap of the default image failed with exit code {rc}; its last output: {' | '.join(tail)}. "
+            f"Check that the Debian archive is reachable (or set {ENV_DEBIAN_MIRROR}) and try again."
+        )
+    (rootfs / "home" / "user").mkdir(parents=True, exist_ok=True)
+    os.chmod(rootfs / "home" / "user", 0o755)
+    # the .deb files and package lists are not needed to run anything; they are half the size
+    for junk in (rootfs / "var/cache/apt/archives").glob("*.deb"):
+        junk.unlink()
+    shutil.rmtree(rootfs / "var/lib/apt/lists", ignore_errors=True)
+    (rootfs / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
+    progress({"phase": "done", "message": "built", "bytes": _du(rootfs), "elapsed": round(time.monotonic() - t0, 2)})
+
+
+def _du(root: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove a (failed) build tree, unmounting first whatever debootstrap left mounted in it (proc, sys)."""
+    prefix = str(path.resolve()) + "/"
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [ln.split()[4] for ln in f]
+    except OSError:
+        points = []
+    for mp in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    with open("/proc/self/mountinfo") as f:
+        if any(ln.split()[4].startswith(prefix) for ln in f):
+            raise ImageError(f"cannot clean up the failed image build {path}: something is still mounted in it; "
+                             "unmount it and remove the directory.")
+    shutil.rmtree(path, ignore_errors=True)
+
+
+__all__ = ["ImageError", "ResolvedImage", "ensure_image", "images_dir", "resolve_image"]

@@ -1,0 +1,246 @@
+"""`hutch run`, `hutch sandbox create|exec|ls|kill`, `hutch serve`: thin wrappers over hutch.Sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+import click
+
+_EXIT_SIGNAL_BASE = 128   # a command killed by signal N exits the CLI with 128+N, as a shell does
+
+
+def _pairs(values, what: str) -> dict[str, str]:
+    out = {}
+    for v in values:
+        k, sep, val = v.partition("=")
+        if not sep or not k:
+            raise click.BadParameter(f"{v!r} is not K=V", param_hint=what)
+        out[k] = val
+    return out
+
+
+def _image(value: str | None):
+    import hutch
+
+    if value is None:
+        return None
+    if os.path.isdir(value):   # a path to a prepared root
+        return hutch.Image.from_directory(value)
+    return hutch.Image.of(value)
+
+
+def _mounts(values) -> list:
+    import hutch
+
+    out = []
+    for v in values:
+        parts = v.split(":")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+            raise click.BadParameter(f"{v!r} is not SRC:DST or SRC:DST:rw", param_hint="--mount")
+        out.append(hutch.Mount.bind(parts[0], parts[1], readonly=not (len(parts) == 3 and parts[2] == "rw")))
+    return out
+
+
+def _network(domains, cidrs):
+    import hutch
+
+    if not domains and not cidrs:
+        return hutch.Network.none()
+    return hutch.Network.allow(domains=list(domains), cidrs=list(cidrs))
+
+
+def _sandbox_options(f):
+    opts = [
+        click.option("--image", help="Image: 'debian-slim' (default), an image reference, or a root directory."),
+        click.option("--memory", default="512M", show_default=True, help="Memory limit, like 512M or 2G."),
+        click.option("--cpu", type=float, default=1.0, show_default=True, help="CPUs, like 0.5 or 2."),
+        click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds the sandbox may live."),
+        click.option("--env", "-e", multiple=True, metavar="K=V", help="An environment variable (repeatable)."),
+        click.option("--mount", "-v", multiple=True, metavar="SRC:DST[:rw]",
+                     help="Bind a host path, read-only unless ':rw' (repeatable)."),
+        click.option("--allow-domain", multiple=True, metavar="NAME",
+                     help="Allow egress to this DNS name or '*.domain' (repeatable). Default: no network."),
+        click.option("--allow-cidr", multiple=True, metavar="CIDR", help="Allow egress to this IPv4 range (repeatable)."),
+        click.option("--workdir", "-w", default="/home/user", show_default=True, help="Working directory inside."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _create_kwargs(image, memory, cpu, timeout, env, mount, allow_domain, allow_cidr, workdir) -> dict:
+    return dict(image=_image(image), memory=memory, cpu=cpu, timeout=timeout, env=_pairs(env, "--env"),
+                mounts=_mounts(mount), network=_network(allow_domain, allow_cidr), workdir=workdir)
+
+
+def _stream(p) -> int:
+    """Copy the command's output to ours as it arrives and our stdin to it; return the CLI exit code."""
+    def forward_stdin():
+        try:
+            while chunk := os.read(0, 65536):
+                p.stdin.write(chunk)
+        except OSError:
+            pass   # no usable stdin (closed, or the command ended): end-of-file
+        try:
+            p.stdin.close()
+        except Exception:
+            pass   # the command ended first
+
+    threading.Thread(target=forward_stdin, daemon=True).start()
+    outs = {1: sys.stdout.buffer, 2: sys.stderr.buffer}
+    for fd, data in p._chunks():
+        outs[fd].write(data)
+        outs[fd].flush()
+    rc = p.wait()
+    return rc if rc >= 0 else _EXIT_SIGNAL_BASE - rc
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@_sandbox_options
+@click.argument("command", nargs=-1, required=True)
+def run(command, **opts):
+    """Run COMMAND in a fresh sandbox, stream its output, and exit with its exit code.
+
+    Standard input is forwarded. The sandbox has no network unless --allow-domain
+    or --allow-cidr is given, and nothing of it remains when the command ends.
+
+    \b
+    Examples:
+      hutch run -- python3 -c 'print(sum(range(10)))'
+      hutch run --memory 1G -v ./data:/data -- ls -l /data
+      echo hi | hutch run --image /srv/rootfs -- cat
+    """
+    import hutch
+
+    with hutch.Sandbox.create(**_create_kwargs(**opts)) as sb:
+        rc = _stream(sb.exec(*command, stdin=True, text=False))
+    sys.exit(rc)
+
+
+@click.group()
+def sandbox():
+    """Create, inspect and end long-lived sandboxes.
+
+    \b
+    Examples:
+      id=$(hutch sandbox create --detach --tag job=ci)
+      hutch sandbox exec "$id" -- python3 -c 'print(1)'
+      hutch sandbox ls --tag job=ci
+      hutch sandbox kill "$id"
+    """
+
+
+@sandbox.command("create")
+@_sandbox_options
+@click.option("--name", help="A unique name to find the sandbox by.")
+@click.option("--tag", "-t", multiple=True, metavar="K=V", help="A tag (repeatable); `ls --tag` filters by them.")
+@click.option("--idle-timeout", type=float, help="End the sandbox after this many seconds without activity.")
+@click.option("--detach", "-d", is_flag=True, help="Print the id and exit; the sandbox lives until its timeout or kill.")
+@click.argument("command", nargs=-1)
+def create(command, name, tag, idle_timeout, detach, **opts):
+    """Create a sandbox and print its id.
+
+    With --detach it outlives this command (until its --timeout or `hutch sandbox kill`);
+    without, this command holds it until you press Ctrl-C. An optional COMMAND becomes
+    the sandbox's main process: the sandbox lives as long as it runs.
+
+    \b
+    Example:
+      hutch sandbox create --detach --timeout 600 --tag owner=me
+    """
+    import hutch
+
+    sb = hutch.Sandbox.create(*command, name=name, tags=_pairs(tag, "--tag"), idle_timeout=idle_timeout,
+                              detach=detach, **_create_kwargs(**opts))
+    click.echo(sb.id)
+    if detach:
+        return
+    try:
+        sb.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sb.terminate()
+
+
+@sandbox.command("exec")
+@click.argument("sandbox_id")
+@click.argument("command", nargs=-1, required=True)
+@click.option("--env", "-e", multiple=True, metavar="K=V", help="An environment variable (repeatable).")
+@click.option("--workdir", "-w", help="Working directory inside the sandbox.")
+@click.option("--timeout", type=float, help="End the command (not the sandbox) after this many seconds.")
+def exec_(sandbox_id, command, env, workdir, timeout):
+    """Run COMMAND in the sandbox SANDBOX_ID (id or name), streaming its output and stdin.
+
+    \b
+    Example:
+      hutch sandbox exec my-box -- sh -c 'ls /home/user'
+    """
+    import hutch
+
+    sb = hutch.Sandbox.from_id(sandbox_id)
+    p = sb.exec(*command, env=_pairs(env, "--env"), workdir=workdir, timeout=timeout, stdin=True, text=False)
+    sys.exit(_stream(p))
+
+
+exec_.name = "exec"
+
+
+@sandbox.command("ls")
+@click.option("--tag", "-t", multiple=True, metavar="K=V", help="Only sandboxes with this tag (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the daemon's records as JSON.")
+def ls(tag, as_json):
+    """List the sandboxes on this host.
+
+    \b
+    Example:
+      hutch sandbox ls --tag job=ci
+    """
+    import hutch
+
+    sbs = hutch.Sandbox.list(tags=_pairs(tag, "--tag") or None)
+    if as_json:
+        click.echo(json.dumps([s.info for s in sbs], indent=1))
+        return
+    click.echo(f"{'ID':<24} {'NAME':<20} {'STATUS':<12} TAGS")
+    for s in sbs:
+        tags = ",".join(f"{k}={v}" for k, v in sorted(s.tags.items()))
+        click.echo(f"{s.id:<24} {s.name or '-':<20} {s.status:<12} {tags}")
+
+
+@sandbox.command("kill")
+@click.argument("sandbox_ids", nargs=-1, required=True)
+def kill(sandbox_ids):
+    """End the given sandboxes (ids or names) now; returns when everything they had is gone.
+
+    \b
+    Example:
+      hutch sandbox kill sb-1a2b3c my-box
+    """
+    import hutch
+
+    for sid in sandbox_ids:
+        hutch.Sandbox.from_id(sid).terminate()
+        click.echo(sid)
+
+
+@click.command()
+@click.option("--listen", metavar="HOST:PORT", help="Also serve remote clients over TCP (needs --token).")
+@click.option("--token", envvar="HUTCH_TOKEN", help="Bearer token remote clients must send (env: HUTCH_TOKEN).")
+@click.option("--socket", "socket_path", type=click.Path(), help="Unix socket path (default: HUTCH_SOCKET or /run/hutch/hutch.sock).")
+def serve(listen, token, socket_path):
+    """Run the host daemon that owns this host's sandboxes (SDK and CLI start it when none runs).
+
+    \b
+    Examples:
+      hutch serve
+      hutch serve --listen 0.0.0.0:7450 --token "$(openssl rand -hex 16)"
+    """
+    if listen and not token:
+        raise click.UsageError("--listen needs --token (or HUTCH_TOKEN): remote clients must authenticate.")
+    from hutch.sandbox._daemon import serve as serve_daemon
+
+    serve_daemon(socket_path=socket_path, listen=listen, token=token)

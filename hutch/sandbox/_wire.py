@@ -1,0 +1,201 @@
+"""I/O-free pieces of the SDK's side of the daemon protocol (docs/api.md).
+
+The sync and async shells (sandbox.py, aio.py) share everything here: frame
+decoding of exec output, error mapping, turning daemon answers into values,
+and incremental text decoding of output streams.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from hutch._core import errors
+
+# Frame kinds of an exec output stream.
+STDOUT, STDERR, EXIT = 1, 2, 3
+_HEADER = struct.Struct(">BI")
+FRAMES_CONTENT_TYPE = "application/x-hutch-frames"
+
+# Statuses after which a sandbox runs nothing more.
+ENDED = frozenset({"exited", "terminated", "timeout", "idle_timeout", "oom", "failed"})
+
+
+class FrameDecoder:
+    """Split a byte stream into (kind, payload) frames: 1 byte kind, 4 bytes big-endian length, payload."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        self._buf += data
+        out = []
+        while len(self._buf) >= _HEADER.size:
+            kind, n = _HEADER.unpack_from(self._buf)
+            end = _HEADER.size + n
+            if len(self._buf) < end:
+                break
+            out.append((kind, bytes(self._buf[_HEADER.size:end])))
+            del self._buf[:end]
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete frame still buffered."""
+        return len(self._buf)
+
+
+def encode_frame(kind: int, payload: bytes) -> bytes:
+    """One frame (used by tests and by anything that speaks the protocol)."""
+    return _HEADER.pack(kind, len(payload)) + payload
+
+
+def error_from_answer(status: int, body: bytes) -> errors.Error:
+    """Map a daemon error answer `{"error": ClassName, "message": ...}` to the hutch.Error subclass of that name."""
+    try:
+        d = json.loads(body)
+        name, message = d["error"], d["message"]
+    except (ValueError, KeyError, TypeError):
+        text = body[:300].decode("utf-8", "replace").strip()
+        return errors.DaemonError(
+            f"the hutch daemon answered HTTP {status} without a hutch error body ({text!r}); "
+            "check that HUTCH_URL or HUTCH_SOCKET points at a hutch daemon."
+        )
+    cls = getattr(errors, str(name), None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.Error)):
+        cls = errors.DaemonError
+    if cls is errors.ExecError:
+        return errors.ExecError(str(message))
+    return cls(str(message))
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How an exec'd command ended: its returncode and why (exited, signaled, timeout, oom, killed, sandbox_ended)."""
+
+    returncode: int
+    reason: str
+
+    @classmethod
+    def from_payload(cls, payload: bytes) -> "ExitStatus":
+        d = json.loads(payload)
+        return cls(int(d["returncode"]), str(d.get("reason", "exited")))
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A finished command: what `Sandbox.run` returns and what `hutch.ExecError` carries."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str | bytes
+    stderr: str | bytes
+    reason: str = "exited"
+
+    def check(self) -> "ExecResult":
+        """Return self if the command exited 0, else raise hutch.ExecError carrying this result."""
+        if self.returncode != 0:
+            err = _tail(self.stderr)
+            raise errors.ExecError(
+                f"command {list(self.argv)} exited with code {self.returncode} ({self.reason})"
+                + (f"; stderr ends with: {err!r}" if err else "")
+                + ". Fix the command, or call run() with check=False to get the result without raising.",
+                argv=self.argv, stdout=self.stdout, stderr=self.stderr, returncode=self.returncode,
+            )
+        return self
+
+
+def _tail(s: str | bytes, n: int = 200) -> str:
+    if isinstance(s, bytes):
+        s = s.decode("utf-8", "replace")
+    return s.strip()[-n:]
+
+
+def exec_body(argv, *, timeout=None, workdir=None, env=None, stdin=False) -> dict[str, Any]:
+    """Validate exec arguments and build the JSON body of POST /v1/sandboxes/{id}/exec."""
+    args = tuple(argv)
+    if not args:
+        raise errors.InvalidSpecError("exec() needs a command: pass argv as strings, e.g. exec('ls', '-l').")
+    for a in args:
+        if not isinstance(a, str):
+            raise errors.InvalidSpecError(f"exec argument {a!r} is not a string; pass argv as strings, not a shell line.")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise errors.InvalidSpecError(f"timeout={timeout!r} must be a positive number of seconds, or None.")
+    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
+        raise errors.InvalidSpecError(f"workdir={workdir!r} must be an absolute path inside the sandbox, like '/tmp'.")
+    envd = {}
+    for k, v in (env or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k:
+            raise errors.InvalidSpecError(f"env entry {k!r}: {v!r} must map a variable name to a str value.")
+        envd[k] = v
+    return {"argv": list(args), "env": envd, "workdir": workdir,
+            "timeout": None if timeout is None else float(timeout), "stdin": bool(stdin)}
+
+
+def stdin_payload(stdin) -> tuple[bool, bytes | None]:
+    """exec(stdin=...) -> (open a stdin pipe?, bytes to send then close, or None to leave it open).
+
+    True: a pipe the caller writes with `p.stdin.write()` and closes; False: no input (EOF);
+    bytes or str: sent, then closed.
+    """
+    if stdin is True:
+        return True, None
+    if stdin is False or stdin is None:
+        return False, None
+    if isinstance(stdin, str):
+        return True, stdin.encode()
+    if isinstance(stdin, (bytes, bytearray, memoryview)):
+        return True, bytes(stdin)
+    raise errors.InvalidSpecError(f"stdin={stdin!r} must be True (a pipe), False (no input), or the bytes/str to send.")
+
+
+def terminated_error(sandbox_id: str, status: str) -> errors.StateError:
+    return errors.StateError(
+        f"sandbox {sandbox_id} has ended (status {status!r}); it runs nothing more. "
+        "Create a new one with hutch.Sandbox.create()."
+    )
+
+
+def tag_params(tags) -> list[tuple[str, str]]:
+    """tags={k: v} -> repeatable ?tag=k:v query parameters."""
+    if tags is None:
+        return []
+    if not isinstance(tags, dict):
+        raise errors.InvalidSpecError(f"tags={tags!r} must be a dict of str to str, like {{'job': 'ci'}}.")
+    out = []
+    for k, v in sorted(tags.items()):
+        if not isinstance(k, str) or not isinstance(v, str) or ":" in k:
+            raise errors.InvalidSpecError(f"tag {k!r}: {v!r} must map a str without ':' to a str.")
+        out.append(("tag", f"{k}:{v}"))
+    return out
+
+
+class TextStreamDecoder:
+    """Bytes in, text out, never splitting a UTF-8 sequence across chunks (undecodable bytes become U+FFFD)."""
+
+    def __init__(self) -> None:
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def decode(self, data: bytes, final: bool = False) -> str:
+        return self._dec.decode(data, final)
+
+
+def split_line(buf, sep):
+    """(line including sep, rest) if buf holds a whole line, else (None, buf)."""
+    i = buf.find(sep)
+    if i < 0:
+        return None, buf
+    return buf[: i + 1], buf[i + 1:]
+
+
+def check_path(path) -> str:
+    """Paths of sb.files: absolute strings inside the sandbox (the daemon confines them)."""
+    import os
+
+    p = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(p, str) or not p.startswith("/") or "\0" in p:
+        raise errors.InvalidSpecError(f"path {path!r} must be an absolute path inside the sandbox, like '/home/user/a.txt'.")
+    return p

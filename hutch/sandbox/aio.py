@@ -1,0 +1,181 @@
+"""`hutch.AsyncSandbox`: the surface of `hutch.Sandbox`, awaitable.
+
+    sb = await hutch.AsyncSandbox.create(memory="512M")
+    async with sb:
+        p = await sb.exec("python3", "-c", "print(1)")
+        async for line in p.stdout:
+            print(line, end="")
+        assert await p.wait() == 0
+
+Everything that is not I/O (spec building, error mapping, frame decoding) is
+shared with the blocking class; a test keeps the two in parity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from hutch._core.errors import NotFoundError
+from hutch.sandbox import _client
+from hutch.sandbox._files import AsyncFiles
+from hutch.sandbox._process import AsyncProcess
+from hutch.sandbox._spec import DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR
+from hutch.sandbox._wire import ENDED, ExecResult, exec_body, stdin_payload, tag_params, terminated_error
+from hutch.sandbox.image import Image
+from hutch.sandbox.sandbox import WAIT_POLL, ImageProgress, _ensured, _ensured_lock, _image_key, build_spec
+
+
+class AsyncSandbox:
+    """A running (or ended) sandbox, awaitable. Make one with `await AsyncSandbox.create()`."""
+
+    def __init__(self, client: "_client.AsyncClient", info: dict) -> None:
+        self._client = client
+        self._info = info
+        self.id: str = info["id"]
+        self.files = AsyncFiles(client, self.id)
+
+    # ------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def create(cls, *command: str, image: "Image | str | None" = None, mounts=(), cpu: float = DEFAULT_CPU,
+                     memory: "int | str" = DEFAULT_MEMORY, pids: int = DEFAULT_PIDS, disk: "int | str" = DEFAULT_DISK,
+                     timeout: "float | None" = DEFAULT_TIMEOUT, idle_timeout: "float | None" = None,
+                     workdir: str = DEFAULT_WORKDIR, env: "dict | None" = None, tags: "dict | None" = None,
+                     name: "str | None" = None, network=None, detach: bool = False) -> "AsyncSandbox":
+        """Start a sandbox and return it once it runs (see `hutch.Sandbox.create`)."""
+        spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
+                          timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags,
+                          name=name, network=network, detach=detach)
+        client = _client.default_async_client()
+        await cls._ensure_image(client, spec.image)
+        resp = await client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict()})
+        sb = cls(client, resp.json())
+        if not spec.detach:
+            try:
+                if client.ep.url:
+                    await asyncio.to_thread(_client.hold_lease, client.ep, sb.id)
+                else:   # a local socket connects at once
+                    _client.hold_lease(client.ep, sb.id)
+            except BaseException:
+                await sb.terminate()
+                raise
+        return sb
+
+    @staticmethod
+    async def _ensure_image(client, ref: str) -> None:
+        key = _image_key(client, ref)
+        if key in _ensured:
+            return
+        progress = ImageProgress(ref)
+        resp = await client.request("POST", "/v1/images/ensure", json={"ref": ref}, stream=True)
+        try:
+            async for line in resp.aiter_lines():
+                progress.line(line)
+        finally:
+            await resp.aclose()
+        progress.finish()
+        with _ensured_lock:
+            _ensured.add(key)
+
+    @classmethod
+    async def from_id(cls, sandbox_id: str) -> "AsyncSandbox":
+        """Attach to an existing sandbox by id or name (for example one created with `detach=True`)."""
+        client = _client.default_async_client()
+        return cls(client, await client.json("GET", f"/v1/sandboxes/{sandbox_id}"))
+
+    @classmethod
+    async def list(cls, *, tags: "dict | None" = None) -> "list[AsyncSandbox]":
+        """The sandboxes on this host whose tags include all of `tags`."""
+        client = _client.default_async_client()
+        d = await client.json("GET", "/v1/sandboxes", params=tag_params(tags))
+        return [cls(client, info) for info in d["sandboxes"]]
+
+    async def terminate(self) -> None:
+        """End the sandbox now; returns once every resource it had is gone. Harmless if it already ended."""
+        try:
+            self._info = await self._client.json("POST", f"/v1/sandboxes/{self.id}/terminate")
+        except NotFoundError:
+            pass
+        finally:
+            _client.release_lease(self.id)
+
+    async def wait(self, timeout: "float | None" = None) -> "int | None":
+        """Wait until the sandbox ends and return its command's exit code (None if it had none).
+
+        With `timeout`, returns None if it still runs after that many seconds (check `status`).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WAIT_POLL if deadline is None else max(0.0, min(WAIT_POLL, deadline - time.monotonic()))
+            self._info = await self._client.json("POST", f"/v1/sandboxes/{self.id}/wait", params={"timeout": left})
+            if self.status in ENDED:
+                _client.release_lease(self.id)
+                return self.returncode
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    async def poll(self) -> "int | None":
+        """The exit code if the sandbox has ended (None if it had no command), else None."""
+        self._info = await self._client.json("GET", f"/v1/sandboxes/{self.id}")
+        return self.returncode if self.status in ENDED else None
+
+    # ------------------------------------------------------------ commands
+
+    async def exec(self, *argv: str, timeout: "float | None" = None, workdir: "str | None" = None,
+                   env: "dict | None" = None, stdin: "bool | bytes | str" = True, text: bool = True) -> AsyncProcess:
+        """Start `argv` in the sandbox and return its handle (similar to asyncio.subprocess.Process)."""
+        return await self._exec(argv, timeout, workdir, env, stdin, text, background=True)
+
+    async def run(self, *argv: str, check: bool = False, timeout: "float | None" = None,
+                  workdir: "str | None" = None, env: "dict | None" = None, stdin: "bool | bytes | str" = False,
+                  text: bool = True) -> ExecResult:
+        """Run `argv` to completion and return its stdout, stderr and returncode (see `Sandbox.run`)."""
+        p = await self._exec(argv, timeout, workdir, env, stdin, text, background=False)
+        result = await p.result()
+        return result.check() if check else result
+
+    async def _exec(self, argv, timeout, workdir, env, stdin, text, *, background: bool) -> AsyncProcess:
+        if self.status in ENDED:
+            raise terminated_error(self.id, self.status)
+        is_open, data = stdin_payload(stdin)
+        body = exec_body(argv, timeout=timeout, workdir=workdir, env=env, stdin=is_open)
+        resp = await self._client.request("POST", f"/v1/sandboxes/{self.id}/exec", json=body, stream=True)
+        p = AsyncProcess(self._client, self.id, argv, resp, text=text, stdin_open=is_open, background=background)
+        if data is not None:
+            p.stdin._open = False
+            await self._client.request("POST", f"{p._base}/stdin", params={"eof": "1"}, content=data)
+        return p
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def info(self) -> dict:
+        """The daemon's last answer about this sandbox (id, name, tags, status, returncode, times, spec)."""
+        return dict(self._info)
+
+    @property
+    def name(self) -> "str | None":
+        return self._info.get("name")
+
+    @property
+    def tags(self) -> dict:
+        return dict(self._info.get("tags") or {})
+
+    @property
+    def status(self) -> str:
+        """Last known status: starting, running, exited, terminated, timeout, idle_timeout, oom or failed."""
+        return self._info.get("status", "running")
+
+    @property
+    def returncode(self) -> "int | None":
+        return self._info.get("returncode")
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.terminate()
+
+    def __repr__(self) -> str:
+        return f"<hutch.AsyncSandbox {self.id} {self.status}>"

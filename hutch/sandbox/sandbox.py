@@ -1,0 +1,260 @@
+"""`hutch.Sandbox`: an isolated, ephemeral Linux environment for untrusted code.
+
+    with hutch.Sandbox.create(timeout=300, memory="512M", cpu=1.0) as sb:
+        p = sb.exec("python3", "-c", "print(sum(range(10)))")
+        for line in p.stdout:
+            print(line, end="")
+        assert p.wait() == 0
+
+A sandbox is declared once, at creation; the host daemon owns it. Unless
+created with `detach=True`, it ends when the Python process that created it
+ends, however that process ends. `hutch.AsyncSandbox` (hutch/sandbox/aio.py)
+is the same surface, awaitable.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+from hutch._core.errors import NotFoundError
+from hutch.sandbox import _client
+from hutch.sandbox._files import Files
+from hutch.sandbox._process import Process
+from hutch.sandbox._spec import (
+    DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, SandboxSpec,
+)
+from hutch.sandbox._wire import ENDED, ExecResult, error_from_answer, exec_body, stdin_payload, tag_params, terminated_error
+from hutch.sandbox.image import Image
+
+WAIT_POLL = 30.0   # seconds per long-poll request of wait()
+
+
+def build_spec(command, *, image, mounts, cpu, memory, pids, disk, timeout, idle_timeout, workdir, env, tags,
+               name, network, detach) -> SandboxSpec:
+    """create()'s arguments -> a validated SandboxSpec (shared by Sandbox and AsyncSandbox)."""
+    return SandboxSpec.build(
+        command, image=Image.of(image).ref, mounts=mounts, network=network, memory=memory, cpu=cpu, pids=pids,
+        disk=disk, timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags, name=name,
+        detach=detach,
+    )
+
+
+class ImageProgress:
+    """Consumes the NDJSON events of POST /v1/images/ensure and shows build progress on stderr."""
+
+    def __init__(self, ref: str, stream=None) -> None:
+        self.ref, self.stream = ref, stream if stream is not None else sys.stderr
+        self._last_phase, self._last_time, self._shown = None, 0.0, False
+        self.result: dict | None = None
+
+    def line(self, raw: str | bytes) -> None:
+        if not raw.strip():
+            return
+        ev = json.loads(raw)
+        if ev.get("done"):
+            self.result = ev
+            if self._shown:
+                self._show(f"image {self.ref} ready")
+        elif "error" in ev:
+            raise error_from_answer(500, json.dumps(ev).encode())
+        else:
+            now = time.monotonic()
+            phase = ev.get("phase")
+            if phase != self._last_phase or now - self._last_time >= 2.0:
+                self._last_phase, self._last_time = phase, now
+                mb = (ev.get("bytes") or 0) / 1e6
+                self._show(f"building image {self.ref}: {phase}: {ev.get('message', '')} "
+                           f"({mb:.0f} MB, {ev.get('elapsed', 0):.0f} s)")
+
+    def _show(self, text: str) -> None:
+        self._shown = True
+        print(f"hutch: {text}", file=self.stream, flush=True)
+
+    def finish(self) -> dict:
+        if self.result is None:
+            raise error_from_answer(500, b'{"error": "ImageError", "message": "the daemon ended the image build '
+                                    b'without a result; see its log and try again."}')
+        return self.result
+
+
+# (endpoint, ref) pairs this process has ensured: the daemon is asked once per image.
+_ensured: set[tuple] = set()
+_ensured_lock = threading.Lock()
+
+
+def _image_key(client, ref: str) -> tuple:
+    return (client.ep.describe(), ref)
+
+
+class Sandbox:
+    """A running (or ended) sandbox. Make one with `Sandbox.create()`; find one with `from_id` or `list`."""
+
+    def __init__(self, client: "_client.Client", info: dict) -> None:
+        self._client = client
+        self._info = info
+        self.id: str = info["id"]
+        self.files = Files(client, self.id)
+
+    # ------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def create(cls, *command: str, image: "Image | str | None" = None, mounts=(), cpu: float = DEFAULT_CPU,
+               memory: "int | str" = DEFAULT_MEMORY, pids: int = DEFAULT_PIDS, disk: "int | str" = DEFAULT_DISK,
+               timeout: "float | None" = DEFAULT_TIMEOUT, idle_timeout: "float | None" = None,
+               workdir: str = DEFAULT_WORKDIR, env: "dict | None" = None, tags: "dict | None" = None,
+               name: "str | None" = None, network=None, detach: bool = False) -> "Sandbox":
+        """Start a sandbox and return it once it runs.
+
+        With `command`, the sandbox lives as long as that command; without one it waits for
+        `exec` calls until terminated or timed out. `mounts` are `hutch.Mount` values, `network`
+        a `hutch.Network` (default: none), `image` a `hutch.Image` (default: Debian with python3).
+        Unless `detach=True`, the sandbox ends when this Python process ends.
+
+        Example: `hutch.Sandbox.create(memory="1G", mounts=[hutch.Mount.bind("./data", "/data")])`
+        """
+        spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
+                          timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags,
+                          name=name, network=network, detach=detach)
+        client = _client.default_client()
+        cls._ensure_image(client, spec.image)
+        resp = client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict()})
+        sb = cls(client, resp.json())
+        if not spec.detach:
+            try:
+                _client.hold_lease(client.ep, sb.id)
+            except BaseException:
+                sb.terminate()
+                raise
+        return sb
+
+    @staticmethod
+    def _ensure_image(client, ref: str) -> None:
+        key = _image_key(client, ref)
+        if key in _ensured:
+            return
+        progress = ImageProgress(ref)
+        resp = client.request("POST", "/v1/images/ensure", json={"ref": ref}, stream=True)
+        try:
+            for line in resp.iter_lines():
+                progress.line(line)
+        finally:
+            resp.close()
+        progress.finish()
+        with _ensured_lock:
+            _ensured.add(key)
+
+    @classmethod
+    def from_id(cls, sandbox_id: str) -> "Sandbox":
+        """Attach to an existing sandbox by id or name (for example one created with `detach=True`)."""
+        client = _client.default_client()
+        return cls(client, client.json("GET", f"/v1/sandboxes/{sandbox_id}"))
+
+    @classmethod
+    def list(cls, *, tags: "dict | None" = None) -> "list[Sandbox]":
+        """The sandboxes on this host whose tags include all of `tags`."""
+        client = _client.default_client()
+        d = client.json("GET", "/v1/sandboxes", params=tag_params(tags))
+        return [cls(client, info) for info in d["sandboxes"]]
+
+    def terminate(self) -> None:
+        """End the sandbox now; returns once every resource it had is gone. Harmless if it already ended."""
+        try:
+            self._info = self._client.json("POST", f"/v1/sandboxes/{self.id}/terminate")
+        except NotFoundError:
+            pass
+        finally:
+            _client.release_lease(self.id)
+
+    def wait(self, timeout: "float | None" = None) -> "int | None":
+        """Wait until the sandbox ends and return its command's exit code (None if it had none).
+
+        With `timeout`, returns None if it still runs after that many seconds (check `status`).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WAIT_POLL if deadline is None else max(0.0, min(WAIT_POLL, deadline - time.monotonic()))
+            self._info = self._client.json("POST", f"/v1/sandboxes/{self.id}/wait", params={"timeout": left})
+            if self.status in ENDED:
+                _client.release_lease(self.id)
+                return self.returncode
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    def poll(self) -> "int | None":
+        """The exit code if the sandbox has ended (None if it had no command), else None. Never blocks."""
+        self._info = self._client.json("GET", f"/v1/sandboxes/{self.id}")
+        return self.returncode if self.status in ENDED else None
+
+    # ------------------------------------------------------------ commands
+
+    def exec(self, *argv: str, timeout: "float | None" = None, workdir: "str | None" = None,
+             env: "dict | None" = None, stdin: "bool | bytes | str" = True, text: bool = True) -> Process:
+        """Start `argv` in the sandbox and return its handle (similar to subprocess.Popen).
+
+        `timeout` ends the command (not the sandbox) after that many seconds. `stdin=True` opens a
+        pipe for `p.stdin.write()`; bytes or str are sent and then closed; False gives no input.
+        Output is text (UTF-8) unless `text=False`.
+
+        Example: `for line in sb.exec("ls", "-l", "/").stdout: print(line, end="")`
+        """
+        return self._exec(argv, timeout, workdir, env, stdin, text, background=True)
+
+    def run(self, *argv: str, check: bool = False, timeout: "float | None" = None, workdir: "str | None" = None,
+            env: "dict | None" = None, stdin: "bool | bytes | str" = False, text: bool = True) -> ExecResult:
+        """Run `argv` to completion and return its stdout, stderr and returncode.
+
+        With `check=True`, a non-zero exit raises `hutch.ExecError` carrying them.
+
+        Example: `sb.run("python3", "-c", "print(1)", check=True).stdout == "1\\n"`
+        """
+        p = self._exec(argv, timeout, workdir, env, stdin, text, background=False)
+        result = p.result()
+        return result.check() if check else result
+
+    def _exec(self, argv, timeout, workdir, env, stdin, text, *, background: bool) -> Process:
+        if self.status in ENDED:
+            raise terminated_error(self.id, self.status)
+        is_open, data = stdin_payload(stdin)
+        body = exec_body(argv, timeout=timeout, workdir=workdir, env=env, stdin=is_open)
+        resp = self._client.request("POST", f"/v1/sandboxes/{self.id}/exec", json=body, stream=True)
+        p = Process(self._client, self.id, argv, resp, text=text, stdin_open=is_open, background=background)
+        if data is not None:
+            p.stdin._open = False
+            self._client.request("POST", f"{p._base}/stdin", params={"eof": "1"}, content=data)
+        return p
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def info(self) -> dict:
+        """The daemon's last answer about this sandbox (id, name, tags, status, returncode, times, spec)."""
+        return dict(self._info)
+
+    @property
+    def name(self) -> "str | None":
+        return self._info.get("name")
+
+    @property
+    def tags(self) -> dict:
+        return dict(self._info.get("tags") or {})
+
+    @property
+    def status(self) -> str:
+        """Last known status: starting, running, exited, terminated, timeout, idle_timeout, oom or failed."""
+        return self._info.get("status", "running")
+
+    @property
+    def returncode(self) -> "int | None":
+        return self._info.get("returncode")
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.terminate()
+
+    def __repr__(self) -> str:
+        return f"<hutch.Sandbox {self.id} {self.status}>"

@@ -1,0 +1,152 @@
+"""The SDK's I/O-free pieces: frame decoding, error mapping, argument checking, Image, spec building."""
+
+import json
+
+import pytest
+
+import hutch
+from hutch.sandbox import _wire
+from hutch.sandbox._process import _Output
+from hutch.sandbox.sandbox import ImageProgress, build_spec
+
+
+def _frames(*pairs):
+    return b"".join(_wire.encode_frame(k, p) for k, p in pairs)
+
+
+def test_frames_split_anywhere_decode_the_same():
+    data = _frames((1, b"hello\n"), (2, b"oops"), (1, b""), (3, b'{"returncode": 3, "reason": "exited"}'))
+    whole = _wire.FrameDecoder().feed(data)
+    assert [k for k, _ in whole] == [1, 2, 1, 3]
+    for cut in range(1, len(data)):
+        d = _wire.FrameDecoder()
+        assert d.feed(data[:cut]) + d.feed(data[cut:]) == whole
+        assert d.pending == 0
+    d = _wire.FrameDecoder()
+    got = [f for b in data for f in d.feed(bytes([b]))]   # one byte at a time
+    assert got == whole
+
+
+def test_output_buffers_lines_and_exit():
+    out = _Output()
+    out.feed(_frames((1, b"a\nb"), (2, b"err\n")))
+    assert out.take_line(1) == b"a\n"
+    assert out.take_line(1) is None          # "b" is not a whole line yet and the stream is open
+    out.feed(_frames((1, b"c\n"), (3, json.dumps({"returncode": -9, "reason": "timeout"}).encode())))
+    out.finish()
+    assert out.take_line(1) == b"bc\n"
+    assert out.take_line(1) == b""           # end of stream
+    assert out.take_all(2) == b"err\n"
+    assert out.status() == _wire.ExitStatus(-9, "timeout")
+
+
+def test_output_without_exit_frame_is_a_daemon_error():
+    out = _Output()
+    out.feed(_frames((1, b"partial")))
+    out.finish()
+    with pytest.raises(hutch.DaemonError, match="exit status"):
+        out.status()
+
+
+def test_text_decoder_keeps_split_utf8_whole():
+    dec = _wire.TextStreamDecoder()
+    data = "héllo €\n".encode()
+    assert "".join(dec.decode(data[i:i + 1]) for i in range(len(data))) + dec.decode(b"", True) == "héllo €\n"
+
+
+@pytest.mark.parametrize("name,cls", [("StateError", hutch.StateError), ("NotFoundError", hutch.NotFoundError),
+                                      ("InvalidSpecError", hutch.InvalidSpecError), ("ImageError", hutch.ImageError),
+                                      ("OutOfMemoryError", hutch.OutOfMemoryError)])
+def test_error_answers_map_to_their_class(name, cls):
+    err = _wire.error_from_answer(409, json.dumps({"error": name, "message": "Do the thing."}).encode())
+    assert type(err) is cls and str(err) == "Do the thing."
+
+
+@pytest.mark.parametrize("body", [b"<html>bad gateway</html>", b'{"error": "KeyError", "message": "x"}',
+                                  b'{"error": "ValueError", "message": "x"}', b"{}"])
+def test_unknown_error_answers_become_daemon_errors(body):
+    assert type(_wire.error_from_answer(502, body)) is hutch.DaemonError
+
+
+def test_exec_body_validates_and_builds():
+    assert _wire.exec_body(["ls", "-l"], timeout=2, workdir="/tmp", env={"A": "1"}, stdin=True) == {
+        "argv": ["ls", "-l"], "env": {"A": "1"}, "workdir": "/tmp", "timeout": 2.0, "stdin": True}
+    for kw, match in [({"timeout": 0}, "timeout"), ({"workdir": "tmp"}, "absolute"), ({"env": {"A=B": "1"}}, "env")]:
+        with pytest.raises(hutch.InvalidSpecError, match=match):
+            _wire.exec_body(["ls"], **kw)
+    with pytest.raises(hutch.InvalidSpecError, match="needs a command"):
+        _wire.exec_body([])
+    with pytest.raises(hutch.InvalidSpecError, match="not a string"):
+        _wire.exec_body(["ls", 3])
+
+
+def test_stdin_payload():
+    assert _wire.stdin_payload(True) == (True, None)
+    assert _wire.stdin_payload(False) == (False, None)
+    assert _wire.stdin_payload("hé") == (True, "hé".encode())
+    assert _wire.stdin_payload(b"\0") == (True, b"\0")
+    with pytest.raises(hutch.InvalidSpecError):
+        _wire.stdin_payload(3)
+
+
+def test_exec_result_check_raises_exec_error_carrying_the_result():
+    ok = _wire.ExecResult(("true",), 0, "", "")
+    assert ok.check() is ok
+    bad = _wire.ExecResult(("sh", "-c", "exit 3"), 3, "out", "boom\n")
+    with pytest.raises(hutch.ExecError) as ei:
+        bad.check()
+    e = ei.value
+    assert (e.returncode, e.stdout, e.stderr, e.argv) == (3, "out", "boom\n", ("sh", "-c", "exit 3"))
+    assert "boom" in str(e) and "check=False" in str(e)
+
+
+def test_image_values(tmp_path):
+    assert hutch.Image.debian_slim().ref == "debian-slim"
+    assert hutch.Image.from_directory(tmp_path).ref == f"dir:{tmp_path}"
+    assert hutch.Image.of(None) == hutch.Image.debian_slim()
+    with pytest.raises(hutch.NotFoundError, match="not a directory"):
+        hutch.Image.from_directory(tmp_path / "missing")
+    with pytest.raises(hutch.InvalidSpecError):
+        hutch.Image.of(3)
+    with pytest.raises(Exception):
+        hutch.Image.debian_slim().ref = "x"   # frozen
+
+
+def _spec(**kw):
+    base = dict(image=None, mounts=(), cpu=1.0, memory="512M", pids=64, disk="1G", timeout=60, idle_timeout=None,
+                workdir="/home/user", env=None, tags=None, name=None, network=None, detach=False)
+    base.update(kw)
+    return build_spec((), **base)
+
+
+def test_build_spec_bad_input_names_the_fix(tmp_path):
+    with pytest.raises(hutch.InvalidSpecError, match="memory='lots'.*512M"):
+        _spec(memory="lots")
+    with pytest.raises(hutch.InvalidSpecError, match="does not exist"):
+        _spec(mounts=[hutch.Mount.bind(str(tmp_path / "nope"), "/data")])
+    s = _spec(image=hutch.Image.from_directory(tmp_path), tags={"a": "b"})
+    assert s.image == f"dir:{tmp_path}" and s.tags == (("a", "b"),)
+    assert s.to_dict()["limits"]["memory"] == 512 * 1024**2
+
+
+def test_tag_params():
+    assert _wire.tag_params({"b": "2", "a": "1"}) == [("tag", "a:1"), ("tag", "b:2")]
+    with pytest.raises(hutch.InvalidSpecError):
+        _wire.tag_params(["a"])
+
+
+def test_image_progress_reports_and_fails(capsys):
+    import io
+
+    buf = io.StringIO()
+    p = ImageProgress("debian-slim", buf)
+    p.line(json.dumps({"phase": "download", "message": "I: Retrieving x", "bytes": 5_000_000, "elapsed": 1.0}))
+    p.line("")
+    p.line(json.dumps({"done": True, "ref": "debian-slim", "id": "debian-slim-1"}))
+    assert p.finish()["id"] == "debian-slim-1"
+    assert "building image debian-slim: download" in buf.getvalue() and "ready" in buf.getvalue()
+    q = ImageProgress("nope", io.StringIO())
+    with pytest.raises(hutch.NotFoundError, match="use it"):
+        q.line(json.dumps({"error": "NotFoundError", "message": "image 'nope' is unknown; use it."}))
+    with pytest.raises(hutch.ImageError):
+        ImageProgress("x", io.StringIO()).finish()
