@@ -1,0 +1,345 @@
+"""A sandbox's init (pid 1): builds the root, locks itself down, then serves the daemon.
+
+Runs in the clone()d child of the zygote, already inside the sandbox's
+cgroups and new namespaces. Standard library only.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import select
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+
+from hutch.sandbox._native import _linux as L
+from hutch.sandbox._native import _wire
+
+# Paths under /proc that leak host information or reach host-wide knobs (Docker's list).
+PROC_MASK_FILES = ("kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug", "sysrq-trigger")
+PROC_MASK_DIRS = ("acpi", "asound", "scsi")
+PROC_READONLY = ("bus", "fs", "irq", "sys")
+SYS_MASK_DIRS = ("firmware", "devices/virtual/powercap")
+DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
+NODEV = L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC
+
+
+def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=()) -> int:
+    """Become the sandbox's init; returns only on a failure before it was ready."""
+    L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
+    os.closerange(3, min(keep))
+    os.closerange(max(keep) + 1, 65536)
+    try:
+        _setup_root(plan)
+        _lockdown(seccomp)
+    except Exception as e:  # report why, then die: the daemon tears the rest down
+        try:
+            _wire.send(ctl, {"op": "failed", "message": f"{type(e).__name__}: {e}"})
+        except OSError:
+            pass
+        return 1
+    Init(ctl, plan).serve()
+    return 0
+
+
+# --- building the root -----------------------------------------------------------------
+
+def _safe_target(root: str, target: str, is_file: bool) -> str:
+    """Create a mount point at root+target without following symlinks (the image could plant them)."""
+    path = root
+    parts = [p for p in target.split("/") if p]
+    for i, part in enumerate(parts):
+        path = os.path.join(path, part)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            if is_file and i == len(parts) - 1:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644))
+            else:
+                os.mkdir(path, 0o755)
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            raise OSError(errno.ELOOP, f"mount target {target} crosses a symlink in the image")
+    return path
+
+
+def _ro_bind(path: str, extra: int = 0) -> None:
+    L.mount(path, path, None, L.MS_BIND | L.MS_REC)
+    L.mount(None, path, None, L.MS_BIND | L.MS_REMOUNT | L.MS_RDONLY | extra)
+
+
+def _setup_root(plan: dict) -> None:
+    os.umask(0)
+    # Nothing we mount from here on may propagate back to the host.
+    L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
+    scratch = plan["scratch"]
+    L.mount("hutch", scratch, "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={plan['disk']},mode=0755")
+    upper, work, root = (os.path.join(scratch, d) for d in ("upper", "work", "root"))
+    for d in (upper, work, root):
+        os.mkdir(d, 0o755)
+    lower = ":".join(plan["lowerdirs"])
+    L.mount("overlay", root, "overlay", L.MS_NOSUID | L.MS_NODEV,
+            f"lowerdir={lower},upperdir={upper},workdir={work}")
+
+    proc = _safe_target(root, "/proc", False)
+    L.mount("proc", proc, "proc", NODEV)
+    for name in PROC_MASK_FILES:
+        p = os.path.join(proc, name)
+        if os.path.exists(p):
+            L.mount("/dev/null", p, None, L.MS_BIND)
+    for name in PROC_MASK_DIRS:
+        p = os.path.join(proc, name)
+        if os.path.isdir(p):
+            L.mount("hutch", p, "tmpfs", NODEV | L.MS_RDONLY, "size=4k")
+    for name in PROC_READONLY:
+        p = os.path.join(proc, name)
+        if os.path.exists(p):
+            _ro_bind(p, NODEV)
+
+    sysfs = _safe_target(root, "/sys", False)
+    L.mount("sysfs", sysfs, "sysfs", NODEV | L.MS_RDONLY)
+    for name in SYS_MASK_DIRS:
+        p = os.path.join(sysfs, name)
+        if os.path.isdir(p):
+            L.mount("hutch", p, "tmpfs", NODEV | L.MS_RDONLY, "size=4k")
+
+    dev = _safe_target(root, "/dev", False)
+    L.mount("hutch", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "mode=0755,size=64k")
+    for name, (major, minor) in DEVICES.items():
+        os.mknod(os.path.join(dev, name), 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+    os.mkdir(os.path.join(dev, "pts"), 0o755)
+    L.mount("devpts", os.path.join(dev, "pts"), "devpts", L.MS_NOSUID | L.MS_NOEXEC,
+            "newinstance,ptmxmode=0666,mode=0620")
+    os.symlink("pts/ptmx", os.path.join(dev, "ptmx"))
+    os.mkdir(os.path.join(dev, "shm"), 0o1777)
+    L.mount("hutch", os.path.join(dev, "shm"), "tmpfs", NODEV, f"mode=1777,size={plan['shm']}")
+    for name, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                     ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(to, os.path.join(dev, name))
+
+    for m in plan["mounts"]:
+        if m["kind"] == "bind":
+            target = _safe_target(root, m["target"], not os.path.isdir(m["source"]))
+            L.mount(m["source"], target, None, L.MS_BIND)
+            flags = L.MS_BIND | L.MS_REMOUNT | L.MS_NOSUID | L.MS_NODEV | (L.MS_RDONLY if m["readonly"] else 0)
+            L.mount(None, target, None, flags)
+        elif m["kind"] == "tmpfs":
+            target = _safe_target(root, m["target"], False)
+            L.mount("hutch", target, "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={m['size']},mode=1777")
+
+    os.chdir(root)
+    L.pivot_root(".", ".")          # the old root now sits on top of the new one ...
+    L.umount2(".", L.MNT_DETACH)    # ... and this detaches it: the host is unreachable
+    os.chdir("/")
+    os.umask(0o022)
+    L.sethostname(plan["hostname"])
+    L.loopback_up()
+    os.makedirs(plan["workdir"], exist_ok=True)
+
+
+def _lockdown(seccomp: bytes) -> None:
+    # no_new_privs first: no later execve (setuid, file capabilities) can gain privileges,
+    # and it lets the seccomp filter load without CAP_SYS_ADMIN.
+    L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
+    L.drop_all_capabilities()
+    L.load_seccomp(seccomp)
+
+
+# --- serving the daemon -----------------------------------------------------------------
+
+_ERRNO_CLASS = {
+    errno.ENOENT: "NotFoundError", errno.ENOTDIR: "NotFoundError", errno.EISDIR: "ConfigError",
+    errno.EEXIST: "ConfigError", errno.ENOTEMPTY: "ConfigError", errno.ENOSPC: "SandboxError",
+    errno.EDQUOT: "SandboxError", errno.EACCES: "ConfigError", errno.EPERM: "ConfigError",
+    errno.EROFS: "ConfigError", errno.ELOOP: "ConfigError", errno.ENAMETOOLONG: "ConfigError",
+    errno.ENOEXEC: "ConfigError",
+}
+
+
+def _error(rid, e: OSError, what: str) -> dict:
+    fix = {
+        errno.ENOENT: "check the path (it is inside the sandbox) or create it first",
+        errno.ENOTDIR: "a parent of the path is not a directory",
+        errno.EISDIR: "it is a directory; use files.list, or give a file path",
+        errno.ENOTEMPTY: "the directory is not empty; pass recursive=True to remove it with its contents",
+        errno.ENOSPC: "the sandbox's disk limit is reached; create it with a larger disk= or remove files",
+        errno.EACCES: "the sandbox's root has no capabilities, so only files it owns or may access are reachable",
+        errno.EROFS: "that path is on a read-only mount",
+    }.get(e.errno, "check the path and try again")
+    return {"rid": rid, "ok": False, "error": _ERRNO_CLASS.get(e.errno, "SandboxError"),
+            "message": f"{what}: {os.strerror(e.errno or 0)}; {fix}.", "errno": e.errno}
+
+
+def _entry(path: str, st: os.stat_result) -> dict:
+    m = st.st_mode
+    kind = "dir" if stat.S_ISDIR(m) else "file" if stat.S_ISREG(m) else "symlink" if stat.S_ISLNK(m) else "other"
+    return {"name": os.path.basename(path.rstrip("/")) or "/", "path": path, "type": kind,
+            "size": st.st_size, "mode": stat.S_IMODE(m), "mtime": st.st_mtime}
+
+
+class Init:
+    def __init__(self, ctl: socket.socket, plan: dict):
+        self.ctl = ctl
+        self.plan = plan
+        self.procs: dict[int, tuple[str, subprocess.Popen]] = {}   # pid -> (eid, handle)
+        self.main_pid: int | None = None
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.wake_w)
+
+    def serve(self) -> None:
+        _wire.send(self.ctl, {"op": "ready"})
+        while True:
+            ready, _, _ = select.select([self.ctl, self.wake_r], [], [])
+            if self.wake_r in ready:
+                try:
+                    while os.read(self.wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+                self.reap()
+            if self.ctl in ready:
+                msg, fds = _wire.recv(self.ctl)
+                if msg is None:  # the daemon is gone: ending pid 1 ends the sandbox
+                    os._exit(0)
+                try:
+                    reply = getattr(self, "op_" + msg["op"])(msg, fds)
+                except OSError as e:
+                    reply = _error(msg.get("rid"), e, msg.get("path") or msg["op"])
+                finally:
+                    for fd in fds:
+                        try:
+                            os.close(fd)
+                        except OSError:
+                            pass
+                if reply is not None:
+                    rfds = reply.pop("_fds", ())
+                    try:
+                        _wire.send(self.ctl, reply, rfds)
+                    finally:
+                        for fd in rfds:
+                            os.close(fd)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            entry = self.procs.pop(pid, None)
+            if entry is not None:
+                entry[1].returncode = status  # keep subprocess from ever waiting on it
+            if pid == self.main_pid:
+                _wire.send(self.ctl, {"op": "main_exit", "status": status})
+                os._exit(0)
+            if entry is not None:
+                _wire.send(self.ctl, {"op": "exec_exit", "eid": entry[0], "status": status})
+
+    def _spawn(self, msg: dict, fds: list[int]) -> subprocess.Popen:
+        io, passed = [], iter(fds)
+        for want in msg["streams"]:  # stdin, stdout, stderr: a passed fd or /dev/null
+            io.append(next(passed) if want else subprocess.DEVNULL)
+        return subprocess.Popen(msg["argv"], stdin=io[0], stdout=io[1], stderr=io[2], cwd=msg["cwd"],
+                                env=msg["env"], start_new_session=True, close_fds=True)
+
+    def op_exec(self, msg, fds):
+        try:
+            p = self._spawn(msg, fds)
+        except OSError as e:
+            prog = msg["argv"][0]
+            if e.filename == msg["cwd"] or (e.errno == errno.ENOENT and e.filename not in (prog, None)):
+                what = f"working directory {msg['cwd']!r}: {os.strerror(e.errno)}; create it or pass another workdir."
+                cls = "NotFoundError"
+            elif e.errno == errno.ENOENT:
+                what = f"program {prog!r} was not found in the sandbox; check the name or install it in the image."
+                cls = "NotFoundError"
+            else:
+                what = f"program {prog!r} could not be started: {os.strerror(e.errno or 0)}; check it is an executable."
+                cls = "ConfigError"
+            return {"rid": msg["rid"], "ok": False, "error": cls, "message": what}
+        self.procs[p.pid] = (msg["eid"], p)
+        if msg.get("main"):
+            self.main_pid = p.pid
+        return {"rid": msg["rid"], "ok": True, "pid": p.pid}
+
+    def op_kill(self, msg, fds):
+        for pid, (eid, _) in list(self.procs.items()):
+            if eid == msg["eid"]:
+                for fn in (os.killpg, os.kill):  # its process group, then itself if it left the group
+                    try:
+                        fn(pid, msg["signal"])
+                    except OSError:
+                        pass
+        return {"rid": msg["rid"], "ok": True} if "rid" in msg else None
+
+    def op_read(self, msg, fds):
+        fd = os.open(msg["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL, "not a regular file")
+        return {"rid": msg["rid"], "ok": True, "size": st.st_size, "_fds": [fd]}
+
+    def op_write_open(self, msg, fds):
+        path = msg["path"]
+        parent = os.path.dirname(path) or "/"
+        os.makedirs(parent, exist_ok=True)
+        if os.path.isdir(path):
+            raise OSError(errno.EISDIR, "is a directory")
+        tmp = os.path.join(parent, f".hutch-write-{secrets.token_hex(6)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        os.fchmod(fd, msg["mode"])
+        return {"rid": msg["rid"], "ok": True, "tmp": tmp, "_fds": [fd]}
+
+    def op_write_commit(self, msg, fds):
+        os.rename(msg["tmp"], msg["path"])
+        return {"rid": msg["rid"], "ok": True}
+
+    def op_write_abort(self, msg, fds):
+        try:
+            os.unlink(msg["tmp"])
+        except FileNotFoundError:
+            pass
+        return {"rid": msg["rid"], "ok": True}
+
+    def op_stat(self, msg, fds):
+        return {"rid": msg["rid"], "ok": True, "entry": _entry(msg["path"], os.lstat(msg["path"]))}
+
+    def op_list(self, msg, fds):
+        path = msg["path"]
+        out = []
+        with os.scandir(path) as it:
+            for de in it:
+                try:
+                    out.append(_entry(os.path.join(path, de.name), de.stat(follow_symlinks=False)))
+                except FileNotFoundError:
+                    continue
+        out.sort(key=lambda e: e["name"])
+        return {"rid": msg["rid"], "ok": True, "entries": out}
+
+    def op_remove(self, msg, fds):
+        path = msg["path"]
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode):
+            if path.rstrip("/") in ("", "/"):
+                raise OSError(errno.EPERM, "refusing to remove /")
+            if msg.get("recursive"):
+                shutil.rmtree(path)
+            else:
+                os.rmdir(path)
+        else:
+            os.unlink(path)
+        return {"rid": msg["rid"], "ok": True}
+
+    def op_mkdir(self, msg, fds):
+        if msg.get("parents"):
+            os.makedirs(msg["path"], exist_ok=True)
+        else:
+            os.mkdir(msg["path"])
+        return {"rid": msg["rid"], "ok": True}

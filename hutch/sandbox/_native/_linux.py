@@ -1,0 +1,142 @@
+"""ctypes wrappers for the Linux syscalls the sandbox needs and Python lacks (x86_64 only).
+
+Standard library only: the zygote imports this module.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import platform
+import socket
+import struct
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+ARCH_OK = platform.machine() == "x86_64"
+
+# x86_64 syscall numbers (stable ABI; from asm/unistd_64.h)
+NR_CLONE = 56
+NR_CAPSET = 126
+NR_PIVOT_ROOT = 155
+NR_SECCOMP = 317
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+SANDBOX_NS_FLAGS = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
+
+PR_SET_PDEATHSIG = 1
+PR_SET_SECUREBITS = 28
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+# SECBIT_NOROOT | _LOCKED, SECBIT_NO_SETUID_FIXUP | _LOCKED, SECBIT_KEEP_CAPS_LOCKED,
+# SECBIT_NO_CAP_AMBIENT_RAISE | _LOCKED: uid 0 never regains capabilities on execve.
+SECUREBITS_LOCKED_DOWN = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+
+SECCOMP_SET_MODE_FILTER = 1
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+    return ret
+
+
+def _b(s) -> bytes | None:
+    return None if s is None else os.fsencode(s)
+
+
+def mount(source, target, fstype, flags: int = 0, data: str | None = None) -> None:
+    _check(_libc.mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data)), f"mount {target}")
+
+
+def umount2(target, flags: int = 0) -> None:
+    _check(_libc.umount2(_b(target), flags), f"umount {target}")
+
+
+def pivot_root(new_root, put_old) -> None:
+    _check(_libc.syscall(NR_PIVOT_ROOT, _b(new_root), _b(put_old)), "pivot_root")
+
+
+def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 0) -> int:
+    return _check(
+        _libc.prctl(option, ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), ctypes.c_ulong(arg4), ctypes.c_ulong(arg5)),
+        f"prctl {option}",
+    )
+
+
+def clone(flags: int) -> int:
+    """fork() into new namespaces: returns the child's pid in the parent and 0 in the child.
+
+    A raw clone with no new stack behaves like fork; Python's at-fork hooks do not
+    run, which is fine for the single-threaded zygote that calls it.
+    """
+    return _check(_libc.syscall(NR_CLONE, ctypes.c_ulong(flags | 17), None, None, None, None), "clone")  # 17 = SIGCHLD
+
+
+def sethostname(name: str) -> None:
+    b = name.encode()
+    _check(_libc.sethostname(b, len(b)), "sethostname")
+
+
+def drop_all_capabilities() -> None:
+    """Empty every capability set of this process and lock uid 0 out of regaining them."""
+    last = int(open("/proc/sys/kernel/cap_last_cap").read())
+    for cap in range(last + 1):
+        prctl(PR_CAPBSET_DROP, cap)
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED_DOWN)
+    hdr = struct.pack("II", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = bytes(24)  # two {effective, permitted, inheritable} u32 triples, all zero
+    _check(_libc.syscall(NR_CAPSET, hdr, data), "capset")
+
+
+def load_seccomp(bpf: bytes) -> None:
+    """Install a classic-BPF seccomp filter (needs no_new_privs first)."""
+    n = len(bpf) // 8
+    buf = ctypes.create_string_buffer(bpf, len(bpf))
+    prog = struct.pack("HxxxxxxQ", n, ctypes.addressof(buf))
+    _check(_libc.syscall(NR_SECCOMP, SECCOMP_SET_MODE_FILTER, 0, prog), "seccomp")
+
+
+def loopback_up() -> None:
+    """Bring `lo` up in the current network namespace (SIOCSIFFLAGS, no netlink needed)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        ifr = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, ifr))[1]  # SIOCGIFFLAGS
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 0x1 | 0x40))  # SIOCSIFFLAGS: UP|RUNNING
+    finally:
+        s.close()
+
+
+def memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+__all__ = ["ARCH_OK", "SANDBOX_NS_FLAGS", "clone", "errno", "mount", "pivot_root", "prctl", "umount2"]

@@ -1,0 +1,210 @@
+"""The daemon's side of the native runtime: the zygote process and the channels to each init."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import hutch
+from hutch._core.errors import DaemonError, InvalidSpecError, SandboxError, StateError
+from hutch.sandbox._native import _wire
+from hutch.sandbox._native._seccomp import build_filter
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SHM_SIZE = 64 * 1024**2
+
+
+class Channel:
+    """Request/reply and events over one SOCK_SEQPACKET socket, on the asyncio loop."""
+
+    def __init__(self, sock: socket.socket, on_event: Callable[[dict, list[int]], None]):
+        self.loop = asyncio.get_running_loop()
+        self.sock = sock
+        sock.setblocking(False)
+        self.on_event = on_event
+        self.pending: dict[int, asyncio.Future] = {}
+        self.rids = itertools.count(1)
+        self.closed = False
+        self.loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        while not self.closed:
+            try:
+                data, fds, _f, _a = socket.recv_fds(self.sock, _wire.MAX_PACKET + 1024, _wire.MAX_FDS)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                self._eof()
+                return
+            msg, fds = _wire.unpack(data, list(fds))
+            fut = self.pending.pop(msg.get("rid"), None) if "rid" in msg else None
+            if fut is not None and not fut.done():
+                fut.set_result((msg, fds))
+            elif fut is not None:
+                _close_all(fds)
+            else:
+                self.on_event(msg, fds)
+
+    def _eof(self) -> None:
+        self.close()
+        self.on_event({"op": "eof"}, [])
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(StateError("the sandbox ended while the call was in flight; create a new sandbox."))
+        self.pending.clear()
+
+    async def _send(self, msg: dict, fds=()) -> None:
+        if self.closed:
+            raise StateError("the sandbox has ended; create a new sandbox.")
+        data, fdl, mfd = _wire.pack(msg, fds)
+        try:
+            while True:
+                try:
+                    if fdl:
+                        socket.send_fds(self.sock, [data], fdl)
+                    else:
+                        self.sock.send(data)
+                    return
+                except BlockingIOError:
+                    fut = self.loop.create_future()
+                    self.loop.add_writer(self.sock.fileno(), fut.set_result, None)
+                    try:
+                        await fut
+                    finally:
+                        self.loop.remove_writer(self.sock.fileno())
+                except OSError as e:
+                    raise StateError("the sandbox has ended; create a new sandbox.") from e
+        finally:
+            if mfd is not None:
+                os.close(mfd)
+
+    async def request(self, msg: dict, fds=()) -> tuple[dict, list[int]]:
+        rid = next(self.rids)
+        fut = self.loop.create_future()
+        self.pending[rid] = fut
+        try:
+            await self._send({**msg, "rid": rid}, fds)
+        except BaseException:
+            self.pending.pop(rid, None)
+            raise
+        return await fut
+
+    async def notify(self, msg: dict, fds=()) -> None:
+        await self._send(msg, fds)
+
+
+def _close_all(fds) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class Zygote:
+    """The start server process (see _zygote.py), owned by the daemon."""
+
+    def __init__(self, on_reaped: Callable[[int, int], None], on_death: Callable[[], None]):
+        self.on_reaped = on_reaped
+        self.on_death = on_death
+        self.proc: subprocess.Popen | None = None
+        self.channel: Channel | None = None
+        self.pid = 0
+
+    async def start(self, home_procs: list[str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pkg_parent = str(Path(hutch.__file__).resolve().parent.parent)
+        code = (f"import sys; sys.path.insert(0, {pkg_parent!r}); "
+                f"from hutch.sandbox._native._zygote import main; main({theirs.fileno()}, {os.getpid()})")
+        # -I -S: no site-packages, no environment: the zygote imports only the standard library.
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", code], pass_fds=[theirs.fileno()],
+                                     stdin=subprocess.DEVNULL, close_fds=True)
+        theirs.close()
+        ready = asyncio.get_running_loop().create_future()
+
+        def on_event(msg, fds):
+            _close_all(fds)
+            if msg["op"] == "ready" and not ready.done():
+                ready.set_result(msg)
+            elif msg["op"] == "reaped":
+                self.on_reaped(msg["pid"], msg["status"])
+            elif msg["op"] == "eof":
+                if not ready.done():
+                    ready.set_exception(DaemonError("the sandbox start server exited during start-up; see the daemon log."))
+                else:
+                    self.on_death()
+
+        self.channel = Channel(ours, on_event)
+        await self.channel.notify({"op": "config", "seccomp": build_filter().hex(), "home_procs": home_procs})
+        self.pid = (await asyncio.wait_for(ready, 10))["pid"]
+
+    async def spawn(self, plan: dict) -> tuple[int, socket.socket]:
+        """Start a sandbox's init from a plan; returns its host pid and the socket to it."""
+        if self.channel is None or self.channel.closed:
+            raise DaemonError("the sandbox start server is not running; restart the daemon (hutch serve).")
+        msg, fds = await self.channel.request({"op": "start", "plan": plan})
+        if msg["op"] != "started":
+            _close_all(fds)
+            raise SandboxError(msg.get("message", "the sandbox could not be started."))
+        return msg["pid"], socket.socket(fileno=fds[0])
+
+    def stop(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def build_plan(spec, image, *, sid: str, scratch: str, cgroup_procs: list[str]) -> dict:
+    """Spec + resolved image -> what the init needs to build the sandbox (pure apart from path checks)."""
+    lowerdirs = [str(p) for p in image.lowerdirs]
+    for d in lowerdirs:
+        if any(c in d for c in ":,\\\n") or not os.path.isdir(d):
+            raise InvalidSpecError(f"image layer {d!r} is not a usable directory (no ':' ',' or '\\' in its path).")
+    mounts = []
+    for m in spec.mounts:
+        if m.kind == "bind":
+            if not os.path.exists(m.source):
+                raise InvalidSpecError(
+                    f"bind mount source {m.source!r} does not exist on the host; create it or fix the path.")
+            mounts.append({"kind": "bind", "source": m.source, "target": m.target, "readonly": m.readonly})
+        elif m.kind == "tmpfs":
+            mounts.append({"kind": "tmpfs", "target": m.target, "size": m.size})
+        else:
+            raise InvalidSpecError(f"mount kind {m.kind!r} is not supported by the native runtime yet; "
+                                   "use Mount.bind or Mount.tmpfs.")
+    return {
+        "scratch": scratch,
+        "disk": spec.limits.disk,
+        "shm": min(SHM_SIZE, spec.limits.memory),
+        "lowerdirs": lowerdirs,
+        "mounts": mounts,
+        "hostname": spec.name or f"hutch-{sid}",
+        "workdir": spec.workdir,
+        "cgroup_procs": cgroup_procs,
+    }
+
+
+def exec_env(spec, image, hostname: str, extra: dict | None = None) -> dict:
+    """The environment of a command: defaults, then the image's, then the sandbox's, then the exec's."""
+    env = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": hostname, "LANG": "C.UTF-8"}
+    env.update(dict(image.env))
+    env.update(dict(spec.env))
+    env.update(extra or {})
+    return env

@@ -1,0 +1,65 @@
+"""Messages between the daemon, the zygote and each sandbox's init.
+
+One JSON object per SOCK_SEQPACKET message, file descriptors riding along as
+SCM_RIGHTS. A message too big for one packet travels in a memfd instead.
+Standard library only: the zygote imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+MAX_PACKET = 60000
+MAX_FDS = 8
+
+
+def pack(obj: dict, fds=()) -> tuple[bytes, list[int], int | None]:
+    """Encode a message; returns (bytes, fds, memfd-to-close-after-send)."""
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    if len(data) <= MAX_PACKET:
+        return data, list(fds), None
+    mfd = os.memfd_create("hutch-msg", os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(mfd, view):]
+    os.lseek(mfd, 0, os.SEEK_SET)
+    return b'{"_memfd":1}', [mfd, *fds], mfd
+
+
+def send(sock: socket.socket, obj: dict, fds=()) -> None:
+    """Blocking send (the zygote and init use blocking sockets)."""
+    data, fdl, mfd = pack(obj, fds)
+    try:
+        if fdl:
+            socket.send_fds(sock, [data], fdl)
+        else:
+            sock.send(data)
+    finally:
+        if mfd is not None:
+            os.close(mfd)
+
+
+def unpack(data: bytes, fds: list[int]) -> tuple[dict, list[int]]:
+    obj = json.loads(data)
+    if obj.get("_memfd"):
+        mfd = fds.pop(0)
+        try:
+            chunks = []
+            while chunk := os.read(mfd, 1 << 20):
+                chunks.append(chunk)
+        finally:
+            os.close(mfd)
+        obj = json.loads(b"".join(chunks))
+    return obj, fds
+
+
+def recv(sock: socket.socket) -> tuple[dict | None, list[int]]:
+    """Receive one message; (None, []) at end of file."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_PACKET + 1024, MAX_FDS)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return unpack(data, list(fds))

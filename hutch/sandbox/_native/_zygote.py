@@ -1,0 +1,134 @@
+"""The start server ("zygote") and each sandbox's init.
+
+The daemon spawns one zygote: a small, single-threaded Python process that
+imports only the standard library. For each sandbox it steps into the
+sandbox's cgroups, clone()s a child into new pid, mount, net, ipc, uts and
+cgroup namespaces (so the namespaces are charged to the sandbox), and steps
+back. That child is the sandbox's init (pid 1): it builds the root, drops every
+privilege, and then serves the daemon over its own socket: it forks every exec
+(so each inherits every restriction by construction) and does the file calls
+inside the sandbox's root. The init never runs anything from the image itself.
+
+Lifetimes: the zygote dies with the daemon (PDEATHSIG), each init dies with the
+zygote (PDEATHSIG) and also exits when the daemon's end of its socket closes;
+an init's exit ends its pid namespace, which kills every process in it.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import select
+import signal
+import socket
+import sys
+
+from hutch.sandbox._native import _init, _linux, _wire
+
+
+def _write_pid(paths, pid: bytes) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_WRONLY)
+        try:
+            os.write(fd, pid)
+        finally:
+            os.close(fd)
+
+
+class Zygote:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.config: dict = {}
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def run(self) -> None:
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.wake_w)
+        msg, _ = _wire.recv(self.sock)
+        if msg is None or msg.get("op") != "config":
+            os._exit(2)
+        self.config = msg
+        self.seccomp = bytes.fromhex(msg["seccomp"])
+        self.home = [p.encode() if isinstance(p, str) else p for p in msg["home_procs"]]
+        _write_pid(self.home, str(os.getpid()).encode())
+        _wire.send(self.sock, {"op": "ready", "pid": os.getpid()})
+        # Freeze what is imported now so that the inits' garbage collector never
+        # touches (and so copies) the zygote's pages.
+        gc.collect()
+        gc.freeze()
+        while True:
+            ready, _, _ = select.select([self.sock, self.wake_r], [], [])
+            if self.wake_r in ready:
+                try:
+                    while os.read(self.wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+                self.reap()
+            if self.sock in ready:
+                msg, fds = _wire.recv(self.sock)
+                if msg is None:
+                    os._exit(0)
+                if msg.get("op") == "start":
+                    self.start(msg)
+                for fd in fds:
+                    os.close(fd)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            _wire.send(self.sock, {"op": "reaped", "pid": pid, "status": status})
+
+    def start(self, msg: dict) -> None:
+        plan = msg["plan"]
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            _write_pid(plan["cgroup_procs"], str(os.getpid()).encode())
+            try:
+                pid = _linux.clone(_linux.SANDBOX_NS_FLAGS)
+            finally:
+                if _linux_pid_is_parent():
+                    _write_pid(self.home, str(os.getpid()).encode())
+        except OSError as e:
+            parent_end.close()
+            child_end.close()
+            _wire.send(self.sock, {"op": "error", "rid": msg["rid"], "message": f"could not start the sandbox: {e}"})
+            return
+        if pid == 0:
+            code = 1
+            try:
+                parent_end.close()
+                code = _init.main(child_end, plan, self.seccomp, keep=(child_end.fileno(),))
+            finally:
+                os._exit(code)
+        child_end.close()
+        try:
+            _wire.send(self.sock, {"op": "started", "rid": msg["rid"], "pid": pid}, [parent_end.fileno()])
+        finally:
+            parent_end.close()
+
+
+_ZYGOTE_PID = os.getpid()
+
+
+def _linux_pid_is_parent() -> bool:
+    # In the clone()d child getpid() is 1 (a new pid namespace), never the zygote's pid.
+    return os.getpid() == _ZYGOTE_PID
+
+
+def main(fd: int, parent_pid: int) -> None:
+    """Entry point: `python -I -S -c '... main(fd, daemon_pid)'` with the daemon's socket as `fd`."""
+    global _ZYGOTE_PID
+    _ZYGOTE_PID = os.getpid()
+    _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the daemon died before PDEATHSIG was armed
+        os._exit(0)
+    sock = socket.socket(fileno=fd)
+    sock.setblocking(True)
+    sys.stdin = None
+    Zygote(sock).run()
