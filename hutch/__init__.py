@@ -19,10 +19,13 @@ from typing import TYPE_CHECKING
 from hutch._core.errors import (
     ConfigError,
     DaemonError,
+    EntityExistsError,
+    EntityNotFoundError,
     Error,
     ExecError,
     ImageError,
     InvalidSpecError,
+    MalformedEntityError,
     MemoryStoreError,
     NetworkPolicyError,
     NotFoundError,
@@ -31,6 +34,7 @@ from hutch._core.errors import (
     SandboxTimeout,
     SearchIndexError,
     StateError,
+    StorePathError,
 )
 
 __version__ = "0.1.0"
@@ -39,9 +43,12 @@ __version__ = "0.1.0"
 _LAZY = {
     "AsyncProcess": "hutch.sandbox._process",
     "AsyncSandbox": "hutch.sandbox.aio",
+    "CheckReport": "hutch.memory._entity",
+    "Entity": "hutch.memory._entity",
     "ExecResult": "hutch.sandbox._wire",
     "FileInfo": "hutch.sandbox._files",
     "Image": "hutch.sandbox.image",
+    "Memory": "hutch.memory._store",
     "Mount": "hutch.sandbox._spec",
     "Network": "hutch.sandbox._spec",
     "Process": "hutch.sandbox._process",
@@ -49,6 +56,8 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
+    from hutch.memory._entity import CheckReport, Entity
+    from hutch.memory._store import Memory
     from hutch.sandbox._files import FileInfo
     from hutch.sandbox._process import AsyncProcess, Process
     from hutch.sandbox._spec import Mount, Network
@@ -75,10 +84,13 @@ __all__ = sorted(
     [
         "ConfigError",
         "DaemonError",
+        "EntityExistsError",
+        "EntityNotFoundError",
         "Error",
         "ExecError",
         "ImageError",
         "InvalidSpecError",
+        "MalformedEntityError",
         "MemoryStoreError",
         "NetworkPolicyError",
         "NotFoundError",
@@ -87,6 +99,7 @@ __all__ = sorted(
         "SandboxTimeout",
         "SearchIndexError",
         "StateError",
+        "StorePathError",
         *_LAZY,
     ]
 )

@@ -13,7 +13,11 @@
     │   └── OutOfMemoryError   the sandbox's memory limit was hit and the kernel killed a process
     ├── DaemonError            the host daemon could not be reached or answered badly
     └── MemoryStoreError       the SMF store: bad files, dangling links, conflicts
-        └── SearchIndexError   the derived search index could not be built or read
+        ├── SearchIndexError   the derived search index could not be built or read
+        ├── EntityNotFoundError   no such entity (also a NotFoundError)
+        ├── EntityExistsError     put() of an entity that exists: update/supersede instead
+        ├── MalformedEntityError  an entity file with missing or bad front matter (carries .path)
+        └── StorePathError        an invalid name or a path escaping the store (also a ConfigError)
 
 Messages are full sentences that say what went wrong and how to fix it.
 """
@@ -84,13 +88,36 @@ class SearchIndexError(MemoryStoreError):
     """The derived search index could not be built or read."""
 
 
+class EntityNotFoundError(MemoryStoreError, NotFoundError):
+    """No entity with that id exists in the store (or in the `as_of` view asked)."""
+
+
+class EntityExistsError(MemoryStoreError):
+    """`put` of an entity that already exists; use `update`, `supersede` or `exist_ok=True`."""
+
+
+class MalformedEntityError(MemoryStoreError):
+    """An entity file (often hand-edited) has no or malformed front matter. Carries `path`."""
+
+    def __init__(self, message: str, *, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class StorePathError(MemoryStoreError, ConfigError):
+    """A class, slug, relation or path that is invalid or would escape the store."""
+
+
 __all__ = [
     "ConfigError",
     "DaemonError",
+    "EntityExistsError",
+    "EntityNotFoundError",
     "Error",
     "ExecError",
     "ImageError",
     "InvalidSpecError",
+    "MalformedEntityError",
     "MemoryStoreError",
     "NetworkPolicyError",
     "NotFoundError",
@@ -99,4 +126,5 @@ __all__ = [
     "SandboxTimeout",
     "SearchIndexError",
     "StateError",
+    "StorePathError",
 ]

@@ -1,1 +1,12 @@
-"""The memory wing: SMF, the Semantic Memory Filesystem. Never imports hutch.sandbox."""
+"""The memory wing: SMF, the Semantic Memory Filesystem. Never imports hutch.sandbox.
+
+`Memory` (the store), `Entity`, `Neighbor`, `Version`, `CheckReport` and
+`CheckIssue` are defined in private modules and re-exported here and from
+`hutch`. The on-disk format is specified in docs/smf-format.md.
+"""
+
+from hutch.memory._entity import CheckIssue, CheckReport, Entity, Neighbor, Version
+from hutch.memory._format import slugify
+from hutch.memory._store import Memory
+
+__all__ = ["CheckIssue", "CheckReport", "Entity", "Memory", "Neighbor", "Version", "slugify"]

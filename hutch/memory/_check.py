@@ -1,0 +1,144 @@
+"""`Memory.check()`: walk the store and report what is broken, where, and how to fix it.
+
+Checks: malformed or missing front matter, an id or class that disagrees with
+the file's place, bad dates, links that dangle, escape the store or are not
+symlinks, link directories without an entity, entities without any link
+(orphans, a warning), and stray temp files. `.git` and `.hutch` are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from hutch._core.atomic import TEMP_PREFIX
+from hutch._core.errors import ConfigError, MalformedEntityError
+from hutch.memory import _format as fmt
+from hutch.memory._entity import CheckIssue, CheckReport
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hutch.memory._store import Memory
+
+
+def check(mem: "Memory") -> CheckReport:
+    issues: list[CheckIssue] = []
+    add = lambda sev, code, path, msg, fix: issues.append(CheckIssue(sev, code, path, msg, fix))  # noqa: E731
+    entities: set[str] = set()
+    linked: set[str] = set()
+    link_dirs: list[tuple[str, str, str]] = []  # (class, slug, path)
+    n_links = 0
+    root = mem.root
+
+    with os.scandir(root) as it:
+        tops = sorted((e for e in it), key=lambda e: e.name)
+    for top in tops:
+        if top.name.startswith("."):
+            continue  # .git, .hutch (derived index, lock), .gitignore ...
+        if not top.is_dir(follow_symlinks=False):
+            if top.is_symlink():
+                add("error", "symlink-class", top.name, "is a symbolic link at the top of the store.",
+                    f"replace it with a real directory or remove it: rm {top.name}")
+            continue
+        cls = top.name
+        if not fmt._NAME_RE.match(cls):
+            add("warning", "bad-class-name", cls + "/", "is not a valid class name (a-z, 0-9, '_', '-'); "
+                "hutch does not read entities in it.", f"rename the directory, e.g. mv {cls} {fmt.slugify(cls)}")
+            continue
+        with os.scandir(top.path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            rel = f"{cls}/{e.name}"
+            if e.name.startswith(TEMP_PREFIX):
+                add("warning", "stray-temp", rel, "is a temp file left by an interrupted write.", f"remove it: rm {rel}")
+                continue
+            if e.name.endswith(fmt.LINKS_SUFFIX) and e.is_dir(follow_symlinks=False):
+                link_dirs.append((cls, e.name[: -len(fmt.LINKS_SUFFIX)], e.path))
+                continue
+            if not e.name.endswith(".md"):
+                continue  # attachments and other files are allowed
+            if e.is_symlink():
+                add("error", "symlink-entity", rel, "is a symbolic link, not an entity file.",
+                    f"replace it with a regular file or remove it: rm {rel}")
+                continue
+            if not e.is_file(follow_symlinks=False):
+                continue
+            slug = e.name[:-3]
+            entity_id = f"{cls}/{slug}"
+            entities.add(entity_id)
+            try:
+                with open(e.path, "rb") as f:
+                    text = f.read().decode("utf-8", errors="surrogateescape")
+                meta, _ = fmt.parse(text, rel)
+            except MalformedEntityError as err:
+                add("error", "bad-front-matter", rel, str(err).removeprefix(rel + " "),
+                    f"edit {rel} so it starts with '---', valid YAML 'key: value' lines and a closing '---'")
+                continue
+            _check_meta(add, rel, entity_id, cls, meta)
+
+    for cls, slug, path in link_dirs:
+        src = f"{cls}/{slug}"
+        rel_dir = f"{cls}/{slug}{fmt.LINKS_SUFFIX}"
+        if src not in entities:
+            add("warning", "orphan-links-dir", rel_dir, f"holds links of {src}, which does not exist.",
+                f"remove it (rm -r {rel_dir}) or restore {src}.md")
+        for rname in sorted(os.listdir(path)):
+            rpath = os.path.join(path, rname)
+            if not os.path.isdir(rpath) or os.path.islink(rpath):
+                add("error", "bad-link-entry", f"{rel_dir}/{rname}", "is not a relation directory.",
+                    f"remove it: rm {rel_dir}/{rname}")
+                continue
+            if not fmt._NAME_RE.match(rname):
+                add("warning", "bad-relation-name", f"{rel_dir}/{rname}", "is not a valid relation name.",
+                    "rename it with a-z, 0-9, '_', '-' only")
+            for lname in sorted(os.listdir(rpath)):
+                lrel = f"{rel_dir}/{rname}/{lname}"
+                lpath = os.path.join(rpath, lname)
+                if not os.path.islink(lpath):
+                    add("error", "not-a-symlink", lrel, "is a regular file where a link (symlink) belongs.",
+                        f"remove it (rm {lrel}) and link with `hutch mem link`")
+                    continue
+                n_links += 1
+                tid = mem._target_id(mem.root / lrel)
+                if tid is None:
+                    add("error", "link-escapes", lrel, f"points to {os.readlink(lpath)!r}, which is not an entity "
+                        "inside the store (links are relative: ../../../<class>/<slug>.md).",
+                        f"remove it: rm {lrel}")
+                    continue
+                if tid not in entities and not os.path.isfile(mem.root / f"{tid}.md"):
+                    add("error", "dangling-link", lrel, f"points to {tid}, which does not exist.",
+                        f"remove it (hutch mem unlink {src} {rname} {tid}, or rm {lrel}) or create {tid}")
+                    continue
+                linked.add(src)
+                linked.add(tid)
+
+    for entity_id in sorted(entities - linked):
+        add("warning", "orphan", f"{entity_id}.md", "has no links in or out.",
+            f"link it to something (hutch mem link {entity_id} <relation> <class/slug>) or ignore this warning")
+    return CheckReport(len(entities), n_links, tuple(issues))
+
+
+def _check_meta(add, rel: str, entity_id: str, cls: str, meta: dict) -> None:
+    if meta.get("id") is not None and str(meta["id"]) != entity_id:
+        add("error", "id-mismatch", rel, f"says id {meta['id']!r}, but its place in the store makes it {entity_id!r}.",
+            f"set 'id: {entity_id}' in its front matter (or move the file to {meta['id']}.md)")
+    if meta.get("class") is not None and str(meta["class"]) != cls:
+        add("error", "class-mismatch", rel, f"says class {meta['class']!r} but lives in {cls}/.",
+            f"set 'class: {cls}' or move the file")
+    if not meta.get("title"):
+        add("warning", "no-title", rel, "has no title.", "add a 'title: ...' line to its front matter")
+    times = {}
+    for key in ("created", "updated", "valid_from", "valid_to", "recorded_at"):
+        v = meta.get(key)
+        if v is None or v == "":
+            continue
+        try:
+            times[key] = fmt.parse_time(v, key)
+        except ConfigError:
+            add("error", "bad-date", rel, f"has {key}: {v!r}, which is not an ISO 8601 date.",
+                f"write it like 2026-11-20 or 2026-11-20T14:30:00Z")
+    if "valid_from" in times and "valid_to" in times and times["valid_to"] <= times["valid_from"]:
+        add("error", "bad-validity", rel, "has valid_to at or before valid_from.", "fix one of the two dates")
+    conf = meta.get("confidence")
+    if conf is not None and not (isinstance(conf, (int, float)) and 0 <= conf <= 1):
+        add("warning", "bad-confidence", rel, f"has confidence {conf!r}, not a number in [0, 1].",
+            "set confidence to a number between 0 and 1 or remove it")

@@ -1,0 +1,443 @@
+"""Parse and render SMF entity files. Pure functions, no I/O (see docs/smf-format.md).
+
+An entity file is YAML front matter between two `---` lines, then a Markdown
+body. Edits are surgical: changing a key rewrites only that key's lines,
+changing facts rewrites only the `## Facts` section, so bytes a person wrote by
+hand stay exactly as they were (comments, key order, quoting, CRLF).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from datetime import date, datetime, timezone
+from typing import Any
+
+import yaml
+
+from hutch._core.errors import MalformedEntityError
+
+#: Keys hutch writes, in the order it writes them for a new entity.
+STANDARD_KEYS = (
+    "id", "class", "title", "created", "updated", "valid_from", "valid_to",
+    "recorded_at", "source", "tags", "confidence",
+)
+#: Names that may never be an entity class (derived state, git, link dirs).
+RESERVED_CLASSES = frozenset({".hutch", ".git"})
+LINKS_SUFFIX = ".links"
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+_SLUG_RE = re.compile(r"^[^\s/\\.][^/\\]{0,119}$")
+MAX_SLUG = 80
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StrDatesLoader(_Loader):  # type: ignore[misc, valid-type]
+    """SafeLoader that keeps timestamps as the strings the file holds (round trips stay exact)."""
+
+
+_StrDatesLoader.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:timestamp"]
+    for k, v in _Loader.yaml_implicit_resolvers.items()
+}
+
+
+# --------------------------------------------------------------------- names
+
+def slugify(title: str) -> str:
+    """A stable file-name slug for a title: lower case, ASCII where possible, words joined by '-'."""
+    s = unicodedata.normalize("NFKD", title)
+    s = "".join(c for c in s if not unicodedata.combining(c))
+    s = s.lower()
+    s = re.sub(r"[^\w]+", "-", s, flags=re.UNICODE).replace("_", "-")
+    s = re.sub(r"-{2,}", "-", s).strip("-")
+    if len(s) > MAX_SLUG:
+        s = s[:MAX_SLUG].rstrip("-")
+    return s or "untitled"
+
+
+def check_class(name: str) -> str:
+    """Validate an entity class name (a directory under the store)."""
+    if not isinstance(name, str) or name in RESERVED_CLASSES or not _NAME_RE.match(name):
+        from hutch._core.errors import StorePathError
+
+        raise StorePathError(
+            f"{name!r} is not a valid entity class: use 1-64 characters of a-z, 0-9, '_' or '-', "
+            f"starting with a letter or digit (and not one of {sorted(RESERVED_CLASSES)})."
+        )
+    return name
+
+
+def check_relation(name: str) -> str:
+    """Validate a relation name (a directory under `<slug>.links/`)."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        from hutch._core.errors import StorePathError
+
+        raise StorePathError(
+            f"{name!r} is not a valid relation name: use 1-64 characters of a-z, 0-9, '_' or '-', "
+            "for example 'works_at'."
+        )
+    return name
+
+
+def check_slug(slug: str) -> str:
+    """Validate a slug given by a caller (a file name without `.md`)."""
+    from hutch._core.errors import StorePathError
+
+    if (
+        not isinstance(slug, str)
+        or not _SLUG_RE.match(slug)
+        or slug.endswith(LINKS_SUFFIX)
+        or slug.endswith(".md")
+        or slug in (".", "..")
+        or any(ord(c) < 32 for c in slug)
+    ):
+        raise StorePathError(
+            f"{slug!r} is not a valid slug: use a file name without '/', without a leading '.', "
+            "not ending in '.md' or '.links', at most 120 characters (hutch.memory slugify() makes one)."
+        )
+    return slug
+
+
+def split_id(entity_id: str) -> tuple[str, str]:
+    """'actors/alice-chen' (or 'actors/alice-chen.md') -> ('actors', 'alice-chen'), validated."""
+    from hutch._core.errors import StorePathError
+
+    if not isinstance(entity_id, str) or entity_id.count("/") != 1:
+        raise StorePathError(
+            f"{entity_id!r} is not an entity id: write '<class>/<slug>', for example 'actors/alice-chen'."
+        )
+    cls, slug = entity_id.split("/")
+    if slug.endswith(".md"):
+        slug = slug[:-3]
+    return check_class(cls), check_slug(slug)
+
+
+# ----------------------------------------------------------------- parsing
+
+def newline_of(text: str) -> str:
+    """The line ending a file uses ('\\r\\n' if its first line ends so, else '\\n')."""
+    i = text.find("\n")
+    return "\r\n" if i > 0 and text[i - 1] == "\r" else "\n"
+
+
+def split_front_matter(text: str) -> tuple[str, str, str] | None:
+    """Split into (opening fence + front matter, front matter body, Markdown body), or None if there is none.
+
+    The first returned part ends right after the closing fence line, so
+    `head + body == text` always holds.
+    """
+    if not (text.startswith("---\n") or text.startswith("---\r\n")):
+        return None
+    start = text.index("\n") + 1
+    pos = start
+    while True:
+        end = text.find("\n", pos)
+        line = text[pos:] if end < 0 else text[pos:end]
+        if line.rstrip("\r") in ("---", "..."):
+            stop = len(text) if end < 0 else end + 1
+            return text[:stop], text[start:pos], text[stop:]
+        if end < 0:
+            return None
+        pos = end + 1
+
+
+def parse(text: str, where: str = "<text>") -> tuple[dict[str, Any], str]:
+    """Parse an entity file into (front matter mapping, body). Raises MalformedEntityError naming `where`."""
+    parts = split_front_matter(text)
+    if parts is None:
+        raise MalformedEntityError(
+            f"{where} has no front matter: an entity file must start with a '---' line, YAML keys, "
+            "and a closing '---' line. Add them (at least 'title: ...') or move the file out of the store.",
+            path=where,
+        )
+    _, fm, body = parts
+    try:
+        meta = yaml.load(fm, Loader=_StrDatesLoader) if fm.strip() else {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" (front matter line {mark.line + 1})" if mark is not None else ""
+        raise MalformedEntityError(
+            f"{where} has malformed YAML front matter{at}: {getattr(e, 'problem', None) or e}. "
+            "Fix the YAML between the '---' lines (quote values that contain ': ' or start with a special character).",
+            path=where,
+        ) from e
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise MalformedEntityError(
+            f"{where} has front matter that is not a mapping of keys to values: write 'key: value' lines "
+            "between the '---' lines.",
+            path=where,
+        )
+    return meta, body
+
+
+# ----------------------------------------------------------------- rendering
+
+_PLAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9 _.:/@+\-]*$")
+_AMBIGUOUS_RE = re.compile(
+    r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF"
+    r"|null|Null|NULL|~|[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?|0x[0-9a-fA-F_]+|0o?[0-7_]+"
+    r"|[-+]?\.(?:inf|Inf|INF|nan|NaN|NAN)|[0-9]+(?::[0-5]?[0-9])+(?:\.[0-9_]*)?)$"
+)
+
+
+def scalar(value: Any, *, flow: bool = False) -> str:
+    """Render one value as a YAML scalar (plain when unambiguous, else a JSON-style double-quoted string)."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, date):
+        return value.isoformat()
+    s = str(value)
+    if (
+        _PLAIN_RE.match(s)
+        and not _AMBIGUOUS_RE.match(s)
+        and ": " not in s
+        and not s.endswith(":")
+        and not s.endswith(" ")
+    ):
+        return s
+    return json.dumps(s, ensure_ascii=False)
+
+
+def render_value(key: str, value: Any, nl: str) -> str:
+    """Render `key: value` (one or more lines, each ending with `nl`)."""
+    if isinstance(value, (list, tuple)) and all(not isinstance(v, (list, tuple, dict)) for v in value):
+        return f"{key}: [{', '.join(scalar(v, flow=True) for v in value)}]{nl}"
+    if isinstance(value, dict) or isinstance(value, (list, tuple)):
+        dumped = yaml.safe_dump({key: value}, allow_unicode=True, default_flow_style=False, sort_keys=False)
+        return dumped.replace("\n", nl)
+    return f"{key}: {scalar(value)}{nl}"
+
+
+def render(meta: dict[str, Any], body: str, nl: str = "\n") -> str:
+    """Render a new entity file from front matter and body."""
+    out = ["---", nl]
+    for k, v in meta.items():
+        out.append(render_value(k, v, nl))
+    out += ["---", nl]
+    if body and not body.startswith(("\n", "\r\n")):
+        out.append(nl)
+    out.append(body)
+    return "".join(out)
+
+
+def set_keys(text: str, updates: dict[str, Any], where: str = "<text>") -> str:
+    """Return `text` with only the front matter lines of `updates` rewritten (or appended).
+
+    A value of `...` (Ellipsis) removes the key. Every other line, including
+    comments and keys hutch does not know, stays byte for byte.
+    """
+    parts = split_front_matter(text)
+    if parts is None:
+        raise MalformedEntityError(f"{where} has no front matter to update.", path=where)
+    head, fm, body = parts
+    nl = newline_of(text)
+    opening = head[: head.index("\n") + 1]
+    closing = head[len(opening) + len(fm):]
+    lines = fm.splitlines(keepends=True)
+    remaining = dict(updates)
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        key = _top_key(line)
+        if key is not None and key in remaining:
+            # skip the value's continuation lines (indented, list items, blank lines inside a block)
+            j = i + 1
+            while j < len(lines) and _is_continuation(lines[j]):
+                j += 1
+            value = remaining.pop(key)
+            if value is not ...:
+                out.append(render_value(key, value, nl))
+            i = j
+            continue
+        out.append(line)
+        i += 1
+    if out and not out[-1].endswith("\n"):
+        out[-1] += nl
+    for key, value in remaining.items():
+        if value is not ...:
+            out.append(render_value(key, value, nl))
+    return opening + "".join(out) + closing + body
+
+
+def _top_key(line: str) -> str | None:
+    if not line or line[0] in " \t#-\r\n":
+        return None
+    m = re.match(r"""^(?:"([^"]+)"|'([^']+)'|([^:#\s][^:]*?))\s*:(?:\s|$)""", line)
+    if not m:
+        return None
+    return m.group(1) or m.group(2) or m.group(3)
+
+
+def _is_continuation(line: str) -> bool:
+    return line[:1] in (" ", "\t") or line.startswith("- ") or line.rstrip("\r\n") in ("-", "")
+
+
+def replace_body(text: str, body: str, where: str = "<text>") -> str:
+    """Return `text` with its Markdown body replaced and its front matter bytes untouched."""
+    parts = split_front_matter(text)
+    if parts is None:
+        raise MalformedEntityError(f"{where} has no front matter.", path=where)
+    head = parts[0]
+    nl = newline_of(text)
+    if nl == "\r\n":
+        body = re.sub(r"(?<!\r)\n", "\r\n", body)
+    if body and not body.startswith(("\n", "\r\n")):
+        body = nl + body
+    return head + body
+
+
+# ----------------------------------------------------------------- facts and sections
+
+_HEADING_RE = re.compile(r"^(#{1,6})[ \t]+(.*?)[ \t#]*\r?$")
+
+
+def headings(body: str) -> list[tuple[int, int, str, int]]:
+    """(offset, level, text, end-of-heading-line offset) for every ATX heading outside fenced code."""
+    out = []
+    pos = 0
+    fence = None
+    for line in body.splitlines(keepends=True):
+        stripped = line.strip()
+        if stripped.startswith(("```", "~~~")):
+            marker = stripped[:3]
+            fence = None if fence == marker else (fence or marker)
+        elif fence is None:
+            m = _HEADING_RE.match(line.rstrip("\n"))
+            if m:
+                out.append((pos, len(m.group(1)), m.group(2).strip(), pos + len(line)))
+        pos += len(line)
+    return out
+
+
+def section_span(body: str, anchor: str, levels: tuple[int, ...] = (2, 3)) -> tuple[int, int, int] | None:
+    """(start of heading, start of content, end) of the section whose heading text is `anchor`."""
+    hs = headings(body)
+    for n, (off, level, text, content) in enumerate(hs):
+        if level in levels and text == anchor:
+            end = len(body)
+            for off2, level2, _, _ in hs[n + 1:]:
+                if level2 <= level:
+                    end = off2
+                    break
+            return off, content, end
+    return None
+
+
+def sections(body: str) -> dict[str, str]:
+    """Anchor -> section text (without its heading) for every level-2/3 heading of the body."""
+    out: dict[str, str] = {}
+    for _, level, text, _ in headings(body):
+        if level in (2, 3) and text not in out:
+            span = section_span(body, text)
+            if span:
+                out[text] = body[span[1]:span[2]].strip("\r\n")
+    return out
+
+
+def facts(body: str) -> list[str]:
+    """The `- ` bullets of the body's `## Facts` section."""
+    span = section_span(body, "Facts", levels=(2,))
+    if span is None:
+        return []
+    out = []
+    for line in body[span[1]:span[2]].splitlines():
+        s = line.strip()
+        if s.startswith(("- ", "* ")):
+            out.append(s[2:].strip())
+    return out
+
+
+def _bullets(items, nl: str) -> str:
+    return "".join(f"- {' '.join(str(f).split())}{nl}" for f in items)
+
+
+def with_facts(body: str, new_facts, *, replace: bool, nl: str = "\n") -> str:
+    """Body with facts appended to (or replacing) its `## Facts` section; other bytes untouched."""
+    new_facts = [f for f in new_facts if str(f).strip()]
+    span = section_span(body, "Facts", levels=(2,))
+    if span is None:
+        if not new_facts:
+            return body
+        sep = "" if not body else (nl if body.endswith(nl * 2) else (nl if body.endswith("\n") else nl * 2))
+        return f"{body}{sep}## Facts{nl}{nl}{_bullets(new_facts, nl)}"
+    start, content, end = span
+    section = body[content:end]
+    if replace:
+        tail = nl if end < len(body) else ""
+        return body[:content] + nl + _bullets(new_facts, nl) + tail + body[end:]
+    existing = set(facts(body))
+    add = [f for f in new_facts if " ".join(str(f).split()) not in existing]
+    if not add:
+        return body
+    stripped = section.rstrip("\r\n")
+    if not stripped:  # an empty section: bullets go right under the heading
+        return body[:content] + nl + _bullets(add, nl) + body[content:]
+    insert_at = content + len(stripped)  # right after the section's last non-blank line
+    if insert_at == len(body):
+        return body + nl + _bullets(add, nl)
+    return body[:insert_at] + nl + _bullets(add, nl).rstrip("\r\n") + body[insert_at:]
+
+
+# ----------------------------------------------------------------- time
+
+def iso(value: datetime) -> str:
+    """ISO 8601 with a 'Z' for UTC (seconds precision)."""
+    if value.tzinfo is None:
+        return value.replace(microsecond=0).isoformat()
+    value = value.astimezone(timezone.utc).replace(microsecond=0)
+    return value.isoformat().replace("+00:00", "Z")
+
+
+def now_iso() -> str:
+    return iso(datetime.now(timezone.utc))
+
+
+def parse_time(value: Any, what: str = "date") -> datetime | None:
+    """Parse an ISO 8601 date or date-time (str/date/datetime) into an aware UTC datetime; None stays None."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        dt = value
+    elif isinstance(value, date):
+        dt = datetime(value.year, value.month, value.day)
+    else:
+        try:
+            dt = datetime.fromisoformat(str(value).strip())
+        except ValueError:
+            from hutch._core.errors import ConfigError
+
+            raise ConfigError(
+                f"{value!r} is not a valid {what}: write an ISO 8601 date such as '2026-11-20' "
+                "or '2026-11-20T14:30:00Z'."
+            ) from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.astimezone(timezone.utc)
+
+
+def time_str(value: Any, what: str = "date") -> str | None:
+    """Normalize a user-given date for front matter: keep date-only strings, ISO-format the rest."""
+    if value is None:
+        return None
+    if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value.strip()):
+        parse_time(value, what)
+        return value.strip()
+    if isinstance(value, date) and not isinstance(value, datetime):
+        return value.isoformat()
+    dt = parse_time(value, what)
+    if isinstance(value, str):
+        return value.strip()
+    return iso(dt) if dt else None

@@ -1,0 +1,175 @@
+"""The store's git repository, driven through the real `git` binary with argv lists.
+
+Identity is set per commit through the environment, and user hooks, signing
+and global excludes are switched off, so commits work the same on a machine
+with no git configuration at all.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from hutch._core.errors import MemoryStoreError
+
+#: Who commits when the caller names no one.
+DEFAULT_AUTHOR = ("hutch", "hutch@localhost")
+_CONFIG = [
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "commit.gpgSign=false",
+    "-c", "core.quotePath=false",
+    "-c", "core.symlinks=true",
+    "-c", "core.autocrlf=false",
+    "-c", "gc.auto=0",
+    "-c", "init.defaultBranch=main",
+]
+_SEP_FIELD = "\x1f"
+_SEP_RECORD = "\x1e"
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One commit as `git log` shows it, with the hutch trailers parsed."""
+
+    sha: str
+    author: str
+    email: str
+    date: str
+    subject: str
+    message: str
+    trailers: dict[str, list[str]]
+
+    def trailer(self, key: str) -> str | None:
+        values = self.trailers.get(key)
+        return values[0] if values else None
+
+
+class Git:
+    """A thin wrapper: `Git(store).run("status")`."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def run(self, *args: str, input: bytes | None = None, env: dict | None = None, check: bool = True) -> str:
+        argv = ["git", "-C", str(self.root), *_CONFIG, *args]
+        full_env = dict(os.environ)
+        full_env.update({"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"})
+        if env:
+            full_env.update(env)
+        try:
+            p = subprocess.run(argv, input=input, capture_output=True, env=full_env, check=False)
+        except FileNotFoundError as e:
+            raise MemoryStoreError(
+                "git is not installed: install the Debian package 'git' (listed in scripts/debian-packages.txt)."
+            ) from e
+        if check and p.returncode != 0:
+            raise MemoryStoreError(
+                f"git {' '.join(args[:2])} failed in {self.root} (exit {p.returncode}): "
+                f"{p.stderr.decode(errors='replace').strip()}. Check the store's git repository with "
+                f"'git -C {self.root} status'."
+            )
+        return p.stdout.decode("utf-8", errors="surrogateescape")
+
+    def ok(self, *args: str) -> bool:
+        return subprocess.run(
+            ["git", "-C", str(self.root), *_CONFIG, *args], capture_output=True
+        ).returncode == 0
+
+    def init(self) -> None:
+        self.run("init", "-q")
+
+    def is_repo(self) -> bool:
+        return (self.root / ".git").exists()
+
+    def has_head(self) -> bool:
+        return self.ok("rev-parse", "-q", "--verify", "HEAD")
+
+    def commit(self, paths: list[str], message: str, author: tuple[str, str], when: str | None = None) -> str | None:
+        """Stage exactly `paths` (additions, changes, deletions) and commit them. None if nothing changed."""
+        if paths:
+            data = b"\0".join(p.encode("utf-8", errors="surrogateescape") for p in paths) + b"\0"
+            try:
+                self.run("add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul", input=data)
+            except MemoryStoreError:
+                # a path created and deleted again, or an untracked file removed: stage what exists
+                live = [p for p in paths if os.path.lexists(self.root / p) or self.ok("ls-files", "--error-unmatch", "--", p)]
+                if not live:
+                    return None
+                data = b"\0".join(p.encode("utf-8", errors="surrogateescape") for p in live) + b"\0"
+                self.run("add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul", input=data)
+        if self.has_head() and self.ok("diff", "--cached", "--quiet"):
+            return None
+        name, email = author
+        env = {
+            "GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email,
+            "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email,
+        }
+        if when:
+            env["GIT_AUTHOR_DATE"] = when
+            env["GIT_COMMITTER_DATE"] = when
+        self.run("commit", "-q", "--no-verify", "--allow-empty-message", "-F", "-", input=message.encode(), env=env)
+        return self.run("rev-parse", "HEAD").strip()
+
+    def unstage(self, paths: list[str]) -> None:
+        if paths and self.has_head():
+            data = b"\0".join(p.encode() for p in paths) + b"\0"
+            self.run("reset", "-q", "--pathspec-from-file=-", "--pathspec-file-nul", input=data, check=False)
+
+    def log(self, *paths: str, rev: str = "HEAD", limit: int | None = None) -> list[Commit]:
+        """Commits touching `paths` (all commits if none), newest first."""
+        if not self.has_head():
+            return []
+        fmt = _SEP_FIELD.join(["%H", "%an", "%ae", "%aI", "%s", "%B"]) + _SEP_RECORD
+        args = ["log", f"--format={fmt}", rev]
+        if limit:
+            args.append(f"-n{limit}")
+        out = self.run(*args, "--", *paths)
+        commits = []
+        for rec in out.split(_SEP_RECORD):
+            rec = rec.strip("\n")
+            if not rec:
+                continue
+            sha, an, ae, ad, subject, body = rec.split(_SEP_FIELD, 5)
+            commits.append(Commit(sha, an, ae, ad, subject, body, parse_trailers(body)))
+        return commits
+
+    def show(self, rev: str, path: str) -> str | None:
+        """The text of `path` at `rev`, or None if it did not exist there."""
+        p = subprocess.run(
+            ["git", "-C", str(self.root), *_CONFIG, "show", f"{rev}:{path}"], capture_output=True
+        )
+        if p.returncode != 0:
+            return None
+        return p.stdout.decode("utf-8", errors="surrogateescape")
+
+    def ls_tree(self, rev: str, path: str) -> list[tuple[str, str, str]]:
+        """(mode, object, path) under `path` at `rev`."""
+        out = self.run("ls-tree", "-r", "-z", rev, "--", path, check=False)
+        rows = []
+        for rec in out.split("\0"):
+            if rec:
+                meta, p = rec.split("\t", 1)
+                mode, _type, obj = meta.split()
+                rows.append((mode, obj, p))
+        return rows
+
+
+def parse_trailers(message: str) -> dict[str, list[str]]:
+    """`Key: value` lines of the message's last paragraph."""
+    paragraphs = [p for p in message.strip().split("\n\n") if p.strip()]
+    out: dict[str, list[str]] = {}
+    if len(paragraphs) < 2:
+        return out
+    for line in paragraphs[-1].splitlines():
+        if ": " in line:
+            k, v = line.split(": ", 1)
+            if k and " " not in k:
+                out.setdefault(k, []).append(v)
+    return out
+
+
+def trailer_value(value: object) -> str:
+    """A value made safe for one trailer line."""
+    return " ".join(str(value).split())

@@ -1,0 +1,178 @@
+"""The write path: a cross-process lock, and transactions that back up, write, and commit once.
+
+Every write op runs inside a transaction (a lone op is a transaction of one).
+The transaction holds an exclusive `flock` on `<store>/.hutch/write.lock`
+from its first write until its commit, so writers in other processes queue
+instead of interleaving; readers never lock (renames are atomic). Each file
+touched is backed up in memory first, so a failure rolls the working tree back
+to exactly what it was: nothing is half-written.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from pathlib import Path
+
+from hutch._core.atomic import TEMP_PREFIX, atomic_write
+
+LOCK_NAME = "write.lock"
+
+
+class StoreLock:
+    """A reentrant (per instance) exclusive lock shared by every process that writes the store."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._thread = threading.RLock()
+        self._depth = 0
+        self._fd: int | None = None
+
+    def __enter__(self) -> "StoreLock":
+        self._thread.acquire()
+        try:
+            if self._depth == 0:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._fd = fd
+            self._depth += 1
+        except BaseException:
+            self._thread.release()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._depth -= 1
+            if self._depth == 0 and self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                os.close(self._fd)
+                self._fd = None
+        finally:
+            self._thread.release()
+
+
+class Transaction:
+    """Files changed so far, their backups, and what the commit message will say."""
+
+    def __init__(self, root: Path, message: str | None = None, source: str | None = None,
+                 reason: str | None = None):
+        self.root = root
+        self.message = message
+        self.source = source
+        self.reason = reason
+        self.ops: list[tuple[str, str]] = []  # (op, subject) in order
+        self.trailers: list[tuple[str, str]] = []
+        self._backup: dict[str, tuple[str, bytes | str | None]] = {}
+        self._order: list[str] = []
+        self._dirs: set[str] = set()
+
+    # ------------------------------------------------------------ recording
+
+    def record(self, op: str, subject: str, **trailers: str | None) -> None:
+        self.ops.append((op, subject))
+        for k, v in trailers.items():
+            if v is not None:
+                self.trailers.append((k, v))
+
+    @property
+    def paths(self) -> list[str]:
+        return list(self._order)
+
+    def _rel(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix()
+
+    def _save(self, path: Path) -> str:
+        rel = self._rel(path)
+        if rel not in self._backup:
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                self._backup[rel] = ("none", None)
+            else:
+                import stat
+
+                if stat.S_ISLNK(st.st_mode):
+                    self._backup[rel] = ("link", os.readlink(path))
+                else:
+                    with open(path, "rb") as f:
+                        self._backup[rel] = ("file", f.read())
+            self._order.append(rel)
+        self._dirs.add(str(path.parent))
+        return rel
+
+    # ------------------------------------------------------------ writes
+
+    def write(self, path: Path, text: str) -> None:
+        self._save(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # directory fsyncs are batched: commit() syncs each touched directory once
+        atomic_write(path, text.encode("utf-8", errors="surrogateescape"), fsync_dir=False)
+
+    def symlink(self, path: Path, target: str) -> None:
+        self._save(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f"{TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{path.name}"
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        os.symlink(target, tmp)
+        os.replace(tmp, path)
+
+    def remove(self, path: Path) -> None:
+        self._save(path)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        _prune_empty(path.parent, self.root)
+
+    # ------------------------------------------------------------ end
+
+    def sync_dirs(self) -> None:
+        for d in sorted(self._dirs):
+            try:
+                fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def rollback(self) -> None:
+        """Put every touched path back as it was before the transaction."""
+        for rel in reversed(self._order):
+            kind, data = self._backup[rel]
+            path = self.root / rel
+            try:
+                if os.path.lexists(path) and (kind != "file" or os.path.islink(path)):
+                    os.unlink(path)
+                if kind == "file":
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write(path, data, fsync_dir=False)  # type: ignore[arg-type]
+                elif kind == "link":
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    os.symlink(data, path)  # type: ignore[arg-type]
+                else:
+                    _prune_empty(path.parent, self.root)
+            except OSError:
+                continue
+        self.sync_dirs()
+
+
+def _prune_empty(d: Path, root: Path) -> None:
+    """Remove empty link directories up to (not including) the class directory."""
+    while d != root and d.parent != root:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+        d = d.parent
