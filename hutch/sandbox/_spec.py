@@ -99,7 +99,15 @@ class Network:
 
     Wildcards: "*.example.com" matches any name with at least one more label
     below example.com (a.example.com, a.b.example.com), never example.com itself;
-    list both to allow both.
+    list both to allow both. A wildcard is only ever the whole leftmost label, and
+    not directly above a top-level domain ("*.com" is refused). Names compare
+    case-insensitively, without a trailing dot.
+
+    CIDR rules admit raw TCP to those addresses on the policy's ports. Private,
+    CGNAT, link-local and metadata addresses are reached only through a CIDR
+    rule lying inside their block (`cidrs=["10.1.0.0/16"]`, not "0.0.0.0/0");
+    loopback, multicast, the host and other sandboxes never. `ports=None` means
+    every TCP port. See docs/egress.md.
     """
 
     mode: Literal["none", "allow", "open"] = "none"
@@ -120,6 +128,10 @@ class Network:
     @classmethod
     def allow(cls, domains=(), cidrs=(), ports=(443, 80)) -> "Network":
         """Only these domains (DNS names, '*.' wildcards) and CIDR ranges, on these TCP ports."""
+        if ports is None:
+            ports = ()
+        elif not isinstance(ports, (str, int)) and not list(ports):
+            raise NetworkPolicyError("ports=[] allows nothing; give ports like [443, 80], or ports=None for every port.")
         if isinstance(domains, str) or isinstance(cidrs, str) or isinstance(ports, (str, int)):
             raise NetworkPolicyError("domains, cidrs and ports must be lists, e.g. domains=['api.example.com'].")
         doms = []
@@ -132,6 +144,8 @@ class Network:
                     f"domain {d!r} is not a valid DNS name; give 'api.example.com' or '*.example.com' "
                     "(a wildcard only as the whole leftmost label)."
                 )
+            if n.replace(".", "").isdigit():
+                raise NetworkPolicyError(f"domain {d!r} is an address, not a name; put it in cidrs, e.g. cidrs=['{n}/32'].")
             doms.append(n)
         nets = []
         for c in cidrs:
@@ -150,6 +164,31 @@ class Network:
         if not doms and not nets:
             raise NetworkPolicyError("Network.allow() needs at least one domain or cidr; use Network.none() for no network.")
         return cls("allow", tuple(sorted(set(doms))), tuple(sorted(set(nets))), tuple(sorted(set(prts))))
+
+    def to_dict(self) -> dict:
+        """The JSON form: {"mode", "domains", "cidrs", "ports"}."""
+        return {"mode": self.mode, "domains": list(self.domains), "cidrs": list(self.cidrs), "ports": list(self.ports)}
+
+    @classmethod
+    def from_dict(cls, d) -> "Network":
+        """Rebuild from `to_dict()` output, validating it as the named constructors do."""
+        if isinstance(d, Network):
+            return d
+        if not isinstance(d, dict):
+            raise NetworkPolicyError(f"network={d!r} is not a policy; send Network.to_dict(), e.g. {{'mode': 'none'}}.")
+        unknown = set(d) - {"mode", "domains", "cidrs", "ports"}
+        if unknown:
+            raise NetworkPolicyError(f"network has unknown fields {sorted(unknown)}; use mode, domains, cidrs, ports.")
+        mode = d.get("mode", "none")
+        if mode == "none":
+            return cls.none()
+        if mode == "open":
+            return cls.open()
+        if mode == "allow":
+            ports = d.get("ports", (443, 80))
+            return cls.allow(domains=d.get("domains") or (), cidrs=d.get("cidrs") or (),
+                             ports=None if ports is not None and len(ports) == 0 else ports)
+        raise NetworkPolicyError(f"network mode {mode!r} is unknown; use 'none', 'allow' or 'open'.")
 
 
 @dataclass(frozen=True)
@@ -242,7 +281,7 @@ class SandboxSpec:
                 command=tuple(d.get("command", ())),
                 image=d.get("image", DEFAULT_IMAGE),
                 mounts=tuple(Mount(**m) for m in d.get("mounts", ())),
-                network=Network(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.get("network", {"mode": "none"}).items()}),
+                network=Network.from_dict(d.get("network", {"mode": "none"})),
                 limits=Limits(**d.get("limits", {})),
                 timeout=d.get("timeout", DEFAULT_TIMEOUT),
                 idle_timeout=d.get("idle_timeout"),

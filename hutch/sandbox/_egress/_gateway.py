@@ -1,0 +1,385 @@
+"""The egress gateway: one per host, asyncio, serving every sandbox's DNS and TCP.
+
+    gw = Gateway(upstream_resolvers=["192.0.2.53"])
+    await gw.start()
+    await gw.attach("sb-1", pid_or_netns_fd, Network.allow(domains=["api.example.com"]))
+    await gw.set_policy("sb-1", Network.none())
+    gw.log("sb-1")
+    await gw.detach("sb-1")
+    await gw.stop()
+
+A sandbox whose policy is `none` has no link at all. Any other policy gives it
+a veth `hv<hex>` whose host end carries the gateway address and whose
+sandbox end (`eth0`) a /32 of the link subnet; that address is how the
+resolver and the proxy know which sandbox (and so which policy) asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ipaddress
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from dnslib import QTYPE, RCODE
+
+from hutch._core.errors import ConfigError, NotFoundError, SandboxError, StateError
+from hutch.sandbox._egress import _netns
+from hutch.sandbox._egress._dns import ANSWER_TTL, Resolver, ResolveError, Upstream
+from hutch.sandbox._egress._policy import AddressRules, Verdict, name_allowed, normalize_name, port_allowed
+from hutch.sandbox._egress._proxy import Proxy
+from hutch.sandbox._spec import Network
+
+#: The sandbox link subnet. 198.18.0.0/15 is reserved for benchmarking (RFC 2544): never
+#: routed on the internet and unlikely to clash with the host's own networks.
+DEFAULT_SUBNET = "198.18.0.0/16"
+DEFAULT_PROXY_PORT = 15001
+DEFAULT_DNS_PORT = 53
+DEFAULT_TABLE = "hutch_egress"
+LOG_LIMIT = 10000
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One egress decision: a DNS answer or a TCP connection, allowed or denied, and why."""
+
+    time: float
+    name: str | None
+    address: str | None
+    port: int | None
+    protocol: str          # dns | tls | http | tcp
+    verdict: str           # allow | deny
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"time": self.time, "name": self.name, "address": self.address, "port": self.port,
+                "protocol": self.protocol, "verdict": self.verdict, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """What attach() set up: the host link name, the sandbox's address and the gateway's."""
+
+    sandbox_id: str
+    link: str | None
+    address: str | None
+    gateway: str
+
+
+@dataclass(eq=False)
+class _Sandbox:
+    id: str
+    policy: Network
+    netns_fd: int
+    index: int | None = None
+    link: str | None = None
+    address: str | None = None
+    conns: set = field(default_factory=set)
+    log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=LOG_LIMIT))
+
+
+def _resolvers_from(value) -> list[tuple[str, int]]:
+    if value is None:
+        value = _system_resolvers()
+    out = []
+    for v in value:
+        host, port = (v if isinstance(v, tuple) else (str(v), 53))
+        if isinstance(v, str) and v.count(":") == 1:
+            host, p = v.split(":")
+            port = int(p)
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError as e:
+            raise ConfigError(f"upstream resolver {v!r} is not an IPv4 address; give one like '192.0.2.53'.") from e
+        out.append((host, int(port)))
+    if not out:
+        raise ConfigError("the gateway needs at least one upstream resolver; none was given and "
+                          "/etc/resolv.conf lists no IPv4 nameserver.")
+    return out
+
+
+def _system_resolvers() -> list[str]:
+    env = os.environ.get("HUTCH_EGRESS_RESOLVERS")
+    if env:
+        return [x.strip() for x in env.split(",") if x.strip()]
+    out = []
+    try:
+        with open("/etc/resolv.conf") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] == "nameserver":
+                    try:
+                        ipaddress.IPv4Address(parts[1])
+                        out.append(parts[1])
+                    except ValueError:
+                        pass
+    except OSError:
+        pass
+    return out
+
+
+class Gateway:
+    """The host's egress gateway. All methods are coroutines except `log` and `attachment`.
+
+    The gateway takes the network namespace of the thread that calls `start()`
+    as "the host". Upstream resolvers default to HUTCH_EGRESS_RESOLVERS, then
+    /etc/resolv.conf.
+    """
+
+    def __init__(self, upstream_resolvers=None, *, subnet: str | None = None, proxy_port: int = DEFAULT_PROXY_PORT,
+                 dns_port: int = DEFAULT_DNS_PORT, table: str = DEFAULT_TABLE, link_prefix: str = "hv"):
+        subnet = subnet or os.environ.get("HUTCH_EGRESS_SUBNET") or DEFAULT_SUBNET
+        try:
+            self._subnet = ipaddress.IPv4Network(subnet)
+        except ValueError as e:
+            raise ConfigError(f"subnet {subnet!r} is not an IPv4 network; give one like '198.18.0.0/16'.") from e
+        if self._subnet.num_addresses < 4:
+            raise ConfigError(f"subnet {subnet!r} is too small; give a /30 or larger.")
+        self._resolvers = _resolvers_from(upstream_resolvers)
+        self.gateway_address = str(self._subnet.network_address + 1)
+        self.proxy_port = proxy_port
+        self.dns_port = dns_port
+        self._rules = AddressRules(self._subnet)
+        self._plumber = _netns.Plumber(table=table, gw=self.gateway_address, dns_port=dns_port,
+                                       proxy_port=proxy_port, prefix=link_prefix)
+        self._prefix = link_prefix
+        self._upstream = Upstream(self._resolvers)
+        self._resolver = Resolver(self._dns_decide)
+        self._proxy = Proxy(self)
+        self._sandboxes: dict[str, _Sandbox] = {}
+        self._by_addr: dict[str, _Sandbox] = {}
+        self._free_next = 2
+        self._used: set[int] = set()
+        self._pool: ThreadPoolExecutor | None = None
+        self._host_fd = -1
+        self._started = False
+        self._lock = asyncio.Lock()
+
+    # --- lifecycle ---------------------------------------------------------
+
+    async def start(self) -> None:
+        """Install the host rules and start the resolver and the proxy."""
+        if self._started:
+            return
+        loop = asyncio.get_running_loop()
+        self._host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        host_fd = self._host_fd
+        # one thread does all plumbing: setns moves only that thread, and pyroute2/nft
+        # sockets stay bound to the namespace they were opened in
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hutch-egress",
+                                        initializer=_netns._setns, initargs=(host_fd,))
+        try:
+            await loop.run_in_executor(self._pool, self._plumber.setup, host_fd)
+            addrs = await loop.run_in_executor(self._pool, self._plumber.host_addresses)
+            self._rules.set_host_addresses(addrs)
+            await self._resolver.start(self.gateway_address, self.dns_port, self._listen_socket)
+            await self._proxy.start(self._listen_socket(socket.SOCK_STREAM, self.gateway_address, self.proxy_port))
+        except BaseException:
+            await self._teardown()
+            raise
+        self._started = True
+
+    async def stop(self) -> None:
+        """Detach every sandbox, stop serving, remove the host rules."""
+        for sid in list(self._sandboxes):
+            await self.detach(sid)
+        await self._teardown()
+        self._started = False
+
+    async def _teardown(self) -> None:
+        await self._proxy.stop()
+        await self._resolver.stop()
+        if self._pool:
+            loop = asyncio.get_running_loop()
+            links = [s.link for s in self._sandboxes.values() if s.link]
+            await loop.run_in_executor(self._pool, self._plumber.teardown, links)
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._host_fd >= 0:
+            os.close(self._host_fd)
+            self._host_fd = -1
+
+    async def __aenter__(self):
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.stop()
+
+    def _listen_socket(self, kind: int, host: str, port: int) -> socket.socket:
+        s = socket.socket(socket.AF_INET, kind)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # the gateway address lives on hv* links, which come and go with sandboxes
+        s.setsockopt(socket.SOL_IP, 15, 1)   # IP_FREEBIND
+        s.bind((host, port))
+        s.setblocking(False)
+        return s
+
+    # --- sandboxes ---------------------------------------------------------
+
+    async def attach(self, sandbox_id: str, netns, policy: Network) -> Attachment:
+        """Register a sandbox; unless its policy is `none`, give it a link and rules now.
+
+        `netns`: the sandbox's network namespace as an fd, a pid (its
+        /proc/PID/ns/net) or a path. Call before the sandbox's command runs.
+        """
+        self._require_started()
+        policy = _check_policy(policy)
+        if sandbox_id in self._sandboxes:
+            raise StateError(f"sandbox {sandbox_id} is already attached to the gateway; detach it first.")
+        fd = _netns.open_netns(netns)
+        sb = _Sandbox(sandbox_id, policy, fd)
+        self._sandboxes[sandbox_id] = sb
+        try:
+            if policy.mode != "none":
+                await self._plumb(sb)
+        except BaseException:
+            self._sandboxes.pop(sandbox_id, None)
+            os.close(fd)
+            raise
+        return self.attachment(sandbox_id)
+
+    def attachment(self, sandbox_id: str) -> Attachment:
+        sb = self._get(sandbox_id)
+        return Attachment(sb.id, sb.link, sb.address, self.gateway_address)
+
+    def attached(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._sandboxes
+
+    async def set_policy(self, sandbox_id: str, policy: Network) -> None:
+        """Replace the sandbox's policy as a whole; connections it forbids are reset now."""
+        sb = self._get(sandbox_id)
+        policy = _check_policy(policy)
+        old = sb.policy
+        sb.policy = policy
+        self._record(sb, None, None, None, "policy", "allow", f"policy replaced: {_describe(old)} -> {_describe(policy)}")
+        for conn in list(sb.conns):
+            v = self._proxy.recheck(conn, policy)
+            if not v:
+                self._record(sb, conn.name, conn.address, conn.port, conn.kind, "deny",
+                             f"reset by a policy change: {v.reason}")
+                conn.close(reset=True)
+        if policy.mode == "none" and sb.link:
+            await self._unplumb(sb)
+        elif policy.mode != "none" and not sb.link:
+            await self._plumb(sb)
+
+    def log(self, sandbox_id: str) -> list[Decision]:
+        """Every decision for this sandbox, oldest first (the last 10000)."""
+        return list(self._get(sandbox_id).log)
+
+    async def detach(self, sandbox_id: str) -> None:
+        """Remove everything the sandbox had: connections, link, rules, conntrack entries."""
+        sb = self._sandboxes.get(sandbox_id)
+        if sb is None:
+            return
+        for conn in list(sb.conns):
+            conn.close(reset=True)
+        try:
+            if sb.link:
+                await self._unplumb(sb)
+        finally:
+            self._sandboxes.pop(sandbox_id, None)
+            os.close(sb.netns_fd)
+
+    # --- internals ---------------------------------------------------------
+
+    def _require_started(self):
+        if not self._started:
+            raise StateError("the egress gateway is not running; call `await gateway.start()` first.")
+
+    def _get(self, sandbox_id: str) -> _Sandbox:
+        sb = self._sandboxes.get(sandbox_id)
+        if sb is None:
+            raise NotFoundError(f"sandbox {sandbox_id} is not attached to the egress gateway.")
+        return sb
+
+    def _alloc(self) -> int:
+        size = self._subnet.num_addresses
+        for _ in range(size):
+            i = self._free_next
+            self._free_next = i + 1 if i + 2 < size else 2
+            if i not in self._used:
+                self._used.add(i)
+                return i
+        raise SandboxError(f"the egress subnet {self._subnet} has no free address; give the gateway a larger one.")
+
+    async def _plumb(self, sb: _Sandbox) -> None:
+        i = self._alloc()
+        addr = str(self._subnet.network_address + i)
+        link = _netns.link_name(self._prefix, i)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._pool, self._plumber.add, link, addr, sb.netns_fd)
+        except BaseException:
+            self._used.discard(i)
+            raise
+        sb.index, sb.link, sb.address = i, link, addr
+        self._by_addr[addr] = sb
+
+    async def _unplumb(self, sb: _Sandbox) -> None:
+        for conn in list(sb.conns):
+            conn.close(reset=True)
+        self._by_addr.pop(sb.address, None)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._pool, self._plumber.remove, sb.link, sb.address)
+        finally:
+            self._used.discard(sb.index)
+            sb.index = sb.link = sb.address = None
+
+    def _record(self, sb: _Sandbox, name, address, port, protocol, verdict, reason) -> None:
+        sb.log.append(Decision(time.time(), name, address, port, protocol, verdict, reason))
+
+    def _name_allowed(self, policy: Network, name: str) -> Verdict:
+        return name_allowed(policy, name)
+
+    def _port_allowed(self, policy: Network, port: int) -> Verdict:
+        return port_allowed(policy, port)
+
+    async def _dns_decide(self, src: str, qname: str, qtype: int):
+        sb = self._by_addr.get(src)
+        if sb is None:
+            return RCODE.REFUSED, (), 0
+        policy = sb.policy
+        name = normalize_name(qname)
+        if name is None:
+            self._record(sb, qname[:255], None, 53, "dns", "deny", "not a valid DNS name")
+            return RCODE.NXDOMAIN, (), 0
+        v = name_allowed(policy, name)
+        if not v:
+            # never forwarded: a query for a name the policy does not allow goes nowhere
+            self._record(sb, name, None, 53, "dns", "deny", v.reason)
+            return RCODE.NXDOMAIN, (), 0
+        if qtype != QTYPE.A:
+            return RCODE.NOERROR, (), 0
+        try:
+            addrs, ttl = await self._upstream.resolve(name)
+        except ResolveError as e:
+            self._record(sb, name, None, 53, "dns", "deny", str(e))
+            return RCODE.NXDOMAIN, (), 0
+        ok = [a for a in addrs if self._rules.address_allowed(sb.policy, a)]
+        if not ok:
+            reasons = "; ".join(self._rules.address_allowed(sb.policy, a).reason for a in addrs)
+            self._record(sb, name, addrs[0], 53, "dns", "deny", f"only refused addresses: {reasons}")
+            return RCODE.NOERROR, (), 0
+        self._record(sb, name, ",".join(ok), 53, "dns", "allow", v.reason)
+        return RCODE.NOERROR, ok, min(ttl, ANSWER_TTL)
+
+
+def _check_policy(policy) -> Network:
+    if isinstance(policy, dict):
+        return Network.from_dict(policy)
+    if not isinstance(policy, Network):
+        raise ConfigError(f"policy={policy!r} is not a Network; use hutch.Network.none(), .allow(...) or .open().")
+    return policy
+
+
+def _describe(p: Network) -> str:
+    if p.mode != "allow":
+        return p.mode
+    return f"allow(domains={list(p.domains)}, cidrs={list(p.cidrs)}, ports={list(p.ports)})"

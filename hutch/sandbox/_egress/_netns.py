@@ -1,0 +1,308 @@
+"""Host and sandbox network plumbing: veths over netlink, rules as nftables transactions.
+
+Everything here is blocking and runs on the gateway's worker thread. To work
+inside a sandbox's network namespace the thread enters it with setns(2)
+(which moves only the calling thread) and always returns to the host's.
+
+Host side (table `inet <table>`): packets from hv* interfaces must be IPv4
+with the source address that interface was given (anti-spoofing), TCP not
+addressed to the gateway is redirected to the proxy, and the only local
+ports they may reach are the resolver's and the proxy's. Nothing from or to
+hv* is forwarded, whatever ip_forward says.
+
+Sandbox side (table `inet hutch` in its netns): IPv6 off, and out of the
+netns only DNS to the gateway and TCP through eth0 (which the host redirects).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import ipaddress
+import os
+import socket
+import threading
+from contextlib import contextmanager
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from hutch._core.errors import SandboxError
+from hutch.sandbox._egress._nft import Nft
+
+CLONE_NEWNET = 0x40000000
+SANDBOX_IF = "eth0"
+SANDBOX_TABLE = "hutch"
+RT_SCOPE_LINK = 253
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"setns into a network namespace failed: {os.strerror(e)}")
+
+
+def open_netns(target) -> int:
+    """A new fd for a network namespace given as an fd, a pid, or a path."""
+    if isinstance(target, int) and not isinstance(target, bool):
+        if target < 0:
+            raise SandboxError(f"{target} is neither a netns fd nor a pid.")
+        try:
+            os.fstat(target)
+            # an fd we were handed: check it is a netns by looking at its link
+            link = os.readlink(f"/proc/self/fd/{target}")
+            if link.startswith("net:["):
+                return os.dup(target)
+        except OSError:
+            pass
+        path = f"/proc/{target}/ns/net"
+    else:
+        path = os.fspath(target)
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise SandboxError(f"cannot open the network namespace {path}: {e.strerror}; is the sandbox running?") from e
+
+
+def sandbox_ruleset(gw: str) -> str:
+    return f"""
+table inet {SANDBOX_TABLE}
+delete table inet {SANDBOX_TABLE}
+table inet {SANDBOX_TABLE} {{
+  chain output {{
+    type filter hook output priority filter; policy drop;
+    oif "lo" accept
+    meta nfproto != ipv4 drop
+    ip daddr {gw} udp dport 53 accept
+    ip daddr {gw} tcp dport 53 accept
+    oifname "{SANDBOX_IF}" meta l4proto tcp accept
+  }}
+  chain input {{
+    type filter hook input priority filter; policy drop;
+    iif "lo" accept
+    meta nfproto != ipv4 drop
+    iifname "{SANDBOX_IF}" ct state established accept
+  }}
+  chain forward {{
+    type filter hook forward priority filter; policy drop;
+  }}
+}}
+"""
+
+
+def host_ruleset(table: str, gw: str, dns_port: int, proxy_port: int, prefix: str) -> str:
+    dns_redirect = ""
+    if dns_port != 53:
+        dns_redirect = (f'    iifname "{prefix}*" ip daddr {gw} udp dport 53 redirect to :{dns_port}\n'
+                        f'    iifname "{prefix}*" ip daddr {gw} tcp dport 53 redirect to :{dns_port}\n')
+    return f"""
+table inet {table}
+delete table inet {table}
+table inet {table} {{
+  set members {{ type ifname . ipv4_addr; }}
+  chain pre_raw {{
+    type filter hook prerouting priority raw; policy accept;
+    iifname "{prefix}*" meta nfproto != ipv4 drop
+    iifname "{prefix}*" iifname . ip saddr != @members drop
+  }}
+  chain pre_nat {{
+    type nat hook prerouting priority dstnat; policy accept;
+{dns_redirect}    iifname "{prefix}*" ip daddr != {gw} meta l4proto tcp redirect to :{proxy_port}
+  }}
+  chain input {{
+    type filter hook input priority filter - 10; policy accept;
+    iifname "{prefix}*" jump from_sandbox
+  }}
+  chain from_sandbox {{
+    ip daddr {gw} udp dport {dns_port} accept
+    ip daddr {gw} tcp dport {{ {dns_port}, {proxy_port} }} accept
+    drop
+  }}
+  chain forward {{
+    type filter hook forward priority filter - 10; policy accept;
+    iifname "{prefix}*" drop
+    oifname "{prefix}*" drop
+  }}
+  chain output {{
+    type filter hook output priority filter - 10; policy accept;
+    oifname "{prefix}*" ip saddr != {gw} drop
+    oifname "{prefix}*" meta l4proto != tcp meta l4proto != udp drop
+  }}
+}}
+"""
+
+
+def _write_sysctl(path: str, value: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+    except FileNotFoundError:
+        pass   # IPv6 compiled out: nothing to disable
+
+
+class Plumber:
+    """Owns the host-side table and creates/removes sandbox links. Call only from one thread."""
+
+    def __init__(self, *, table: str, gw: str, dns_port: int, proxy_port: int, prefix: str = "hv"):
+        self.table = table
+        self.gw = gw
+        self.dns_port = dns_port
+        self.proxy_port = proxy_port
+        self.prefix = prefix
+        self.host_fd = -1
+        self.ipr: IPRoute | None = None
+        self.nft: Nft | None = None
+        self._thread = None
+
+    def _check_thread(self):
+        if self._thread is None:
+            self._thread = threading.get_ident()
+        elif self._thread != threading.get_ident():
+            raise RuntimeError("Plumber is used from two threads")
+
+    def setup(self, host_fd: int) -> list[str]:
+        """Install the host table, reaping links a crashed predecessor left. Returns reaped names."""
+        self._check_thread()
+        self.host_fd = host_fd
+        _setns(host_fd)
+        self.ipr = IPRoute()
+        self.nft = Nft()
+        reaped = self.reap()
+        self.nft.run(host_ruleset(self.table, self.gw, self.dns_port, self.proxy_port, self.prefix))
+        return reaped
+
+    def reap(self) -> list[str]:
+        """Delete hv* links that carry our gateway address (left by a crashed gateway)."""
+        out = []
+        for link in self.ipr.get_links():
+            name = link.get_attr("IFLA_IFNAME") or ""
+            if not name.startswith(self.prefix):
+                continue
+            addrs = [a.get_attr("IFA_ADDRESS") for a in self.ipr.get_addr(index=link["index"], family=socket.AF_INET)]
+            if self.gw in addrs:
+                try:
+                    self.ipr.link("del", index=link["index"])
+                    out.append(name)
+                except NetlinkError:
+                    pass
+        return out
+
+    def teardown(self, names: list[str]) -> None:
+        self._check_thread()
+        if self.ipr is None:
+            return
+        for n in names:
+            self._del_link(n)
+        try:
+            self.nft.run(f"table inet {self.table}\ndelete table inet {self.table}\n")
+        except SandboxError:
+            pass
+        self.ipr.close()
+        self.nft.close()
+        self.ipr = self.nft = None
+
+    def host_addresses(self) -> list[str]:
+        return [a.get_attr("IFA_ADDRESS") for a in self.ipr.get_addr(family=socket.AF_INET)]
+
+    @contextmanager
+    def _in_netns(self, fd: int):
+        _setns(fd)
+        try:
+            yield
+        finally:
+            _setns(self.host_fd)
+
+    def add(self, name: str, addr: str, netns_fd: int) -> None:
+        """Create veth `name` (host) <-> eth0 (sandbox), addresses, routes, and both rule sets."""
+        self._check_thread()
+        ipr = self.ipr
+        try:
+            # IPv6 off in the sandbox before its end of the veth exists, so it never gets an address
+            with self._in_netns(netns_fd):
+                _write_sysctl("/proc/sys/net/ipv6/conf/all/disable_ipv6", "1")
+                _write_sysctl("/proc/sys/net/ipv6/conf/default/disable_ipv6", "1")
+            ipr.link("add", ifname=name, kind="veth", peer={"ifname": SANDBOX_IF, "net_ns_fd": netns_fd})
+            _write_sysctl(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6", "1")
+            idx = ipr.link_lookup(ifname=name)[0]
+            ipr.addr("add", index=idx, address=self.gw, prefixlen=32)
+            ipr.link("set", index=idx, state="up")
+            ipr.route("add", dst=f"{addr}/32", oif=idx, scope=RT_SCOPE_LINK, prefsrc=self.gw)
+            with self._in_netns(netns_fd):
+                inner = IPRoute()
+                try:
+                    e = inner.link_lookup(ifname=SANDBOX_IF)[0]
+                    inner.addr("add", index=e, address=addr, prefixlen=32)
+                    inner.link("set", index=e, state="up")
+                    lo = inner.link_lookup(ifname="lo")
+                    if lo:
+                        inner.link("set", index=lo[0], state="up")
+                    inner.route("add", dst=f"{self.gw}/32", oif=e, scope=RT_SCOPE_LINK)
+                    inner.route("add", dst="0.0.0.0/0", gateway=self.gw, oif=e)
+                finally:
+                    inner.close()
+                n = Nft()
+                try:
+                    n.run(sandbox_ruleset(self.gw))
+                finally:
+                    n.close()
+            self.nft.run(f'add element inet {self.table} members {{ "{name}" . {addr} }}\n')
+        except Exception as e:
+            self._del_link(name)
+            if isinstance(e, SandboxError):
+                raise
+            raise SandboxError(f"setting up the sandbox network ({name}, {addr}) failed: {e}") from e
+
+    def remove(self, name: str, addr: str) -> None:
+        """Remove the veth (its sandbox end goes with it), the anti-spoof element and conntrack entries."""
+        self._check_thread()
+        self._del_link(name)
+        try:
+            self.nft.run(f'delete element inet {self.table} members {{ "{name}" . {addr} }}\n')
+        except SandboxError:
+            pass
+        flush_conntrack(addr)
+
+    def _del_link(self, name: str) -> None:
+        try:
+            idx = self.ipr.link_lookup(ifname=name)
+            if idx:
+                self.ipr.link("del", index=idx[0])
+        except NetlinkError as e:
+            if e.code not in (errno.ENODEV, errno.ENOENT):
+                raise
+
+
+def flush_conntrack(addr: str) -> int:
+    """Delete the host's conntrack entries whose original source is `addr`. Returns how many."""
+    try:
+        from pyroute2 import Conntrack
+        from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
+    except ImportError:
+        return 0
+    n = 0
+    try:
+        ct = Conntrack()
+    except Exception:  # noqa: BLE001 - no nf_conntrack netlink: nothing tracked to flush
+        return 0
+    try:
+        for entry in list(ct.dump_entries(tuple_orig=NFCTAttrTuple(saddr=addr))):
+            try:
+                ct.delete(entry)
+                n += 1
+            except NetlinkError:
+                pass
+    except Exception:  # noqa: BLE001 - best effort; entries also time out by themselves
+        pass
+    finally:
+        ct.close()
+    return n
+
+
+def link_name(prefix: str, index: int) -> str:
+    return f"{prefix}{index:x}"
+
+
+def ip_in(addr: str, subnet: str) -> bool:
+    return ipaddress.ip_address(addr) in ipaddress.ip_network(subnet)

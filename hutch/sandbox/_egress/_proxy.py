@@ -1,0 +1,357 @@
+"""The gateway's TCP proxy: decide on a connection, dial it, relay it.
+
+Every TCP connection a sandbox opens arrives here through the host's REDIRECT
+rule. The proxy learns the original destination (SO_ORIGINAL_DST), and:
+
+1. if the policy admits that address by itself (a CIDR rule; `open` and a
+   public address), dials it and relays raw bytes;
+2. otherwise reads the first bytes: a TLS ClientHello's SNI or an HTTP
+   request's Host. The name must be allowed; the proxy resolves it itself and
+   dials one of its acceptable addresses (the sandbox's choice of address, a
+   forged /etc/hosts entry or a raw IP, counts for nothing).
+
+A refused connection is reset (SO_LINGER 0). After the decision, bytes move
+with splice(2) through a pipe, so they never enter Python; a plain-HTTP
+connection's requests are still parsed one by one, so that each Host is checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import os
+import socket
+import struct
+
+from hutch.sandbox._egress import _sniff
+from hutch.sandbox._egress._dns import ResolveError
+from hutch.sandbox._egress._policy import Verdict, normalize_name
+
+SO_ORIGINAL_DST = 80
+PEEK_TIMEOUT = 10.0
+DIAL_TIMEOUT = 10.0
+CHUNK = 1 << 20
+_F_SETPIPE_SZ = 1031
+_SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
+
+
+def original_dst(sock: socket.socket) -> tuple[str, int]:
+    raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    port = struct.unpack("!H", raw[2:4])[0]
+    return socket.inet_ntoa(raw[4:8]), port
+
+
+def _hard_close(sock: socket.socket | None, reset: bool) -> None:
+    if sock is None or sock.fileno() < 0:
+        return
+    if reset:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+    sock.close()
+
+
+class Conn:
+    """One proxied connection; knows what it was allowed as, so a new policy can re-check it."""
+
+    def __init__(self, loop, sandbox, client: socket.socket):
+        self.loop = loop
+        self.sandbox = sandbox
+        self.client = client
+        self.upstream: socket.socket | None = None
+        self.name: str | None = None
+        self.address: str | None = None
+        self.port = 0
+        self.kind = "tcp"          # tcp (by address) | tls | http
+        self.closed = False
+        self.tasks: list[asyncio.Task] = []
+
+    def close(self, reset: bool = False) -> None:
+        """Close both sides at once; `reset` sends RST instead of FIN."""
+        if self.closed:
+            return
+        self.closed = True
+        for s in (self.client, self.upstream):
+            if s is not None and s.fileno() >= 0:
+                self.loop.remove_reader(s.fileno())
+                self.loop.remove_writer(s.fileno())
+        _hard_close(self.client, reset)
+        _hard_close(self.upstream, reset)
+        me = asyncio.current_task()
+        for t in self.tasks:
+            if t is not me:
+                t.cancel()
+        self.sandbox.conns.discard(self)
+
+    async def _wait(self, sock: socket.socket, writable: bool) -> None:
+        if self.closed:
+            raise ConnectionAbortedError("connection closed")
+        fd = sock.fileno()
+        fut = self.loop.create_future()
+
+        def ready():
+            if not fut.done():
+                fut.set_result(None)
+
+        (self.loop.add_writer if writable else self.loop.add_reader)(fd, ready)
+        try:
+            await fut
+        finally:
+            # after close() the fd number may already belong to another socket
+            if not self.closed:
+                (self.loop.remove_writer if writable else self.loop.remove_reader)(fd)
+        if self.closed:
+            raise ConnectionAbortedError("connection closed")
+
+    async def splice(self, src: socket.socket, dst: socket.socket) -> None:
+        """Move bytes src -> dst through a pipe until EOF; then half-close dst."""
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            try:
+                fcntl.fcntl(w, _F_SETPIPE_SZ, CHUNK)
+            except OSError:
+                pass
+            sfd, dfd = src.fileno(), dst.fileno()
+            while True:
+                try:
+                    n = os.splice(sfd, w, CHUNK, flags=_SPLICE_FLAGS)
+                except BlockingIOError:
+                    await self._wait(src, False)
+                    continue
+                if n == 0:
+                    break
+                while n:
+                    try:
+                        n -= os.splice(r, dfd, n, flags=_SPLICE_FLAGS)
+                    except BlockingIOError:
+                        await self._wait(dst, True)
+            if not self.closed:
+                dst.shutdown(socket.SHUT_WR)
+        finally:
+            os.close(r)
+            os.close(w)
+
+    async def copy_checked(self, src: socket.socket, dst: socket.socket, stream: _sniff.RequestStream) -> None:
+        """Client -> server for plain HTTP: every request head is checked before it is forwarded."""
+        while True:
+            data = await self.loop.sock_recv(src, 65536)
+            if not data:
+                if not self.closed:
+                    dst.shutdown(socket.SHUT_WR)
+                return
+            out = stream.feed(data)
+            if out:
+                await self.loop.sock_sendall(dst, out)
+
+
+class Proxy:
+    """Accepts redirected connections on the gateway address and runs each one."""
+
+    def __init__(self, gateway):
+        self.gw = gateway
+        self._sock: socket.socket | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self, sock: socket.socket) -> None:
+        self._sock = sock
+        sock.listen(4096)
+        sock.setblocking(False)
+        self._task = asyncio.get_running_loop().create_task(self._accept_loop())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._sock:
+            self._sock.close()
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                client, peer = await loop.sock_accept(self._sock)
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    await asyncio.sleep(0.05)
+                    continue
+                raise
+            client.setblocking(False)
+            sb = self.gw._by_addr.get(peer[0])
+            if sb is None:
+                _hard_close(client, True)
+                continue
+            conn = Conn(loop, sb, client)
+            sb.conns.add(conn)
+            conn.tasks.append(loop.create_task(self._run(conn)))
+
+    async def _run(self, conn: Conn) -> None:
+        try:
+            await self._handle(conn)
+        except asyncio.CancelledError:
+            conn.close(reset=True)
+        except (_sniff.Refused, OSError, ConnectionError, asyncio.TimeoutError):
+            conn.close(reset=True)
+        except Exception:  # noqa: BLE001 - a bug must not take the gateway down; reset the connection
+            conn.close(reset=True)
+            raise
+
+    def _deny(self, conn: Conn, reason: str, name=None, address=None, port=None, protocol="tcp") -> None:
+        self.gw._record(conn.sandbox, name, address, port, protocol, "deny", reason)
+        conn.close(reset=True)
+
+    async def _handle(self, conn: Conn) -> None:
+        sb, loop = conn.sandbox, conn.loop
+        policy = sb.policy
+        try:
+            odst, oport = original_dst(conn.client)
+        except OSError:
+            return self._deny(conn, "no original destination (the connection was not redirected)")
+        conn.port = oport
+        pv = self.gw._port_allowed(policy, oport)
+        if not pv:
+            return self._deny(conn, pv.reason, address=odst, port=oport)
+        av = self.gw._rules.address_allowed(policy, odst, by_cidr_only=True)
+        if av:
+            conn.kind, conn.address = "tcp", odst
+            await self._dial(conn, odst, oport)
+            self.gw._record(sb, None, odst, oport, "tcp", "allow", av.reason)
+            await self._relay(conn, b"", None)
+            return
+        # no address rule admits it: the connection must name an allowed server
+        buf = bytearray()
+        name = None
+        deadline = loop.time() + PEEK_TIMEOUT
+        stream = None
+        while True:
+            if buf:
+                if _sniff.looks_like_tls(buf):
+                    state, val = _sniff.parse_client_hello(bytes(buf))
+                    if state == "sni":
+                        if val is None:
+                            return self._deny(conn, "a TLS ClientHello without a server name (SNI), "
+                                              f"and {av.reason}", address=odst, port=oport, protocol="tls")
+                        conn.kind, name = "tls", val
+                        break
+                elif _sniff.looks_like_http(buf):
+                    try:
+                        head = _sniff.parse_request_head(buf)
+                    except _sniff.Refused as e:
+                        return self._deny(conn, str(e), address=odst, port=oport, protocol="http")
+                    if head is not None:
+                        if head.host is None:
+                            return self._deny(conn, "an HTTP request without a Host header", address=odst,
+                                              port=oport, protocol="http")
+                        conn.kind, name = "http", _sniff.host_name(head.host)
+                        break
+                elif len(buf) >= 21 or not bytes(buf).isupper():
+                    return self._deny(conn, f"neither TLS nor HTTP, and {av.reason}", address=odst, port=oport)
+            left = deadline - loop.time()
+            if left <= 0:
+                return self._deny(conn, f"the client sent no server name in {PEEK_TIMEOUT:.0f} s, "
+                                  f"and {av.reason}", address=odst, port=oport)
+            try:
+                data = await asyncio.wait_for(loop.sock_recv(conn.client, 65536), left)
+            except asyncio.TimeoutError:
+                continue
+            except _sniff.Refused as e:
+                return self._deny(conn, str(e), address=odst, port=oport)
+            if not data:
+                conn.close()
+                return
+            buf += data
+            if len(buf) > _sniff.MAX_HELLO + 16:
+                return self._deny(conn, "no server name in the first 64 KiB", address=odst, port=oport)
+
+        n = normalize_name(name)
+        if n is None:
+            return self._deny(conn, f"{name!r} is not a DNS name, and {av.reason}", address=odst, port=oport,
+                              protocol=conn.kind)
+        conn.name = n
+        nv = self.gw._name_allowed(policy, n)
+        if not nv:
+            return self._deny(conn, nv.reason, name=n, address=odst, port=oport, protocol=conn.kind)
+        try:
+            addrs, _ = await self.gw._upstream.resolve(n)
+        except ResolveError as e:
+            return self._deny(conn, str(e), name=n, port=oport, protocol=conn.kind)
+        ok, why = [], []
+        for a in addrs:
+            v = self.gw._rules.address_allowed(sb.policy, a)
+            (ok if v else why).append(a if v else v.reason)
+        if not ok:
+            return self._deny(conn, f"{n} resolves only to refused addresses: {'; '.join(why)}", name=n,
+                              address=addrs[0] if addrs else None, port=oport, protocol=conn.kind)
+        target = odst if odst in ok else ok[0]
+        if sb.policy is not policy:   # the policy changed while we looked: decide again from the start
+            return self._deny(conn, "the policy changed while the connection was being decided", name=n,
+                              address=target, port=oport, protocol=conn.kind)
+        conn.address = target
+        if conn.kind == "http":
+            stream = _sniff.RequestStream(n)
+            try:
+                first = stream.feed(bytes(buf))
+            except _sniff.Refused as e:
+                return self._deny(conn, str(e), name=n, address=target, port=oport, protocol="http")
+        else:
+            first = bytes(buf)
+        await self._dial(conn, target, oport)
+        self.gw._record(sb, n, target, oport, conn.kind, "allow",
+                        nv.reason + ("" if target == odst else f"; dialed {target}, not {odst}"))
+        await self._relay(conn, first, stream)
+
+    async def _dial(self, conn: Conn, addr: str, port: int) -> None:
+        up = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        up.setblocking(False)
+        up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.upstream = up
+        try:
+            await asyncio.wait_for(conn.loop.sock_connect(up, (addr, port)), DIAL_TIMEOUT)
+        except (OSError, asyncio.TimeoutError) as e:
+            self.gw._record(conn.sandbox, conn.name, addr, port, conn.kind, "deny",
+                            f"dialing {addr}:{port} failed: {e.__class__.__name__}")
+            raise
+
+    async def _relay(self, conn: Conn, first: bytes, stream) -> None:
+        loop = conn.loop
+        conn.client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if first:
+            await loop.sock_sendall(conn.upstream, first)
+        down = loop.create_task(conn.splice(conn.upstream, conn.client))
+        conn.tasks.append(down)
+        try:
+            if stream is not None:
+                try:
+                    await conn.copy_checked(conn.client, conn.upstream, stream)
+                except _sniff.Refused as e:
+                    self.gw._record(conn.sandbox, conn.name, conn.address, conn.port, "http", "deny", str(e))
+                    conn.close(reset=True)
+                    return
+            else:
+                await conn.splice(conn.client, conn.upstream)
+            await down
+        except (OSError, ConnectionError):
+            conn.close(reset=True)
+            return
+        conn.close()
+
+    def recheck(self, conn: Conn, policy) -> Verdict:
+        """Would `policy` still allow this open connection?"""
+        gw = self.gw
+        pv = gw._port_allowed(policy, conn.port)
+        if not pv:
+            return pv
+        if conn.address is None:
+            return Verdict(True, "undecided")   # still peeking: it will read the new policy
+        if conn.kind == "tcp":
+            return gw._rules.address_allowed(policy, conn.address, by_cidr_only=True)
+        if gw._rules.address_allowed(policy, conn.address, by_cidr_only=True):
+            return Verdict(True, "address allowed")
+        nv = gw._name_allowed(policy, conn.name)
+        if not nv:
+            return nv
+        return gw._rules.address_allowed(policy, conn.address)
