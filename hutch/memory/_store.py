@@ -29,6 +29,7 @@ DERIVED_DIR = ".hutch"
 #: Trailers hutch adds to each commit message.
 TRAILER_PREFIX = "Hutch-"
 _MAX_TRAILER_ENTITIES = 100
+_ENTITY_OPS = ("put", "update", "supersede", "forget")
 
 Ref = "str | Entity"
 
@@ -633,10 +634,13 @@ def _message(op: str, subject: str, ops: list, tx: Transaction | None = None,
              author: tuple[str, str] | None = None) -> str:
     lines = [trailer_value(subject)[:200], ""]
     trailers = [("Op", op)]
+    if tx is not None and tx.kind:
+        trailers = [("Op", tx.kind)]
     entities = []
     for o, s in ops:
-        if s and "-[" not in s and s not in entities:
-            entities.append(s)
+        e = s.split(" -[", 1)[0] if o in ("link", "unlink") else s if o in _ENTITY_OPS else None
+        if e and e not in entities:
+            entities.append(e)
     for e in entities[:_MAX_TRAILER_ENTITIES]:
         trailers.append(("Entity", e))
     if len(entities) > _MAX_TRAILER_ENTITIES:

@@ -67,6 +67,7 @@ class Transaction:
         self.message = message
         self.source = source
         self.reason = reason
+        self.kind: str | None = None  # the commit's Hutch-Op when it is not "transaction" (e.g. "ingest")
         self.ops: list[tuple[str, str]] = []  # (op, subject) in order
         self.trailers: list[tuple[str, str]] = []
         self._backup: dict[str, tuple[str, bytes | str | None]] = {}

@@ -1,0 +1,92 @@
+"""Transactions group operations into one commit; failures write nothing; concurrent writers lose nothing."""
+
+import multiprocessing
+import os
+
+import pytest
+
+import hutch
+
+
+def commits(mem):
+    return int(mem.git.run("rev-list", "--count", "HEAD"))
+
+
+def test_transaction_is_one_commit(mem):
+    before = commits(mem)
+    with mem.transaction("import people", source="crm:export-7"):
+        for name in ["A", "B", "C"]:
+            mem.put("actors", name)
+        mem.link("actors/a", "knows", "actors/b")
+    assert commits(mem) == before + 1
+    c = mem.git.log(limit=1)[0]
+    assert c.subject == "import people"
+    assert c.trailers["Hutch-Entity"] == ["actors/a", "actors/b", "actors/c"]
+    assert c.trailer("Hutch-Source") == "crm:export-7"
+
+
+def test_failed_transaction_leaves_files_and_git_exactly_as_before(mem, store_dir):
+    mem.put("actors", "Keep", body="original\n")
+    original = (store_dir / "actors" / "keep.md").read_bytes()
+    before = commits(mem)
+    with pytest.raises(RuntimeError):
+        with mem.transaction():
+            mem.put("actors", "New One")
+            mem.update("actors/keep", body="changed\n")
+            mem.link("actors/keep", "knows", "actors/new-one")
+            raise RuntimeError("boom")
+    assert (store_dir / "actors" / "keep.md").read_bytes() == original
+    assert not (store_dir / "actors" / "new-one.md").exists()
+    assert not (store_dir / "actors" / "keep.links").exists()
+    assert commits(mem) == before
+    assert mem.git.run("status", "--porcelain") == ""
+
+
+def test_failed_single_op_writes_nothing(mem, store_dir):
+    mem.put("actors", "X")
+    before = sorted(p.relative_to(store_dir) for p in store_dir.rglob("*") if ".git" not in p.parts)
+    with pytest.raises(hutch.ConfigError):
+        mem.put("actors", "Y", valid_from="2026-02-01", valid_to="2026-01-01")
+    after = sorted(p.relative_to(store_dir) for p in store_dir.rglob("*") if ".git" not in p.parts)
+    assert before == after
+
+
+def _writer(path, w, m):
+    mem = hutch.Memory(path)
+    for i in range(m):
+        e = mem.put("notes", f"writer {w} note {i}", facts=[f"w{w}-{i}"])
+        if i:
+            mem.link(e, "after", f"notes/writer-{w}-note-{i - 1}")
+
+
+def test_concurrent_writers_lose_nothing(store_dir):
+    hutch.Memory(store_dir)
+    n, m = 4, 15
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(str(store_dir), w, m)) for w in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(120)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, 9)
+                p.join()
+    mem = hutch.Memory(store_dir)
+    assert len(mem.ls("notes")) == n * m
+    assert commits(mem) == 1 + n * m + n * (m - 1)
+    assert mem.git.run("status", "--porcelain") == ""
+    for w in range(n):
+        for i in range(1, m):
+            assert mem.get(f"notes/writer-{w}-note-{i}").link_ids["after"] == (f"notes/writer-{w}-note-{i - 1}",)
+    assert mem.check().errors == []
+
+
+def test_no_stray_temp_files_after_many_writes(mem, store_dir):
+    with mem.transaction():
+        for i in range(50):
+            mem.put("notes", f"n{i}")
+    assert not [p for p in store_dir.rglob(".tmp-*")]
