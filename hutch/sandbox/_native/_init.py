@@ -34,6 +34,10 @@ def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=()) -> int:
     os.closerange(3, min(keep))
     os.closerange(max(keep) + 1, 65536)
     try:
+        for path in plan["cgroup_procs"]:  # "0": this process; before any namespace exists
+            with open(path, "w") as f:
+                f.write("0")
+        L.unshare(L.UNSHARE_NS_FLAGS)
         _setup_root(plan)
         _lockdown(seccomp)
     except Exception as e:  # report why, then die: the daemon tears the rest down

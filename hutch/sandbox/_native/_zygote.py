@@ -1,10 +1,10 @@
 """The start server ("zygote") and each sandbox's init.
 
 The daemon spawns one zygote: a small, single-threaded Python process that
-imports only the standard library. For each sandbox it steps into the
-sandbox's cgroups, clone()s a child into new pid, mount, net, ipc, uts and
-cgroup namespaces (so the namespaces are charged to the sandbox), and steps
-back. That child is the sandbox's init (pid 1): it builds the root, drops every
+imports only the standard library. For each sandbox it clone()s a child into a
+new pid namespace. That child is the sandbox's init (pid 1): it joins the
+sandbox's cgroups, unshares mount, net, ipc, uts and cgroup namespaces (so they
+are charged to the sandbox), builds the root, drops every
 privilege, and then serves the daemon over its own socket: it forks every exec
 (so each inherits every restriction by construction) and does the file calls
 inside the sandbox's root. The init never runs anything from the image itself.
@@ -88,12 +88,7 @@ class Zygote:
         plan = msg["plan"]
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            _write_pid(plan["cgroup_procs"], str(os.getpid()).encode())
-            try:
-                pid = _linux.clone(_linux.SANDBOX_NS_FLAGS)
-            finally:
-                if _linux_pid_is_parent():
-                    _write_pid(self.home, str(os.getpid()).encode())
+            pid = _linux.clone(_linux.CLONE_NEWPID)
         except OSError as e:
             parent_end.close()
             child_end.close()
@@ -113,18 +108,8 @@ class Zygote:
             parent_end.close()
 
 
-_ZYGOTE_PID = os.getpid()
-
-
-def _linux_pid_is_parent() -> bool:
-    # In the clone()d child getpid() is 1 (a new pid namespace), never the zygote's pid.
-    return os.getpid() == _ZYGOTE_PID
-
-
 def main(fd: int, parent_pid: int) -> None:
     """Entry point: `python -I -S -c '... main(fd, daemon_pid)'` with the daemon's socket as `fd`."""
-    global _ZYGOTE_PID
-    _ZYGOTE_PID = os.getpid()
     _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # the daemon died before PDEATHSIG was armed
         os._exit(0)

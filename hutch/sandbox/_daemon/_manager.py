@@ -1,0 +1,463 @@
+"""The sandbox manager: every sandbox of this host, from create to the last resource gone.
+
+Owns the zygote, the per-sandbox cgroups and records, the timers (timeout,
+idle timeout, lease grace), and the reaping of what a crashed predecessor left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hutch._core.errors import (
+    ConfigError,
+    DaemonError,
+    InvalidSpecError,
+    NetworkPolicyError,
+    NotFoundError,
+    SandboxError,
+    StateError,
+)
+from hutch.sandbox import _images
+from hutch.sandbox._daemon._network import NetworkAttacher
+from hutch.sandbox._native._cgroups import ZYGOTE_LEAF, Cgroups
+from hutch.sandbox._native._runtime import Channel, Zygote, build_plan, exec_env
+from hutch.sandbox._spec import SandboxSpec
+
+LEASE_GRACE = 5.0        # seconds a non-detached sandbox may wait for its creator's lease
+START_TIMEOUT = 10.0     # seconds for an init to report ready
+KEEP_ENDED = 1000        # ended sandboxes remembered for info/wait
+ENDED = frozenset({"exited", "terminated", "timeout", "idle_timeout", "oom", "failed"})
+
+
+@dataclass
+class Exec:
+    eid: str
+    argv: list[str]
+    out_r: int
+    err_r: int
+    stdin_w: int | None
+    oom_before: int
+    exited: asyncio.Future
+    reason: str | None = None          # set when the daemon ended it: timeout, killed, sandbox_ended
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass
+class Sandbox:
+    id: str
+    spec: SandboxSpec
+    image: object
+    created_at: float = field(default_factory=time.time)
+    status: str = "starting"
+    returncode: int | None = None
+    ended_at: float | None = None
+    init_pid: int = 0
+    pidfd: int = -1
+    channel: Channel | None = None
+    execs: dict[str, Exec] = field(default_factory=dict)
+    last_activity: float = field(default_factory=time.monotonic)
+    leases: int = 0
+    lease_seen: bool = False
+    timers: list = field(default_factory=list)
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+    cleaning: bool = False
+    ready: asyncio.Future | None = None
+    hostname: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.status in ("starting", "running")
+
+    def info(self) -> dict:
+        return {"id": self.id, "name": self.spec.name, "tags": dict(self.spec.tags), "status": self.status,
+                "returncode": self.returncode, "created_at": self.created_at, "ended_at": self.ended_at,
+                "detach": self.spec.detach, "spec": self.spec.to_dict()}
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+
+class Manager:
+    def __init__(self, run_dir: Path, cgroup_parent: str, network: NetworkAttacher | None = None):
+        self.run_dir = run_dir
+        self.records = run_dir / "sandboxes"
+        self.scratch = run_dir / "mnt"
+        self.cgroups = Cgroups(cgroup_parent)
+        self.network = network
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.by_pid: dict[int, Sandbox] = {}
+        self.zygote: Zygote | None = None
+        self.closing = False
+
+    # --- daemon lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.records.mkdir(parents=True, exist_ok=True)
+        self.scratch.mkdir(exist_ok=True)
+        self.reap_predecessor()
+        self.cgroups.setup()
+        self.zygote = Zygote(self._on_reaped, self._on_zygote_death)
+        await self.zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF))
+
+    def reap_predecessor(self) -> list[str]:
+        """Remove every cgroup and record a crashed daemon left (their processes died with its zygote)."""
+        names = set(self.cgroups.children())
+        for rec in self.records.glob("*.json"):
+            names.add(rec.stem)
+        reaped = []
+        for name in sorted(names):
+            if not self.cgroups.remove(name):
+                raise DaemonError(f"could not remove the leftover cgroup {name!r}; see `ls {self.cgroups.bases[0]}`.")
+            (self.records / f"{name}.json").unlink(missing_ok=True)
+            reaped.append(name)
+        return reaped
+
+    async def shutdown(self) -> None:
+        self.closing = True
+        await asyncio.gather(*(self.end(sb, "terminated") for sb in list(self.sandboxes.values()) if not sb.gone.is_set()))
+        if self.zygote is not None:
+            self.zygote.stop()
+        self.cgroups.remove(ZYGOTE_LEAF)
+        for base in self.cgroups.bases:  # empty now; a leftover parent would only be clutter
+            try:
+                base.rmdir()
+            except OSError:
+                pass
+
+    def _on_zygote_death(self) -> None:
+        if self.closing:
+            return
+        # Every init dies with it (PDEATHSIG); their pidfds clean up. Start a new zygote.
+        for sb in list(self.sandboxes.values()):
+            if sb.active:
+                sb.status = "failed"
+        self.zygote = Zygote(self._on_reaped, self._on_zygote_death)
+        asyncio.get_running_loop().create_task(self.zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF)))
+
+    def _on_reaped(self, pid: int, status: int) -> None:
+        sb = self.by_pid.pop(pid, None)
+        if sb is not None:
+            self._on_init_exit(sb)
+
+    def _on_init_exit(self, sb: Sandbox) -> None:
+        if sb.pidfd >= 0:
+            asyncio.get_running_loop().remove_reader(sb.pidfd)
+        if not sb.cleaning:
+            sb.cleaning = True
+            asyncio.get_running_loop().create_task(self._cleanup(sb))
+
+    # --- lookup -------------------------------------------------------------------------
+
+    def get(self, key: str) -> Sandbox:
+        sb = self.sandboxes.get(key)
+        if sb is None:
+            for s in self.sandboxes.values():
+                if s.spec.name == key and s.active:
+                    return s
+            raise NotFoundError(f"no sandbox {key!r} on this host; list them with hutch.Sandbox.list() or `hutch sandbox ls`.")
+        return sb
+
+    def list(self, tags: dict[str, str]) -> list[Sandbox]:
+        return [sb for sb in self.sandboxes.values()
+                if sb.active and all(dict(sb.spec.tags).get(k) == v for k, v in tags.items())]
+
+    # --- create ---------------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        if self.closing:
+            raise DaemonError("the daemon is shutting down; retry once it is back.")
+        if spec.network.mode != "none" and self.network is None:
+            raise NetworkPolicyError(
+                f"network mode {spec.network.mode!r} needs the egress gateway, which this daemon does not run; "
+                "use hutch.Network.none()."
+            )
+        if spec.name and any(s.spec.name == spec.name and s.active for s in self.sandboxes.values()):
+            raise ConfigError(f"a running sandbox is already named {spec.name!r}; pick another name or terminate it.")
+        if spec.limits.memory < 8 * 1024**2:
+            raise InvalidSpecError(f"memory={spec.limits.memory} bytes is too small; give at least '8M'.")
+        image = _images.resolve_image(spec.image)
+        sid = secrets.token_hex(6)
+        sb = Sandbox(id=sid, spec=spec, image=image, hostname=spec.name or f"hutch-{sid}")
+        plan = build_plan(spec, image, sid=sid, scratch=str(self.scratch),
+                          cgroup_procs=self.cgroups.procs_files(sid))
+        self._write_record(sb)
+        self.sandboxes[sid] = sb
+        self._prune()
+        try:
+            self.cgroups.create(sid, spec.limits.memory, spec.limits.pids, spec.limits.cpu)
+            await self._start(sb, plan)
+        except BaseException as e:
+            await self.end(sb, "failed")
+            if isinstance(e, (SandboxError, ConfigError, NotFoundError, StateError, DaemonError)):
+                raise
+            raise SandboxError(f"sandbox {sid} could not be started: {e}") from e
+        return sb
+
+    async def _start(self, sb: Sandbox, plan: dict) -> None:
+        loop = asyncio.get_running_loop()
+        sb.ready = loop.create_future()
+        pid, sock = await self.zygote.spawn(plan) if self.zygote else (0, None)
+        if not pid:
+            raise DaemonError("the sandbox start server is not running; restart the daemon.")
+        sb.init_pid = pid
+        self.by_pid[pid] = sb
+        sb.pidfd = os.pidfd_open(pid)
+        # The pidfd turns readable when pid 1 has exited, and with it every process of its namespace.
+        loop.add_reader(sb.pidfd, self._on_init_exit, sb)
+        sb.channel = Channel(sock, lambda m, f, sb=sb: self._on_init_event(sb, m, f))
+        msg = await asyncio.wait_for(asyncio.shield(sb.ready), START_TIMEOUT)
+        if msg["op"] != "ready":
+            raise SandboxError(f"sandbox {sb.id} could not be set up: {msg.get('message')}. "
+                               "Check the image and the mounts of its spec.")
+        if self.network is not None and sb.spec.network.mode != "none":
+            await self.network.attach(sb.id, sb.init_pid, sb.spec.network)
+        if sb.spec.command:
+            eid = "main"
+            reply, _ = await sb.channel.request({
+                "op": "exec", "eid": eid, "main": True, "argv": list(sb.spec.command),
+                "env": exec_env(sb.spec, sb.image, sb.hostname), "cwd": sb.spec.workdir,
+                "streams": [False, False, False]})
+            if not reply["ok"]:
+                raise _error(reply)
+        sb.status = "running"
+        sb.touch()
+        if sb.spec.timeout:
+            sb.timers.append(loop.call_later(sb.spec.timeout, self._expire, sb, "timeout"))
+        if sb.spec.idle_timeout:
+            sb.timers.append(loop.call_later(sb.spec.idle_timeout, self._check_idle, sb))
+        if not sb.spec.detach:
+            sb.timers.append(loop.call_later(LEASE_GRACE, self._check_lease, sb))
+
+    def _on_init_event(self, sb: Sandbox, msg: dict, fds: list[int]) -> None:
+        for fd in fds:
+            os.close(fd)
+        op = msg["op"]
+        if op in ("ready", "failed"):
+            if sb.ready and not sb.ready.done():
+                sb.ready.set_result(msg)
+        elif op == "exec_exit":
+            ex = sb.execs.get(msg["eid"])
+            if ex is not None and not ex.exited.done():
+                ex.exited.set_result(msg["status"])
+            sb.touch()
+        elif op == "main_exit":
+            st = msg["status"]
+            if sb.active:
+                killed = os.WIFSIGNALED(st) and os.WTERMSIG(st) == signal.SIGKILL
+                sb.status = "oom" if killed and self.cgroups.oom_kills(sb.id) else "exited"
+                sb.returncode = os.waitstatus_to_exitcode(st)
+        elif op == "eof":
+            if sb.ready and not sb.ready.done():
+                sb.ready.set_result({"op": "failed", "message": "its init exited during set-up"})
+
+    # --- ending ---------------------------------------------------------------------------
+
+    def _expire(self, sb: Sandbox, status: str) -> None:
+        if sb.active:
+            asyncio.get_running_loop().create_task(self.end(sb, status))
+
+    def _check_idle(self, sb: Sandbox) -> None:
+        if not sb.active:
+            return
+        idle = sb.spec.idle_timeout
+        busy = any(not ex.exited.done() for ex in sb.execs.values())
+        left = idle - (time.monotonic() - sb.last_activity)
+        if not busy and left <= 0:
+            self._expire(sb, "idle_timeout")
+        else:
+            sb.timers.append(asyncio.get_running_loop().call_later(max(left, 0.05) if not busy else idle,
+                                                                   self._check_idle, sb))
+
+    def _check_lease(self, sb: Sandbox) -> None:
+        if sb.active and not sb.lease_seen and not sb.spec.detach:
+            self._expire(sb, "terminated")
+
+    def lease_opened(self, sb: Sandbox) -> None:
+        sb.leases += 1
+        sb.lease_seen = True
+
+    def lease_closed(self, sb: Sandbox) -> None:
+        sb.leases -= 1
+        if sb.leases <= 0 and not sb.spec.detach:
+            self._expire(sb, "terminated")
+
+    async def end(self, sb: Sandbox, status: str) -> None:
+        """End a sandbox (first reason wins) and return once every resource is gone."""
+        if sb.active:
+            sb.status = status
+        if sb.pidfd >= 0 and not sb.gone.is_set():
+            try:
+                signal.pidfd_send_signal(sb.pidfd, signal.SIGKILL)  # pid 1 dies, so does its pid namespace
+            except ProcessLookupError:
+                pass
+        elif not sb.gone.is_set() and not sb.cleaning:
+            sb.cleaning = True
+            await self._cleanup(sb)  # never got an init
+        await sb.gone.wait()
+
+    async def _cleanup(self, sb: Sandbox) -> None:
+        if sb.gone.is_set():
+            return
+        if sb.active:  # the init died on its own
+            sb.status = "oom" if self.cgroups.oom_kills(sb.id) else "failed"
+        for t in sb.timers:
+            t.cancel()
+        if sb.channel is not None:
+            sb.channel.close()
+        if sb.pidfd >= 0:
+            asyncio.get_running_loop().remove_reader(sb.pidfd)
+            os.close(sb.pidfd)
+            sb.pidfd = -1
+        self.by_pid.pop(sb.init_pid, None)
+        for ex in sb.execs.values():
+            if not ex.exited.done():
+                ex.reason = ex.reason or "sandbox_ended"
+                ex.exited.set_result(signal.SIGKILL)  # a wait status: killed by SIGKILL
+        delay = 0.0005
+        deadline = time.monotonic() + 5
+        while not self.cgroups.remove(sb.id, deadline=0):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        if self.network is not None and sb.spec.network.mode != "none":
+            try:
+                await self.network.detach(sb.id)
+            except Exception:  # noqa: BLE001 - teardown goes on; the gateway logs its own failure
+                pass
+        (self.records / f"{sb.id}.json").unlink(missing_ok=True)
+        sb.ended_at = time.time()
+        sb.gone.set()
+
+    def _prune(self) -> None:
+        ended = [s for s in self.sandboxes.values() if s.gone.is_set()]
+        for s in sorted(ended, key=lambda s: s.ended_at or 0)[:max(0, len(ended) - KEEP_ENDED)]:
+            del self.sandboxes[s.id]
+
+    def _write_record(self, sb: Sandbox) -> None:
+        path = self.records / f"{sb.id}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"id": sb.id, "created_at": sb.created_at, "daemon_pid": os.getpid()}))
+        os.replace(tmp, path)
+
+    # --- exec -----------------------------------------------------------------------------
+
+    def _live(self, sb: Sandbox) -> Channel:
+        if sb.status != "running" or sb.channel is None or sb.channel.closed:
+            raise StateError(f"sandbox {sb.id} is {sb.status}, so it runs nothing more; create a new sandbox.")
+        return sb.channel
+
+    async def exec_start(self, sb: Sandbox, argv, env=None, workdir=None, timeout=None, stdin=False) -> Exec:
+        ch = self._live(sb)
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise ConfigError(f"argv={argv!r} must be a non-empty list of strings, like ['python3', '-c', 'print(1)'].")
+        if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                                  for k, v in env.items())):
+            raise ConfigError("env must map strings to strings.")
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds, or null.")
+        cwd = workdir or sb.spec.workdir
+        if not isinstance(cwd, str) or not cwd.startswith("/"):
+            raise ConfigError(f"workdir={cwd!r} must be an absolute path inside the sandbox.")
+        sb.touch()
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (None, None)
+        eid = secrets.token_hex(6)
+        loop = asyncio.get_running_loop()
+        ex = Exec(eid, argv, out_r, err_r, in_w, self.cgroups.oom_kills(sb.id), loop.create_future())
+        sb.execs[eid] = ex  # before the request: its exit may arrive right behind the reply
+        fds = ([in_r] if stdin else []) + [out_w, err_w]
+        try:
+            reply, _ = await ch.request({"op": "exec", "eid": eid, "argv": argv,
+                                         "env": exec_env(sb.spec, sb.image, sb.hostname, env),
+                                         "cwd": cwd, "streams": [bool(stdin), True, True]}, fds)
+        except BaseException:
+            sb.execs.pop(eid, None)
+            _close(out_r, err_r, in_w)
+            raise
+        finally:
+            _close(out_w, err_w, in_r)
+        if not reply["ok"]:
+            sb.execs.pop(eid, None)
+            _close(out_r, err_r, in_w)
+            raise _error(reply)
+        if timeout:
+            ex.timer = loop.call_later(timeout, lambda: loop.create_task(self.exec_kill(sb, ex, signal.SIGKILL, "timeout")))
+        ex.exited.add_done_callback(lambda _f: (ex.timer and ex.timer.cancel(), sb.touch()))
+        if len(sb.execs) > 256:  # forget finished execs, keep the recent ones for kill/stdin races
+            for k in [k for k, e in sb.execs.items() if e.exited.done()][:128]:
+                del sb.execs[k]
+        return ex
+
+    async def exec_kill(self, sb: Sandbox, ex: Exec, sig: int, reason: str = "killed") -> None:
+        if ex.exited.done() or sb.channel is None or sb.channel.closed:
+            return
+        ex.reason = ex.reason or reason
+        try:
+            await sb.channel.notify({"op": "kill", "eid": ex.eid, "signal": int(sig)})
+        except StateError:
+            pass
+
+    def exec_result(self, sb: Sandbox, ex: Exec) -> dict:
+        st = ex.exited.result()
+        code = os.waitstatus_to_exitcode(st)
+        if ex.reason:
+            reason = ex.reason
+        elif os.WIFSIGNALED(st) and os.WTERMSIG(st) == signal.SIGKILL and self.cgroups.oom_kills(sb.id) > ex.oom_before:
+            reason = "oom"
+        elif os.WIFSIGNALED(st):
+            reason = "signaled"
+        else:
+            reason = "exited"
+        return {"returncode": code, "reason": reason}
+
+    def find_exec(self, sb: Sandbox, eid: str) -> Exec:
+        ex = sb.execs.get(eid)
+        if ex is None:
+            raise NotFoundError(f"no exec {eid!r} in sandbox {sb.id}; use the X-Hutch-Exec-Id of a running exec.")
+        return ex
+
+    # --- files ----------------------------------------------------------------------------
+
+    async def file_call(self, sb: Sandbox, op: str, path: str, **kw) -> tuple[dict, list[int]]:
+        ch = self._live(sb)
+        if not isinstance(path, str) or not path or "\0" in path:
+            raise ConfigError(f"path={path!r} must be a path inside the sandbox, like '/home/user/a.txt'.")
+        if not path.startswith("/"):
+            path = os.path.join(sb.spec.workdir, path)  # relative paths start at the sandbox's workdir
+        sb.touch()
+        reply, fds = await ch.request({"op": op, "path": path, **kw})
+        if not reply["ok"]:
+            _close(*fds)
+            raise _error(reply)
+        return reply, fds
+
+
+def _close(*fds) -> None:
+    for fd in fds:
+        if fd is not None and fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _error(reply: dict) -> Exception:
+    from hutch._core import errors
+
+    cls = getattr(errors, reply.get("error", ""), None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.Error)):
+        cls = SandboxError
+    return cls(reply.get("message") or "the sandbox refused the call.")
+
+
+__all__ = ["ENDED", "Exec", "Manager", "Sandbox", "errno"]

@@ -1,0 +1,428 @@
+"""The daemon's HTTP API (docs/api.md) on aiohttp: one handler per route, errors as JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import os
+import signal
+import struct
+
+from aiohttp import web
+
+import hutch
+from hutch._core import errors
+from hutch._core.errors import ConfigError, NetworkPolicyError, NotFoundError
+from hutch.sandbox import _images
+from hutch.sandbox._daemon._manager import Manager
+from hutch.sandbox._daemon._openapi import openapi_document
+from hutch.sandbox._spec import Network, SandboxSpec
+
+FRAMES = "application/x-hutch-frames"
+STDOUT, STDERR, EXIT = 1, 2, 3
+DRAIN_AFTER_EXIT = 0.2   # seconds to keep reading output a background child may still hold open
+LEASE_POLL = 1.0         # fallback check of a lease's connection (disconnects also cancel the handler)
+CHUNK = 1 << 16
+
+_STATUS = [
+    (errors.NotFoundError, 404), (errors.ConfigError, 400), (errors.StateError, 409),
+    (errors.DaemonError, 503), (errors.SandboxTimeout, 504), (errors.Error, 500),
+]
+
+
+def _frame(kind: int, payload: bytes) -> bytes:
+    return struct.pack(">BI", kind, len(payload)) + payload
+
+
+def error_response(e: BaseException) -> web.Response:
+    if isinstance(e, errors.Error):
+        status = next(code for cls, code in _STATUS if isinstance(e, cls))
+        body = {"error": type(e).__name__, "message": str(e)}
+    else:
+        status = 500
+        body = {"error": "DaemonError", "message": f"the daemon failed: {type(e).__name__}: {e}. See its log."}
+    return web.json_response(body, status=status)
+
+
+def make_app(mgr: Manager, token: str | None = None) -> web.Application:
+    @web.middleware
+    async def guard(request: web.Request, handler):
+        if token is not None and isinstance(request.transport.get_extra_info("sockname"), tuple):
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return web.json_response({"error": "DaemonError", "message":
+                                          "missing or wrong bearer token; send Authorization: Bearer <token>."},
+                                         status=401)
+        try:
+            return await handler(request)
+        except web.HTTPException as e:
+            if e.status == 404:
+                return web.json_response({"error": "NotFoundError", "message":
+                                          f"no route {request.method} {request.path}; see GET /v1/openapi.json."},
+                                         status=404)
+            if e.status == 405:
+                return web.json_response({"error": "ConfigError", "message":
+                                          f"{request.method} is not allowed on {request.path}; see GET /v1/openapi.json."},
+                                         status=405)
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure becomes a JSON error body
+            return error_response(e)
+
+    app = web.Application(middlewares=[guard], client_max_size=1 << 30)
+    h = Handlers(mgr)
+    r = app.router
+    r.add_get("/v1/health", h.health)
+    r.add_get("/v1/openapi.json", h.openapi)
+    r.add_post("/v1/sandboxes", h.create)
+    r.add_get("/v1/sandboxes", h.list)
+    r.add_get("/v1/sandboxes/{id}", h.info)
+    r.add_post("/v1/sandboxes/{id}/terminate", h.terminate)
+    r.add_post("/v1/sandboxes/{id}/wait", h.wait)
+    r.add_get("/v1/sandboxes/{id}/lease", h.lease)
+    r.add_post("/v1/sandboxes/{id}/exec", h.exec)
+    r.add_post("/v1/sandboxes/{id}/exec/{eid}/stdin", h.stdin)
+    r.add_post("/v1/sandboxes/{id}/exec/{eid}/kill", h.kill)
+    r.add_get("/v1/sandboxes/{id}/files/read", h.read)
+    r.add_put("/v1/sandboxes/{id}/files/write", h.write)
+    r.add_get("/v1/sandboxes/{id}/files/list", h.list_files)
+    r.add_get("/v1/sandboxes/{id}/files/stat", h.stat)
+    r.add_post("/v1/sandboxes/{id}/files/remove", h.remove)
+    r.add_post("/v1/sandboxes/{id}/files/mkdir", h.mkdir)
+    r.add_post("/v1/images/ensure", h.ensure_image)
+    r.add_get("/v1/images", h.images)
+    r.add_put("/v1/sandboxes/{id}/network", h.set_network)
+    r.add_get("/v1/sandboxes/{id}/network/log", h.network_log)
+    return app
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    return request.query.get(name, "0").lower() in ("1", "true", "yes")
+
+
+def _path(request: web.Request) -> str:
+    path = request.query.get("path")
+    if not path:
+        raise ConfigError("the query parameter path= is required, e.g. ?path=/home/user/a.txt.")
+    return path
+
+
+async def _json(request: web.Request) -> dict:
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"the request body is not JSON ({e}); send a JSON object.") from e
+    if not isinstance(body, dict):
+        raise ConfigError("the request body must be a JSON object.")
+    return body
+
+
+class Handlers:
+    def __init__(self, mgr: Manager):
+        self.mgr = mgr
+
+    async def health(self, request):
+        return web.json_response({"version": hutch.__version__, "pid": os.getpid()})
+
+    async def openapi(self, request):
+        return web.json_response(openapi_document(request.app))
+
+    async def create(self, request):
+        body = await _json(request)
+        if not isinstance(body.get("spec"), dict):
+            raise ConfigError('the body must be {"spec": SandboxSpec.to_dict()}.')
+        spec = SandboxSpec.from_dict(body["spec"])
+        # Shielded: a client that hangs up mid-create must not leave a half-built sandbox; without
+        # its lease the sandbox is ended after the grace period.
+        sb = await asyncio.shield(self.mgr.create(spec))
+        return web.json_response(sb.info(), status=201)
+
+    async def list(self, request):
+        tags = {}
+        for t in request.query.getall("tag", []):
+            k, sep, v = t.partition(":")
+            if not sep:
+                raise ConfigError(f"tag={t!r} must be key:value.")
+            tags[k] = v
+        return web.json_response({"sandboxes": [sb.info() for sb in self.mgr.list(tags)]})
+
+    async def info(self, request):
+        return web.json_response(self.mgr.get(request.match_info["id"]).info())
+
+    async def terminate(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        await asyncio.shield(self.mgr.end(sb, "terminated"))
+        return web.json_response(sb.info())
+
+    async def wait(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        timeout = request.query.get("timeout")
+        try:
+            t = float(timeout) if timeout is not None else None
+        except ValueError as e:
+            raise ConfigError(f"timeout={timeout!r} must be a number of seconds.") from e
+        try:
+            await asyncio.wait_for(sb.gone.wait(), t)
+        except asyncio.TimeoutError:
+            pass
+        return web.json_response(sb.info())
+
+    async def lease(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        if not sb.active:
+            return web.json_response(sb.info())
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        self.mgr.lease_opened(sb)
+        try:
+            await resp.prepare(request)
+            while not sb.gone.is_set():
+                tr = request.transport
+                if tr is None or tr.is_closing():
+                    break
+                try:
+                    await asyncio.wait_for(sb.gone.wait(), LEASE_POLL)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            self.mgr.lease_closed(sb)
+        return resp
+
+    # --- exec ---------------------------------------------------------------------------
+
+    async def exec(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        body = await _json(request)
+        ex = await self.mgr.exec_start(sb, body.get("argv"), body.get("env"), body.get("workdir"),
+                                       body.get("timeout"), bool(body.get("stdin")))
+        loop = asyncio.get_running_loop()
+        transports = []
+        try:
+            readers = []
+            for fd in (ex.out_r, ex.err_r):
+                reader = asyncio.StreamReader(limit=CHUNK)
+                tr, _ = await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r),
+                                                     os.fdopen(fd, "rb", buffering=0))
+                transports.append(tr)
+                readers.append(reader)
+            resp = web.StreamResponse(headers={"Content-Type": FRAMES, "X-Hutch-Exec-Id": ex.eid})
+            await resp.prepare(request)
+
+            async def pump(reader, kind):
+                while chunk := await reader.read(CHUNK):
+                    await resp.write(_frame(kind, chunk))
+
+            pumps = [asyncio.ensure_future(pump(readers[0], STDOUT)), asyncio.ensure_future(pump(readers[1], STDERR))]
+            try:
+                await _exit_then_drain(ex.exited, pumps)
+            finally:
+                for p in pumps:
+                    p.cancel()
+            for p in pumps:  # surface a client that went away
+                if p.done() and not p.cancelled() and p.exception():
+                    raise p.exception()
+
+            await resp.write(_frame(EXIT, json.dumps(self.mgr.exec_result(sb, ex)).encode()))
+            await resp.write_eof()
+            return resp
+        finally:
+            if not ex.exited.done():  # the client went away: the command goes with it
+                await self.mgr.exec_kill(sb, ex, signal.SIGKILL, "killed")
+            for tr in transports:
+                tr.close()
+            if ex.stdin_w is not None:
+                try:
+                    os.close(ex.stdin_w)
+                except OSError:
+                    pass
+                ex.stdin_w = None
+
+    async def stdin(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        ex = self.mgr.find_exec(sb, request.match_info["eid"])
+        data = await request.read()
+        if ex.stdin_w is None:
+            if data or not _flag(request, "eof"):
+                raise errors.StateError("this exec's stdin is closed or was not requested; pass stdin=True to exec.")
+            return web.Response(status=204)
+        fd = ex.stdin_w
+        view = memoryview(data)
+        os.set_blocking(fd, False)
+        loop = asyncio.get_running_loop()
+        try:
+            while view:
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:
+                    fut = loop.create_future()
+                    loop.add_writer(fd, fut.set_result, None)
+                    try:
+                        await fut
+                    finally:
+                        loop.remove_writer(fd)
+        except BrokenPipeError as e:
+            raise errors.StateError("the command closed its stdin or has exited.") from e
+        if _flag(request, "eof"):
+            ex.stdin_w = None
+            os.close(fd)
+        sb.touch()
+        return web.Response(status=204)
+
+    async def kill(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        ex = self.mgr.find_exec(sb, request.match_info["eid"])
+        body = await _json(request) if request.can_read_body else {}
+        sig = body.get("signal", signal.SIGKILL)
+        if isinstance(sig, bool) or not isinstance(sig, int) or not 1 <= sig <= 64:
+            raise ConfigError(f"signal={sig!r} must be a signal number, like 9 or 15.")
+        await self.mgr.exec_kill(sb, ex, sig, "killed")
+        return web.Response(status=204)
+
+    # --- files --------------------------------------------------------------------------
+
+    async def read(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        reply, fds = await self.mgr.file_call(sb, "read", _path(request))
+        fd = fds[0]
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+            resp.content_length = reply["size"]
+            await resp.prepare(request)
+            left = reply["size"]
+            while left > 0 and (chunk := os.read(fd, min(CHUNK * 4, left))):
+                left -= len(chunk)
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+        finally:
+            os.close(fd)
+
+    async def write(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        path = _path(request)
+        try:
+            mode = int(request.query.get("mode", "0644"), 8)
+        except ValueError as e:
+            raise ConfigError(f"mode={request.query.get('mode')!r} must be octal, like 0644.") from e
+        if not 0 <= mode <= 0o7777:
+            raise ConfigError(f"mode={oct(mode)} is out of range; give permission bits like 0644.")
+        reply, fds = await self.mgr.file_call(sb, "write_open", path, mode=mode)
+        fd, tmp = fds[0], reply["tmp"]
+        try:
+            async for chunk in request.content.iter_chunked(CHUNK * 4):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+        except BaseException as e:
+            os.close(fd)
+            await self.mgr.file_call(sb, "write_abort", path, tmp=tmp)
+            if isinstance(e, OSError) and e.errno in (28, 122):  # ENOSPC, EDQUOT
+                raise errors.SandboxError(f"writing {path}: the sandbox's disk limit is reached; "
+                                          "create it with a larger disk= or remove files.") from e
+            raise
+        os.close(fd)
+        await self.mgr.file_call(sb, "write_commit", path, tmp=tmp)
+        return web.Response(status=204)
+
+    async def list_files(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        reply, _ = await self.mgr.file_call(sb, "list", _path(request))
+        return web.json_response({"entries": reply["entries"]})
+
+    async def stat(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        reply, _ = await self.mgr.file_call(sb, "stat", _path(request))
+        return web.json_response(reply["entry"])
+
+    async def remove(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        await self.mgr.file_call(sb, "remove", _path(request), recursive=_flag(request, "recursive"))
+        return web.Response(status=204)
+
+    async def mkdir(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        await self.mgr.file_call(sb, "mkdir", _path(request), parents=_flag(request, "parents"))
+        return web.Response(status=204)
+
+    # --- images -------------------------------------------------------------------------
+
+    async def ensure_image(self, request):
+        body = await _json(request)
+        ref = body.get("ref")
+        if not isinstance(ref, str) or not ref:
+            raise ConfigError('the body must be {"ref": "<image reference>"}.')
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+
+        def progress(ev: dict) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+
+        job = loop.run_in_executor(None, _images.ensure_image, ref, progress)
+        while True:
+            getter = asyncio.ensure_future(events.get())
+            done, _ = await asyncio.wait([getter, job], return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                await resp.write(json.dumps(getter.result()).encode() + b"\n")
+                continue
+            getter.cancel()
+            while not events.empty():
+                await resp.write(json.dumps(events.get_nowait()).encode() + b"\n")
+            try:
+                img = job.result()
+                last = {"done": True, "ref": img.ref, "id": img.id}
+            except errors.Error as e:
+                last = {"error": type(e).__name__, "message": str(e)}
+            except Exception as e:  # noqa: BLE001
+                last = {"error": "ImageError", "message": f"building image {ref!r} failed: {e}"}
+            await resp.write(json.dumps(last).encode() + b"\n")
+            await resp.write_eof()
+            return resp
+
+    async def images(self, request):
+        lister = getattr(_images, "list_images", None)
+        items = await asyncio.get_running_loop().run_in_executor(None, lister) if callable(lister) else []
+        return web.json_response({"images": [i if isinstance(i, dict) else vars(i) for i in items]})
+
+    # --- network ------------------------------------------------------------------------
+
+    async def set_network(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        body = await _json(request)
+        d = body.get("network")
+        if not isinstance(d, dict):
+            raise ConfigError('the body must be {"network": {...}} as Network makes it.')
+        try:
+            net = Network(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        except TypeError as e:
+            raise NetworkPolicyError(f"network policy is malformed: {e}.") from e
+        if self.mgr.network is None:
+            raise NetworkPolicyError("this daemon runs no egress gateway, so a sandbox's network cannot change; "
+                                     "sandboxes here have Network.none().")
+        self.mgr._live(sb)
+        await self.mgr.network.update(sb.id, net)
+        return web.Response(status=204)
+
+    async def network_log(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        if self.mgr.network is None:
+            return web.json_response({"decisions": []})
+        return web.json_response({"decisions": self.mgr.network.log(sb.id)})
+
+
+async def _exit_then_drain(exited: asyncio.Future, pumps: list) -> None:
+    """Wait for the command's exit, then for its output to end (briefly: a background child may hold it)."""
+    pending = {exited, *pumps}
+    while not exited.done():
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for p in done:
+            if p is not exited and not p.cancelled() and p.exception():
+                raise p.exception()
+    live = [p for p in pumps if not p.done()]
+    if live:
+        await asyncio.wait(live, timeout=DRAIN_AFTER_EXIT)
+
+
+__all__ = ["NotFoundError", "error_response", "make_app"]
