@@ -144,7 +144,7 @@ class Gateway:
         self.proxy_port = proxy_port
         self.dns_port = dns_port
         self._rules = AddressRules(self._subnet)
-        self._plumber = _netns.Plumber(table=table, gw=self.gateway_address, dns_port=dns_port,
+        self._plumber = _netns.Plumber(table=table, gw=self.gateway_address, subnet=str(self._subnet), dns_port=dns_port,
                                        proxy_port=proxy_port, prefix=link_prefix)
         self._prefix = link_prefix
         self._upstream = Upstream(self._resolvers)

@@ -92,7 +92,9 @@ table inet {SANDBOX_TABLE} {{
 """
 
 
-def host_ruleset(table: str, gw: str, dns_port: int, proxy_port: int, prefix: str) -> str:
+def host_ruleset(table: str, gw: str, subnet: str, dns_port: int, proxy_port: int, prefix: str) -> str:
+    # TCP to the host's own addresses and to other sandboxes is never redirected: it falls
+    # to the input/forward chains below and is dropped before any socket sees it
     dns_redirect = ""
     if dns_port != 53:
         dns_redirect = (f'    iifname "{prefix}*" ip daddr {gw} udp dport 53 redirect to :{dns_port}\n'
@@ -109,7 +111,7 @@ table inet {table} {{
   }}
   chain pre_nat {{
     type nat hook prerouting priority dstnat; policy accept;
-{dns_redirect}    iifname "{prefix}*" ip daddr != {gw} meta l4proto tcp redirect to :{proxy_port}
+{dns_redirect}    iifname "{prefix}*" ip daddr != {subnet} fib daddr type != local meta l4proto tcp redirect to :{proxy_port}
   }}
   chain input {{
     type filter hook input priority filter - 10; policy accept;
@@ -145,8 +147,9 @@ def _write_sysctl(path: str, value: str) -> None:
 class Plumber:
     """Owns the host-side table and creates/removes sandbox links. Call only from one thread."""
 
-    def __init__(self, *, table: str, gw: str, dns_port: int, proxy_port: int, prefix: str = "hv"):
+    def __init__(self, *, table: str, gw: str, subnet: str, dns_port: int, proxy_port: int, prefix: str = "hv"):
         self.table = table
+        self.subnet = subnet
         self.gw = gw
         self.dns_port = dns_port
         self.proxy_port = proxy_port
@@ -170,7 +173,7 @@ class Plumber:
         self.ipr = IPRoute()
         self.nft = Nft()
         reaped = self.reap()
-        self.nft.run(host_ruleset(self.table, self.gw, self.dns_port, self.proxy_port, self.prefix))
+        self.nft.run(host_ruleset(self.table, self.gw, self.subnet, self.dns_port, self.proxy_port, self.prefix))
         return reaped
 
     def reap(self) -> list[str]:
