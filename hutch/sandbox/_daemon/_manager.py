@@ -181,6 +181,7 @@ class Manager:
             )
         if spec.name and any(s.spec.name == spec.name and s.active for s in self.sandboxes.values()):
             raise ConfigError(f"a running sandbox is already named {spec.name!r}; pick another name or terminate it.")
+        spec = _revalidate(spec)
         if spec.limits.memory < 8 * 1024**2:
             raise InvalidSpecError(f"memory={spec.limits.memory} bytes is too small; give at least '8M'.")
         image = _images.resolve_image(spec.image)
@@ -440,6 +441,23 @@ class Manager:
             _close(*fds)
             raise _error(reply)
         return reply, fds
+
+
+def _revalidate(spec: SandboxSpec) -> SandboxSpec:
+    """A spec that arrived as JSON has skipped the constructors' checks: run them here."""
+    from hutch.sandbox._spec import _abs_path
+
+    for m in spec.mounts:
+        _abs_path(m.target, "mount target")
+        if m.kind not in ("bind", "tmpfs", "volume") or (m.kind == "bind" and not isinstance(m.source, str)):
+            raise InvalidSpecError(f"mount {m!r} is malformed; build mounts with hutch.Mount.bind/tmpfs/volume.")
+        if m.kind == "tmpfs" and (not isinstance(m.size, int) or m.size <= 0):
+            raise InvalidSpecError(f"tmpfs mount at {m.target!r} needs a positive size; use hutch.Mount.tmpfs(..., size='64M').")
+    return SandboxSpec.build(
+        spec.command, image=spec.image, mounts=spec.mounts, network=spec.network, memory=spec.limits.memory,
+        cpu=spec.limits.cpu, pids=spec.limits.pids, disk=spec.limits.disk, timeout=spec.timeout,
+        idle_timeout=spec.idle_timeout, workdir=spec.workdir, env=dict(spec.env), tags=dict(spec.tags),
+        name=spec.name, detach=spec.detach)
 
 
 def _close(*fds) -> None:

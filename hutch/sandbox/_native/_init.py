@@ -56,6 +56,8 @@ def _safe_target(root: str, target: str, is_file: bool) -> str:
     """Create a mount point at root+target without following symlinks (the image could plant them)."""
     path = root
     parts = [p for p in target.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise OSError(errno.EINVAL, f"mount target {target} must not contain '.' or '..'")
     for i, part in enumerate(parts):
         path = os.path.join(path, part)
         try:

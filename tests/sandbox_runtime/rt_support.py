@@ -1,0 +1,207 @@
+"""Helpers of the runtime tests: a raw API client, a daemon subprocess, host-side views of a sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from hutch.sandbox._daemon import cgroup_parent_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+class Api:
+    """The daemon's raw HTTP API (docs/api.md), blocking, for tests."""
+
+    def __init__(self, sock: Path, run_dir: Path):
+        self.sock = sock
+        self.run_dir = run_dir
+        self.http = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://hutch", timeout=60)
+        self.created: list[str] = []
+
+    def close(self):
+        for sid in self.created:
+            try:
+                self.http.post(f"/v1/sandboxes/{sid}/terminate")
+            except httpx.HTTPError:
+                pass
+        self.http.close()
+
+    def create(self, image: str, **spec) -> dict:
+        spec.setdefault("detach", True)
+        spec.setdefault("timeout", 120)
+        r = self.http.post("/v1/sandboxes", json={"spec": {"image": image, **spec}})
+        assert r.status_code == 201, r.text
+        info = r.json()
+        self.created.append(info["id"])
+        return info
+
+    def create_error(self, image: str, **spec) -> tuple[int, dict]:
+        spec.setdefault("detach", True)
+        r = self.http.post("/v1/sandboxes", json={"spec": {"image": image, **spec}})
+        assert r.status_code >= 400, r.text
+        return r.status_code, r.json()
+
+    def exec(self, sid: str, *argv: str, **kw) -> tuple[bytes, bytes, dict]:
+        r = self.http.post(f"/v1/sandboxes/{sid}/exec", json={"argv": list(argv), **kw})
+        assert r.status_code == 200, r.text
+        return split_frames(r.content)
+
+    def sh(self, sid: str, script: str, **kw) -> tuple[str, str, dict]:
+        out, err, res = self.exec(sid, "sh", "-c", script, **kw)
+        return out.decode(), err.decode(), res
+
+    def terminate(self, sid: str) -> dict:
+        r = self.http.post(f"/v1/sandboxes/{sid}/terminate")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def info(self, sid: str) -> dict:
+        return self.http.get(f"/v1/sandboxes/{sid}").json()
+
+
+def split_frames(data: bytes) -> tuple[bytes, bytes, dict]:
+    out, err, exit_ = b"", b"", None
+    i = 0
+    while i < len(data):
+        kind, n = struct.unpack(">BI", data[i:i + 5])
+        payload = data[i + 5:i + 5 + n]
+        i += 5 + n
+        if kind == 1:
+            out += payload
+        elif kind == 2:
+            err += payload
+        elif kind == 3:
+            exit_ = json.loads(payload)
+    assert exit_ is not None, "the exec stream ended without an exit frame"
+    return out, err, exit_
+
+
+class Daemon:
+    """A hutch daemon subprocess with a private run directory."""
+
+    def __init__(self, run_dir: Path, listen: str | None = None, token: str | None = None):
+        self.run_dir = run_dir
+        self.sock = run_dir / "hutch.sock"
+        self.cgroup_parent = cgroup_parent_for(run_dir)
+        self.listen, self.token = listen, token
+        self.proc: subprocess.Popen | None = None
+        self.log = run_dir.parent / f"{run_dir.name}-daemon.log"
+
+    @property
+    def env(self) -> dict:
+        return dict(os.environ, HUTCH_RUN_DIR=str(self.run_dir), HUTCH_SOCKET=str(self.sock))
+
+    def start(self) -> "Daemon":
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        args = f"socket_path=None, listen={self.listen!r}, token={self.token!r}"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", f"from hutch.sandbox._daemon import serve; serve({args})"],
+                env=self.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=str(REPO))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited: {self.log.read_text()[-3000:]}")
+            try:
+                r = httpx.Client(transport=httpx.HTTPTransport(uds=str(self.sock))).get("http://h/v1/health", timeout=1)
+                if r.status_code == 200 and r.json()["pid"] == self.proc.pid:
+                    return self
+            except (httpx.HTTPError, OSError):
+                pass
+            time.sleep(0.02)
+        raise RuntimeError("daemon did not answer within 20 s")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def kill9(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def cgroup_dirs(self, sid: str) -> list[Path]:
+        base = Path("/sys/fs/cgroup")
+        if (base / "cgroup.controllers").exists():
+            return [base / self.cgroup_parent / sid]
+        return [base / c / self.cgroup_parent / sid for c in ("memory", "pids", "cpu")]
+
+    def cleanup_cgroups(self) -> None:
+        """Last resort after a failed test: kill what our cgroups hold and remove them."""
+        base = Path("/sys/fs/cgroup")
+        for parent in [base / self.cgroup_parent] + [base / c / self.cgroup_parent for c in ("memory", "pids", "cpu")]:
+            if not parent.is_dir():
+                continue
+            for child in [p for p in parent.iterdir() if p.is_dir()] + [parent]:
+                for _ in range(200):
+                    try:
+                        child.rmdir()
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        for pid in (child / "cgroup.procs").read_text().split():
+                            try:
+                                os.kill(int(pid), signal.SIGKILL)
+                            except ProcessLookupError:
+                                pass
+                        time.sleep(0.01)
+
+
+# --- host-side views of a sandbox ---------------------------------------------------------
+
+def host_state(daemon: Daemon, sid: str) -> dict:
+    """Pids, namespaces and cgroups of a running sandbox, as the host sees them."""
+    pids = set()
+    for d in daemon.cgroup_dirs(sid):
+        pids.update(int(p) for p in (d / "cgroup.procs").read_text().split())
+    ns = set()
+    for pid in pids:
+        for kind in ("net", "mnt", "pid_for_children", "ipc", "uts"):
+            try:
+                ns.add((kind, os.stat(f"/proc/{pid}/ns/{kind}").st_ino))
+            except FileNotFoundError:
+                pass
+    assert pids, f"sandbox {sid} has no processes in its cgroups"
+    return {"pids": pids, "ns": ns, "cgroups": daemon.cgroup_dirs(sid), "scratch": daemon.run_dir / "mnt"}
+
+
+def leftovers(state: dict) -> list[str]:
+    """What of a sandbox still exists: processes, namespaces held by any host process, cgroups."""
+    left = [f"cgroup {d}" for d in state["cgroups"] if d.exists()]
+    wanted = {ino for kind, ino in state["ns"] if kind in ("net", "mnt", "ipc", "uts")}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        for kind in ("net", "mnt", "ipc", "uts"):
+            try:
+                if os.stat(f"/proc/{entry.name}/ns/{kind}").st_ino in wanted:
+                    left.append(f"process {entry.name} in the sandbox's {kind} namespace")
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                pass
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        if str(state.get("scratch", "/nonexistent-scratch")) in line:
+            left.append(f"mount {line.split()[4]}")
+    return left
+
+
+def wait_gone(state: dict, within: float) -> list[str]:
+    deadline = time.monotonic() + within
+    while True:
+        left = leftovers(state)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.02)

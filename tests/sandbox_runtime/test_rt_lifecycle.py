@@ -1,0 +1,214 @@
+"""Every way a sandbox ends leaves no process, namespace, mount or cgroup behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import httpx
+
+from rt_support import Api, Daemon, host_state, leftovers, wait_gone
+
+
+def test_create_exec_terminate_leaves_nothing(api, daemon, image):
+    info = api.create(image)
+    assert info["status"] == "running"
+    out, err, res = api.sh(info["id"], "echo hello; echo oops >&2; exit 3")
+    assert (out, err, res) == ("hello\n", "oops\n", {"returncode": 3, "reason": "exited"})
+    state = host_state(daemon, info["id"])
+    t0 = time.monotonic()
+    done = api.terminate(info["id"])
+    took = time.monotonic() - t0
+    assert done["status"] == "terminated" and done["ended_at"]
+    # terminate answers once everything is gone
+    assert leftovers(state) == [], f"left after terminate ({took * 1000:.1f} ms)"
+    assert not (daemon.run_dir / "sandboxes" / f"{info['id']}.json").exists()
+
+
+def test_command_sandbox_lives_as_long_as_its_command(api, daemon, image):
+    info = api.create(image, command=["sh", "-c", "sleep 0.3; exit 7"])
+    state = host_state(daemon, info["id"])
+    r = api.http.post(f"/v1/sandboxes/{info['id']}/wait", params={"timeout": 10})
+    assert r.json()["status"] == "exited" and r.json()["returncode"] == 7
+    assert wait_gone(state, 2) == []
+
+
+def test_wait_times_out_while_running(api, image):
+    info = api.create(image)
+    r = api.http.post(f"/v1/sandboxes/{info['id']}/wait", params={"timeout": 0.2})
+    assert r.json()["status"] == "running"
+
+
+def test_timeout_ends_the_sandbox(api, daemon, image):
+    info = api.create(image, timeout=1.0)
+    state = host_state(daemon, info["id"])
+    r = api.http.post(f"/v1/sandboxes/{info['id']}/wait", params={"timeout": 10})
+    assert r.json()["status"] == "timeout"
+    assert r.json()["ended_at"] - r.json()["created_at"] < 3
+    assert leftovers(state) == []
+
+
+def test_idle_timeout_waits_for_running_execs(api, daemon, image):
+    info = api.create(image, idle_timeout=0.6)
+    sid = info["id"]
+    state = host_state(daemon, sid)
+    _, _, res = api.sh(sid, "sleep 1.2")  # longer than the idle timeout: a running exec is not idle
+    assert res["returncode"] == 0
+    assert api.info(sid)["status"] == "running"
+    r = api.http.post(f"/v1/sandboxes/{sid}/wait", params={"timeout": 10})
+    assert r.json()["status"] == "idle_timeout"
+    assert leftovers(state) == []
+
+
+def test_exec_timeout_kills_only_that_command(api, image):
+    sid = api.create(image)["id"]
+    t0 = time.monotonic()
+    _, _, res = api.exec(sid, "sh", "-c", "sleep 30 & sleep 30", timeout=0.3)
+    assert res["reason"] == "timeout" and res["returncode"] == -9
+    assert time.monotonic() - t0 < 5
+    out, _, res = api.sh(sid, "ps -o pid,args | grep 'sleep 30' | grep -v grep | wc -l")
+    assert out.strip() == "0", "the timed-out command's process group must be gone"
+    assert res["returncode"] == 0 and api.info(sid)["status"] == "running"
+
+
+def test_stdin_and_kill(api, image):
+    sid = api.create(image)["id"]
+    with api.http.stream("POST", f"/v1/sandboxes/{sid}/exec", json={"argv": ["cat"], "stdin": True}) as r:
+        eid = r.headers["X-Hutch-Exec-Id"]
+        assert api.http.post(f"/v1/sandboxes/{sid}/exec/{eid}/stdin", content=b"abc\n").status_code == 204
+        assert api.http.post(f"/v1/sandboxes/{sid}/exec/{eid}/stdin", params={"eof": 1}, content=b"def").status_code == 204
+        data = r.read()
+    from rt_support import split_frames
+
+    out, _, res = split_frames(data)
+    assert out == b"abc\ndef" and res == {"returncode": 0, "reason": "exited"}
+    with api.http.stream("POST", f"/v1/sandboxes/{sid}/exec", json={"argv": ["sleep", "30"]}) as r:
+        eid = r.headers["X-Hutch-Exec-Id"]
+        assert api.http.post(f"/v1/sandboxes/{sid}/exec/{eid}/kill", json={"signal": 15}).status_code == 204
+        _, _, res = split_frames(r.read())
+    assert res == {"returncode": -15, "reason": "killed"}
+
+
+def test_output_streams_while_the_command_runs(api, image):
+    sid = api.create(image)["id"]
+    with api.http.stream("POST", f"/v1/sandboxes/{sid}/exec",
+                         json={"argv": ["sh", "-c", "echo first; sleep 2; echo second"]}) as r:
+        t0 = time.monotonic()
+        first = next(r.iter_raw())
+        assert b"first" in first and time.monotonic() - t0 < 1.5
+
+
+def test_no_lease_means_terminated_after_the_grace(api, daemon, image):
+    info = api.create(image, detach=False)
+    state = host_state(daemon, info["id"])
+    r = api.http.post(f"/v1/sandboxes/{info['id']}/wait", params={"timeout": 15})
+    assert r.json()["status"] == "terminated"
+    assert leftovers(state) == []
+
+
+CLIENT = textwrap.dedent("""
+    import socket, sys, httpx
+    sock, image = sys.argv[1], sys.argv[2]
+    c = httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://hutch")
+    info = c.post("/v1/sandboxes", json={"spec": {"image": image, "timeout": 120}}).json()
+    lease = socket.socket(socket.AF_UNIX)
+    lease.connect(sock)
+    lease.sendall(f"GET /v1/sandboxes/{info['id']}/lease HTTP/1.1\\r\\nHost: hutch\\r\\n\\r\\n".encode())
+    print(info["id"], flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_client_kill9_ends_its_sandbox(api, daemon, image):
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, str(daemon.sock), image],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        sid = client.stdout.readline().strip()
+        assert sid, "the client did not create a sandbox"
+        time.sleep(0.2)  # let the lease arrive
+        assert api.info(sid)["status"] == "running"
+        state = host_state(daemon, sid)
+        client.kill()
+        client.wait()
+        t0 = time.monotonic()
+        assert wait_gone(state, 2.0) == []
+        assert api.info(sid)["status"] == "terminated", f"after {time.monotonic() - t0:.2f} s"
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+
+
+def test_daemon_kill9_then_restart_reaps_everything(tmp_path, image):
+    d = Daemon(tmp_path / "run").start()
+    try:
+        a = Api(d.sock, d.run_dir)
+        sids = [a.create(image)["id"] for _ in range(3)]
+        sids.append(a.create(image, command=["sleep", "60"])["id"])
+        states = [host_state(d, sid) for sid in sids]
+        a.http.close()
+        d.kill9()
+        # the sandboxes die with the daemon (zygote and inits hold PDEATHSIG)
+        deadline = time.monotonic() + 2
+        for st in states:
+            procs_left = [x for x in wait_gone({**st, "cgroups": []}, max(0.0, deadline - time.monotonic()))]
+            assert procs_left == []
+        assert any(p.exists() for st in states for p in st["cgroups"]), "the cgroups wait for the next daemon"
+        t0 = time.monotonic()
+        d.start()
+        took = time.monotonic() - t0
+        for st in states:
+            assert leftovers(st) == []
+        assert list((d.run_dir / "sandboxes").glob("*.json")) == []
+        assert took < 2.0, f"restart with reaping took {took:.2f} s"
+        a = Api(d.sock, d.run_dir)
+        sid = a.create(image)["id"]  # and it works again
+        assert a.sh(sid, "echo ok")[0] == "ok\n"
+        a.close()
+    finally:
+        d.stop()
+        d.cleanup_cgroups()
+
+
+def test_tcp_needs_the_token(daemon):
+    base = f"http://127.0.0.1:{daemon.port}"
+    r = httpx.get(f"{base}/v1/health")
+    assert r.status_code == 401 and r.json()["error"] == "DaemonError"
+    r = httpx.get(f"{base}/v1/health", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    r = httpx.get(f"{base}/v1/health", headers={"Authorization": f"Bearer {daemon.token}"})
+    assert r.status_code == 200 and r.json()["pid"] == daemon.proc.pid
+
+
+def test_list_by_tag_and_lookup_by_name(api, image):
+    a = api.create(image, tags=[["team", "x"], ["k", "1"]], name="named-one")
+    b = api.create(image, tags=[["team", "y"]])
+    got = api.http.get("/v1/sandboxes", params=[("tag", "team:x")]).json()["sandboxes"]
+    assert [s["id"] for s in got] == [a["id"]]
+    assert api.info("named-one")["id"] == a["id"]
+    all_ids = {s["id"] for s in api.http.get("/v1/sandboxes").json()["sandboxes"]}
+    assert {a["id"], b["id"]} <= all_ids
+    api.terminate(a["id"])
+    assert a["id"] not in {s["id"] for s in api.http.get("/v1/sandboxes").json()["sandboxes"]}
+
+
+def test_graceful_stop_ends_every_sandbox(tmp_path, image):
+    d = Daemon(tmp_path / "run").start()
+    try:
+        a = Api(d.sock, d.run_dir)
+        states = [host_state(d, a.create(image)["id"]) for _ in range(2)]
+        a.http.close()
+        d.proc.send_signal(signal.SIGTERM)
+        d.proc.wait(10)
+        for st in states:
+            assert leftovers(st) == []
+        assert not d.sock.exists()
+        assert not any(p.exists() for p in d.cgroup_dirs("_zygote"))
+    finally:
+        d.stop()
+        d.cleanup_cgroups()
+    assert os.path.exists(tmp_path)
