@@ -13,15 +13,21 @@ from pathlib import Path
 TEMP_PREFIX = ".tmp-"
 
 
-def atomic_write(path: str | os.PathLike, data: bytes, *, mode: int = 0o644, fsync_dir: bool = True) -> None:
-    """Replace `path` with `data` atomically."""
+def atomic_write(path: str | os.PathLike, data: bytes, *, mode: int = 0o644, fsync_dir: bool = True,
+                 fsync_file: bool = True) -> None:
+    """Replace `path` with `data` atomically.
+
+    `fsync_file=False` / `fsync_dir=False` leave durability to the caller, who
+    syncs once for a batch (the memory store's transactions do).
+    """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync_file:
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

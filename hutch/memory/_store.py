@@ -29,6 +29,7 @@ DERIVED_DIR = ".hutch"
 #: Trailers hutch adds to each commit message.
 TRAILER_PREFIX = "Hutch-"
 _MAX_TRAILER_ENTITIES = 100
+_BULK_PATHS = 64  # above this many paths a commit writes one pack (fast-import) instead of loose objects
 _ENTITY_OPS = ("put", "update", "supersede", "forget")
 
 Ref = "str | Entity"
@@ -58,12 +59,15 @@ class Memory:
     `author` ("Name <email>") signs every commit this instance makes.
     """
 
-    def __init__(self, path: str | os.PathLike, *, create: bool = True, author: str | None = None):
+    def __init__(self, path: str | os.PathLike, *, create: bool = True, author: str | None = None,
+                 embedder: Any = None):
         self.root = Path(os.path.abspath(os.fspath(path)))
         self.author = _parse_author(author)
         self.git = Git(self.root)
         self._lock = StoreLock(self.root / DERIVED_DIR / LOCK_NAME)
         self._tx: Transaction | None = None
+        self.embedder = embedder  # search: an EmbeddingProvider; None = the local default model
+        self._search_index = None
         if not self.root.is_dir():
             if not create:
                 raise MemoryStoreError(
@@ -276,6 +280,8 @@ class Memory:
         Other writers (threads or processes) wait until the block ends.
         """
         with self._op(None, None, message=message, source=source, reason=reason) as tx:
+            if self._tx is tx and not tx.ops:
+                tx.bulk = True
             yield tx
 
     @contextmanager
@@ -294,12 +300,15 @@ class Memory:
             self._tx = tx
             try:
                 yield tx
-                tx.sync_dirs()
+                tx.sync()
                 paths = tx.paths
                 if paths:
                     msg = _message(op or "transaction", message or _subject(tx), tx.ops, tx, self.author)
                     try:
-                        self.git.commit(paths, msg, self.author)
+                        if len(paths) > _BULK_PATHS:
+                            self.git.commit_bulk(paths, msg, self.author)
+                        else:
+                            self.git.commit(paths, msg, self.author)
                     except BaseException:
                         self.git.unstage(paths)
                         raise
@@ -362,6 +371,9 @@ class Memory:
             text = fmt.render(m, fmt.with_facts(body or "", facts, replace=True) if facts else (body or ""))
             path = self.root / cls / f"{slug}.md"
             tx.write(path, text)
+            if _simple(m):  # what render() wrote reads back as exactly these values
+                body_out = fmt.split_front_matter(text)[2]
+                return Entity(entity_id, m, body_out, text, path, {}, self)
             meta_out, body_out = fmt.parse(text, str(path))
             return Entity(entity_id, meta_out, body_out, text, path, {}, self)
 
@@ -593,6 +605,39 @@ class Memory:
 
         return ingest_text(self, path_or_str, **kw)
 
+    # ================================================================ search (hutch/memory/_index, docs/retrieval.md)
+
+    @property
+    def index(self):
+        """The derived search index (hutch.memory._index.SearchIndex), opened on first use."""
+        if self._search_index is None:
+            from hutch.memory._index import SearchIndex
+
+            self._search_index = SearchIndex(self, self.embedder)
+        return self._search_index
+
+    def search(self, query: str, *, k: int = 10, classes=None, since: Any = None, until: Any = None,
+               as_of: Any = None, expand: int = 0, fusion: str = "weighted"):
+        """Hybrid search (BM25 + dense + entity + mentions + time, fused); returns a list of Hit.
+
+        Changes made to the files behind the API's back are indexed before the
+        query answers. `classes` keeps those classes; `since` / `until` keep
+        entities whose time (valid_from, else recorded_at, else created) is in
+        range; `as_of` keeps what was valid then; `expand` adds entities up to
+        that many links away. A hit on a conversation turn has `anchor` = its
+        dia_id; `channels` says which channels found it, with rank and score.
+        """
+        return self.index.search(query, k=k, classes=classes, since=since, until=until, as_of=as_of,
+                                 expand=expand, fusion=fusion)
+
+    def reindex(self, *, full: bool = False):
+        """Bring the search index up to date now, embedding everything (full=True: rebuild from nothing)."""
+        return self.index.reindex(full=full)
+
+    def doctor(self):
+        """Verify the search index against the files and report its exact state (an IndexReport)."""
+        return self.index.doctor()
+
 
 # ==================================================================== helpers
 
@@ -604,6 +649,16 @@ def _parse_author(author: str | None) -> tuple[str, str]:
         name, email = author.rsplit("<", 1)
         return name.strip() or DEFAULT_AUTHOR[0], email.rstrip()[:-1].strip()
     return author.strip(), DEFAULT_AUTHOR[1]
+
+
+def _simple(m: dict[str, Any]) -> bool:
+    for v in m.values():
+        if isinstance(v, list):
+            if not all(type(x) is str for x in v):
+                return False
+        elif v is not None and type(v) not in (str, float, int):
+            return False
+    return True
 
 
 def _confidence(value: Any) -> float | None:

@@ -90,3 +90,22 @@ def test_no_stray_temp_files_after_many_writes(mem, store_dir):
         for i in range(50):
             mem.put("notes", f"n{i}")
     assert not [p for p in store_dir.rglob(".tmp-*")]
+
+
+def test_big_transaction_commits_files_links_and_removals_exactly(mem, store_dir):
+    """Above a threshold a transaction commits through one pack (fast-import); git must match the files."""
+    with mem.transaction("bulk"):
+        hub = mem.put("topics", "Hub")
+        for i in range(120):
+            e = mem.put("notes", f"n{i}", facts=[f"f{i}"])
+            mem.link(e, "about", hub)
+    assert mem.git.run("status", "--porcelain") == ""
+    assert mem.git.run("diff", "HEAD", "--stat") == ""
+    tree = mem.git.run("ls-tree", "-r", "HEAD", "--", "notes/n7.links")
+    assert tree.startswith("120000 blob") and tree.rstrip().endswith("notes/n7.links/about/hub.md")
+    assert mem.git.show("HEAD", "notes/n7.md") == (store_dir / "notes/n7.md").read_text()
+    mem.forget("topics/hub", reason="bulk removal of 120 incoming links")
+    assert mem.git.run("status", "--porcelain") == ""
+    assert mem.git.run("ls-tree", "-r", "HEAD", "--", "notes/n7.links") == ""
+    assert mem.git.ok("fsck", "--no-dangling")
+    assert mem.check().errors == []

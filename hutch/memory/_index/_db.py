@@ -1,0 +1,482 @@
+"""The derived search index of a store: one SQLite file under <store>/.hutch/, a cache of the files.
+
+Tables: `files` (one row per entity file: stat, content hash, class, title,
+time), `units` (searchable pieces, see _units), `units_fts` / `ent_fts`
+(FTS5, BM25), `vectors` (embeddings keyed by the hash of the embedded text,
+all in the one vector space named in `meta`), `links` (the symlink graph),
+`titles` (normalised titles, for entity mentions in a query).
+
+Freshness: before each query `sync()` stats every entity file and links
+directory; only where (mtime, size) differ is the file read and hashed, and
+only where the hash differs is it re-indexed. Deleting the file loses
+nothing: it is rebuilt from the store. A file that SQLite cannot read, or a
+schema or header that does not add up, is deleted and rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from hutch._core.errors import MalformedEntityError, SearchIndexError
+from hutch.memory import _format
+from hutch.memory._index import _units
+
+SCHEMA_VERSION = "1"
+INDEX_NAME = "index.sqlite"
+LINKS_SUFFIX = _format.LINKS_SUFFIX
+#: On the query path, embedding missing vectors stops after this many seconds (the rest waits for the next query
+#: or reindex()); until every unit has a vector in the current space, search uses the lexical channels only.
+QUERY_EMBED_BUDGET_S = 5.0
+
+_SCHEMA = """
+create table if not exists meta(key text primary key, value text);
+create table if not exists files(
+  eid integer primary key, entity_id text unique not null, cls text not null, title text,
+  mtime_ns integer, size integer, hash text, t_from real, t_to real, t_rec real, linkstamp text, error text);
+create table if not exists units(
+  uid integer primary key, eid integer not null, anchor text, speaker text, dense_hash text not null);
+create index if not exists units_eid on units(eid);
+create virtual table if not exists units_fts using fts5(body, context, tokenize='porter unicode61');
+create virtual table if not exists ent_fts using fts5(body, tokenize='porter unicode61');
+create index if not exists units_hash on units(dense_hash);
+create table if not exists vectors(dense_hash text primary key, vec blob not null);
+create table if not exists pending(dense_hash text primary key, text text not null);
+create table if not exists links(src text not null, rel text not null, dst text not null);
+create index if not exists links_src on links(src);
+create index if not exists links_dst on links(dst);
+create table if not exists titles(norm text not null, eid integer not null);
+create index if not exists titles_norm on titles(norm);
+create index if not exists titles_eid on titles(eid);
+"""
+
+
+@dataclass
+class SyncStats:
+    """What one freshness pass did."""
+
+    scanned: int = 0
+    reindexed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    relinked: list[str] = field(default_factory=list)
+    embedded: int = 0
+    pending_vectors: int = 0
+    seconds: float = 0.0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.reindexed or self.removed or self.relinked or self.embedded)
+
+
+class IndexDB:
+    """The SQLite file and the freshness logic. Not thread-safe; one per Memory instance."""
+
+    def __init__(self, root: Path, provider: Any):
+        self.root = root
+        self.dir = root / ".hutch"
+        self.path = self.dir / INDEX_NAME
+        self.provider = provider
+        self.db: sqlite3.Connection | None = None
+        self.recovered: list[str] = []  # why the index file was discarded (corruption, schema), newest last
+        self.space_changed: str | None = None  # previous model identity if the vector space was replaced
+        self._files: dict[str, tuple] | None = None  # entity_id -> (eid, mtime_ns, size, hash, linkstamp)
+        self._gen_seen: str | None = None
+
+    # ------------------------------------------------------------ open / verify / recover
+
+    def open(self) -> sqlite3.Connection:
+        if self.db is not None:
+            return self.db
+        self.dir.mkdir(exist_ok=True)
+        problem = self._verify_file()
+        if problem:
+            self._discard(problem)
+        try:
+            self.db = self._connect()
+        except sqlite3.DatabaseError as e:
+            self._discard(f"SQLite could not open it ({e})")
+            self.db = self._connect()
+        self._check_model()
+        return self.db
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        db.execute("pragma journal_mode=wal")
+        db.execute("pragma synchronous=normal")
+        db.executescript(_SCHEMA)
+        ver = db.execute("select value from meta where key='schema'").fetchone()
+        if ver is None:
+            db.execute("insert into meta values('schema', ?)", (SCHEMA_VERSION,))
+            db.execute("insert or replace into meta values('generation', '0')")
+        elif ver[0] != SCHEMA_VERSION:
+            db.close()
+            raise sqlite3.DatabaseError(f"schema version {ver[0]} is not {SCHEMA_VERSION}")
+        return db
+
+    def _verify_file(self) -> str | None:
+        """Why the index file cannot be trusted, or None. Cheap checks first, then SQLite's quick_check."""
+        if not self.path.exists():
+            return None
+        try:
+            size = self.path.stat().st_size
+            with open(self.path, "rb") as f:
+                header = f.read(100)
+            if size == 0:
+                return None
+            if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
+                return "its header is not an SQLite header"
+            page_size = int.from_bytes(header[16:18], "big")
+            page_size = 65536 if page_size == 1 else page_size
+            pages = int.from_bytes(header[28:32], "big")
+            wal = self.path.with_name(INDEX_NAME + "-wal")
+            if pages and size < pages * page_size and not (wal.exists() and wal.stat().st_size):
+                return f"it is truncated ({size} bytes, header says {pages * page_size})"
+            db = sqlite3.connect(self.path, timeout=30)
+            try:
+                row = db.execute("pragma quick_check(1)").fetchone()
+            finally:
+                db.close()
+            if not row or row[0] != "ok":
+                return f"SQLite's quick_check failed ({row[0] if row else 'no answer'})"
+        except (sqlite3.DatabaseError, OSError) as e:
+            return f"it cannot be read ({e})"
+        return None
+
+    def _discard(self, reason: str) -> None:
+        """Delete the index file (and its WAL) so that it is rebuilt from the files; remember why."""
+        if self.db is not None:
+            try:
+                self.db.close()
+            except sqlite3.Error:
+                pass
+            self.db = None
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            try:
+                os.unlink(str(self.path) + suffix)
+            except FileNotFoundError:
+                pass
+        self._files = None
+        self._gen_seen = None
+        self.recovered.append(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} rebuilt: {reason}")
+
+    def recover(self, err: Exception) -> None:
+        """Called when SQLite raised during use: the file is discarded and reopened empty."""
+        self._discard(f"SQLite failed during use ({err})")
+        self.open()
+
+    def close(self) -> None:
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+
+    # ------------------------------------------------------------ meta and the vector space
+
+    def meta(self, key: str) -> str | None:
+        row = self.open().execute("select value from meta where key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self.db.execute("insert or replace into meta values(?, ?)", (key, value))
+
+    def generation(self) -> str:
+        return self.meta("generation") or "0"
+
+    def _bump(self) -> None:
+        self.db.execute("update meta set value = cast(value as integer) + 1 where key='generation'")
+
+    def model_identity(self) -> tuple[str, str, int]:
+        p = self.provider
+        return p.name, p.revision, int(p.dim)
+
+    def _check_model(self) -> None:
+        """A provider other than the one the vectors were made with: drop the vectors (a new space)."""
+        name, rev, dim = self.model_identity()
+        old = (self.meta("model_name"), self.meta("model_revision"), self.meta("model_dim"))
+        if old == (name, rev, str(dim)):
+            return
+        db = self.db
+        db.execute("begin immediate")
+        try:
+            if old[0] is not None:
+                self.space_changed = f"{old[0]} rev {old[1]} dim {old[2]}"
+                db.execute("delete from vectors")
+            self._set_meta("model_name", name)
+            self._set_meta("model_revision", rev)
+            self._set_meta("model_dim", str(dim))
+            if old[0] is not None:
+                self._set_meta("space_changed_from", self.space_changed)
+                self._set_meta("requeue", "1")
+            self._bump()
+            db.execute("commit")
+        except BaseException:
+            db.execute("rollback")
+            raise
+
+    # ------------------------------------------------------------ freshness
+
+    def _load_files(self) -> None:
+        gen = self.generation()
+        if self._files is not None and gen == self._gen_seen:
+            return
+        self._files = {r[0]: tuple(r[1:]) for r in self.db.execute(
+            "select entity_id, eid, mtime_ns, size, hash, linkstamp from files")}
+        self._gen_seen = gen
+
+    def scan(self) -> tuple[dict[str, tuple[Path, int, int]], dict[str, tuple[Path, str]]]:
+        """Stat every entity file and links directory: ({id: (path, mtime_ns, size)}, {id: (links dir, stamp)})."""
+        files: dict[str, tuple[Path, int, int]] = {}
+        links: dict[str, tuple[Path, str]] = {}
+        try:
+            top = list(os.scandir(self.root))
+        except FileNotFoundError:
+            raise SearchIndexError(f"The store {self.root} is gone: recreate it or point Memory at another path.")
+        for d in top:
+            if d.name.startswith(".") or not d.is_dir(follow_symlinks=False):
+                continue
+            cls = d.name
+            with os.scandir(d.path) as it:
+                for e in it:
+                    name = e.name
+                    if name.startswith("."):
+                        continue
+                    if name.endswith(".md"):
+                        if e.is_file(follow_symlinks=False):
+                            st = e.stat(follow_symlinks=False)
+                            files[f"{cls}/{name[:-3]}"] = (Path(e.path), st.st_mtime_ns, st.st_size)
+                    elif name.endswith(LINKS_SUFFIX) and e.is_dir(follow_symlinks=False):
+                        links[f"{cls}/{name[:-len(LINKS_SUFFIX)]}"] = (Path(e.path), _linkstamp(e))
+        return files, links
+
+    def sync(self, *, embed_budget: float | None = QUERY_EMBED_BUDGET_S) -> tuple[SyncStats, set[int], set[int]]:
+        """Bring the index up to date with the files. Returns (stats, removed unit ids, added unit ids)."""
+        t0 = time.perf_counter()
+        self.open()
+        self._load_files()
+        stats = SyncStats()
+        files, linkdirs = self.scan()
+        stats.scanned = len(files)
+        known = self._files
+        removed_uids: set[int] = set()
+        added_uids: set[int] = set()
+        todo = [eid for eid, (p, m, s) in files.items()
+                if eid not in known or known[eid][1] != m or known[eid][2] != s]
+        gone = [eid for eid in known if eid not in files]
+        relink = [eid for eid in set(known) | set(linkdirs)
+                  if (linkdirs[eid][1] if eid in linkdirs else None) != (known[eid][4] if eid in known else None)]
+        relink = [e for e in relink if e in files or e in known]
+        if todo or gone or relink:
+            db = self.db
+            db.execute("begin immediate")
+            try:
+                for entity_id in todo:
+                    path, mtime, size = files[entity_id]
+                    self._refresh_file(entity_id, path, mtime, size, stats, removed_uids, added_uids)
+                for entity_id in gone:
+                    removed_uids |= self._delete_entity(entity_id)
+                    stats.removed.append(entity_id)
+                for entity_id in relink:
+                    if entity_id in self._files or entity_id in linkdirs:
+                        self._relink(entity_id, linkdirs.get(entity_id))
+                        stats.relinked.append(entity_id)
+                if stats.changed:
+                    self._bump()
+                db.execute("commit")
+            except BaseException:
+                db.execute("rollback")
+                self._files = None
+                raise
+            self._gen_seen = self.generation()
+        self.embed_missing(stats, budget=embed_budget)
+        stats.seconds = time.perf_counter() - t0
+        return stats, removed_uids, added_uids
+
+    def _refresh_file(self, entity_id: str, path: Path, mtime: int, size: int, stats: SyncStats,
+                      removed: set[int], added: set[int]) -> None:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:  # deleted between scan and read: the next pass sees it gone
+            return
+        digest = hashlib.sha256(raw).hexdigest()
+        old = self._files.get(entity_id)
+        if old is not None and old[3] == digest:
+            self.db.execute("update files set mtime_ns=?, size=? where eid=?", (mtime, size, old[0]))
+            self._files[entity_id] = (old[0], mtime, size, digest, old[4])
+            return
+        text = raw.decode("utf-8", errors="surrogateescape")
+        cls = entity_id.split("/", 1)[0]
+        error = None
+        try:
+            meta, body = _format.parse(text, str(path))
+        except MalformedEntityError as e:
+            # Still searchable by its words, so that a broken file can be found and fixed; doctor lists it.
+            meta, body, error = {}, text, str(e)
+        title = str(meta.get("title") or entity_id.split("/", 1)[1])
+        units, whole = _units.units_of(meta, body, title)
+        t_from = _units.to_epoch(meta.get("valid_from"))
+        t_to = _units.to_epoch(meta.get("valid_to"))
+        t_rec = t_from
+        for key in ("recorded_at", "created"):
+            t_rec = t_rec if t_rec is not None else _units.to_epoch(meta.get(key))
+        db = self.db
+        if old is not None:
+            eid = old[0]
+            removed |= self._drop_units(eid)
+            db.execute("update files set title=?, mtime_ns=?, size=?, hash=?, t_from=?, t_to=?, t_rec=?, error=? "
+                       "where eid=?", (title, mtime, size, digest, t_from, t_to, t_rec, error, eid))
+            db.execute("delete from ent_fts where rowid=?", (eid,))
+            db.execute("delete from titles where eid=?", (eid,))
+            linkstamp = old[4]
+        else:
+            eid = db.execute("insert into files(entity_id, cls, title, mtime_ns, size, hash, t_from, t_to, t_rec, error) "
+                             "values (?,?,?,?,?,?,?,?,?,?)",
+                             (entity_id, cls, title, mtime, size, digest, t_from, t_to, t_rec, error)).lastrowid
+            linkstamp = None
+        db.execute("insert into ent_fts(rowid, body) values (?, ?)", (eid, whole))
+        norm = _units.norm_title(title)
+        if norm:
+            db.execute("insert into titles(norm, eid) values (?, ?)", (norm, eid))
+        for u in units:
+            uid = db.execute("insert into units(eid, anchor, speaker, dense_hash) values (?,?,?,?)",
+                             (eid, u.anchor, u.speaker, u.dense_hash)).lastrowid
+            db.execute("insert into units_fts(rowid, body, context) values (?,?,?)", (uid, u.body, u.context))
+            db.execute("insert or ignore into pending(dense_hash, text) values (?, ?)", (u.dense_hash, u.dense))
+            added.add(uid)
+        self._files[entity_id] = (eid, mtime, size, digest, linkstamp)
+        stats.reindexed.append(entity_id)
+
+    def _drop_units(self, eid: int) -> set[int]:
+        uids = {r[0] for r in self.db.execute("select uid from units where eid=?", (eid,))}
+        if uids:
+            q = ",".join("?" * len(uids))
+            self.db.execute(f"delete from units_fts where rowid in ({q})", tuple(uids))
+            self.db.execute("delete from units where eid=?", (eid,))
+        return uids
+
+    def _delete_entity(self, entity_id: str) -> set[int]:
+        old = self._files.pop(entity_id, None)
+        if old is None:
+            return set()
+        eid = old[0]
+        uids = self._drop_units(eid)
+        self.db.execute("delete from files where eid=?", (eid,))
+        self.db.execute("delete from ent_fts where rowid=?", (eid,))
+        self.db.execute("delete from titles where eid=?", (eid,))
+        self.db.execute("delete from links where src=?", (entity_id,))
+        return uids
+
+    def _relink(self, entity_id: str, linkdir: tuple[Path, str] | None) -> None:
+        self.db.execute("delete from links where src=?", (entity_id,))
+        stamp = None
+        if linkdir is not None:
+            ldir, stamp = linkdir
+            rows = [(entity_id, rel, dst) for rel, dst in _read_links(self.root, ldir)]
+            self.db.executemany("insert into links(src, rel, dst) values (?,?,?)", rows)
+        if entity_id in self._files:
+            eid, m, s, h, _ = self._files[entity_id]
+            self.db.execute("update files set linkstamp=? where eid=?", (stamp, eid))
+            self._files[entity_id] = (eid, m, s, h, stamp)
+
+    # ------------------------------------------------------------ vectors
+
+    def missing_vectors(self) -> int:
+        return self.db.execute("select count(*) from pending").fetchone()[0]
+
+    def embed_missing(self, stats: SyncStats, *, budget: float | None) -> None:
+        """Embed the texts of units that have no vector in the current space, within `budget` seconds."""
+        db = self.db
+        t0 = time.perf_counter()
+        # Pending rows are dropped once their hash is embedded or no unit needs it any more.
+        if self.meta("requeue") == "1":
+            # a new vector space (model change): the texts to embed are re-derived from the files
+            self._requeue_all()
+        if db.execute("select 1 from pending limit 1").fetchone():
+            db.execute("delete from pending where dense_hash in (select dense_hash from vectors) "
+                       "or dense_hash not in (select dense_hash from units)")
+        while True:
+            rows = db.execute("select dense_hash, text from pending limit 256").fetchall()
+            if not rows:
+                break
+            vecs = self.provider.embed([r[1] for r in rows]).astype(np.float32)
+            db.execute("begin immediate")
+            try:
+                db.executemany("insert or replace into vectors(dense_hash, vec) values (?, ?)",
+                               [(r[0], v.tobytes()) for r, v in zip(rows, vecs)])
+                db.executemany("delete from pending where dense_hash=?", [(r[0],) for r in rows])
+                self._bump()
+                db.execute("commit")
+            except BaseException:
+                db.execute("rollback")
+                raise
+            stats.embedded += len(rows)
+            if budget is not None and time.perf_counter() - t0 > budget:
+                break
+        stats.pending_vectors = self.missing_vectors()
+        self._gen_seen = self.generation()
+
+    def _requeue_all(self) -> None:
+        """Queue every unit's dense text again (after the vector space changed) by re-reading its file."""
+        db = self.db
+        db.execute("begin immediate")
+        try:
+            for entity_id, cls in db.execute("select entity_id, cls from files").fetchall():
+                path = self.root / f"{entity_id}.md"
+                try:
+                    text = path.read_bytes().decode("utf-8", errors="surrogateescape")
+                    meta, body = _format.parse(text, str(path))
+                except (OSError, MalformedEntityError):
+                    meta, body = {}, ""
+                title = str(meta.get("title") or entity_id.split("/", 1)[1])
+                units, _ = _units.units_of(meta, body, title)
+                db.executemany("insert or ignore into pending(dense_hash, text) values (?, ?)",
+                               [(u.dense_hash, u.dense) for u in units])
+            self._set_meta("requeue", "0")
+            db.execute("commit")
+        except BaseException:
+            db.execute("rollback")
+            raise
+
+
+def _linkstamp(entry: os.DirEntry) -> str:
+    """A cheap fingerprint of a links directory: its mtime and each relation directory's mtime and name."""
+    parts = [str(entry.stat(follow_symlinks=False).st_mtime_ns)]
+    try:
+        with os.scandir(entry.path) as it:
+            for r in it:
+                if r.is_dir(follow_symlinks=False):
+                    parts.append(f"{r.name}:{r.stat(follow_symlinks=False).st_mtime_ns}")
+    except OSError:
+        pass
+    return "|".join(sorted(parts))
+
+
+def _read_links(root: Path, ldir: Path) -> Iterable[tuple[str, str]]:
+    """(relation, target id) of every well-formed link in a links directory (targets read with readlink)."""
+    try:
+        rels = sorted(os.listdir(ldir))
+    except OSError:
+        return
+    for rel in rels:
+        rdir = ldir / rel
+        if rdir.is_symlink() or not rdir.is_dir():
+            continue
+        for name in sorted(os.listdir(rdir)):
+            try:
+                target = os.readlink(rdir / name)
+            except OSError:
+                continue
+            if os.path.isabs(target):
+                continue
+            full = Path(os.path.normpath(os.path.join(rdir, target)))
+            try:
+                rel_path = full.relative_to(root)
+            except ValueError:
+                continue
+            if len(rel_path.parts) == 2 and rel_path.parts[1].endswith(".md"):
+                yield rel, f"{rel_path.parts[0]}/{rel_path.parts[1][:-3]}"

@@ -1,0 +1,220 @@
+"""Ranking: an in-memory snapshot of the index (arrays + the vector matrix) and the fused score.
+
+Channels (each min-max normalised over the candidates, then added with equal
+weight; docs/retrieval.md has the measurements behind every choice):
+
+- `bm25`:    FTS5 BM25 over the unit's text (weight 1) and its context (0.3);
+- `dense`:   cosine of the query (named entities stripped) and the unit's embedded text;
+- `entity`:  the unit's whole entity: BM25 over the entity text + the best dense score of its units
+             (a turn inherits the strength of its session);
+- `mention`: the question names an entity (by title): units spoken by it, about it or linked to it;
+- `time`:    the question names a date, month or year: units whose time falls in it.
+
+The alternative fusion, reciprocal rank fusion, is kept for comparison (`fusion="rrf"`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from hutch.memory._index import _units
+
+#: Weight of the unit's context column (neighbouring turns) in BM25 relative to its own text.
+CONTEXT_WEIGHT = 0.3
+#: FTS5 rows read per lexical channel (BM25 ranks beyond this add nothing to a top-k list).
+LEXICAL_LIMIT = 2000
+RRF_K = 60
+
+
+class Snapshot:
+    """Arrays over the alive units, patched in place as the index changes (rows are never moved)."""
+
+    def __init__(self, dim: int):
+        self.dim = dim
+        self.n = 0
+        self.cap = 0
+        self.gen: str | None = None
+        self.uid = np.zeros(0, np.int64)
+        self.epos = np.zeros(0, np.int64)
+        self.alive = np.zeros(0, bool)
+        self.has_vec = np.zeros(0, bool)
+        self.V = np.zeros((0, dim), np.float32)
+        self.speaker: list[str | None] = []
+        self.anchor: list[str | None] = []
+        self.hash: list[str] = []
+        self.upos: dict[int, int] = {}
+        # entities
+        self.ne = 0
+        self.eid_pos: dict[int, int] = {}
+        self.entity_id: list[str] = []
+        self.ecls: list[str] = []
+        self.e_alive = np.zeros(0, bool)
+        self.t_from = np.zeros(0)
+        self.t_to = np.zeros(0)
+        self.t_rec = np.zeros(0)
+        self.is_turn = np.zeros(0, bool)
+
+    def _grow(self, need: int) -> None:
+        if need <= self.cap:
+            return
+        cap = max(need, 2 * self.cap, 1024)
+        for name, fill in (("uid", 0), ("epos", 0), ("alive", False), ("has_vec", False), ("is_turn", False)):
+            old = getattr(self, name)
+            new = np.full(cap, fill, dtype=old.dtype)
+            new[:len(old)] = old
+            setattr(self, name, new)
+        V = np.zeros((cap, self.dim), np.float32)
+        V[:self.V.shape[0]] = self.V
+        self.V = V
+        self.cap = cap
+
+    def _grow_entities(self, need: int) -> None:
+        if need <= len(self.e_alive):
+            return
+        cap = max(need, 2 * len(self.e_alive), 256)
+        for name, fill in (("e_alive", False), ("t_from", np.nan), ("t_to", np.nan), ("t_rec", np.nan)):
+            old = getattr(self, name)
+            new = np.full(cap, fill, dtype=old.dtype)
+            new[:len(old)] = old
+            setattr(self, name, new)
+
+    def load_entities(self, db, eids: list[int] | None) -> None:
+        q = "select eid, entity_id, cls, t_from, t_to, t_rec from files"
+        rows = db.execute(q).fetchall() if eids is None else [
+            r for chunk in _chunks(eids) for r in db.execute(q + f" where eid in ({','.join('?' * len(chunk))})", chunk)]
+        for eid, entity_id, cls, tf, tt, tr in rows:
+            pos = self.eid_pos.get(eid)
+            if pos is None:
+                pos = self.ne
+                self._grow_entities(pos + 1)
+                self.eid_pos[eid] = pos
+                self.entity_id.append(entity_id)
+                self.ecls.append(cls)
+                self.ne += 1
+            self.e_alive[pos] = True
+            self.t_from[pos] = np.nan if tf is None else tf
+            self.t_to[pos] = np.nan if tt is None else tt
+            self.t_rec[pos] = np.nan if tr is None else tr
+
+    def drop_entities(self, eids: list[int]) -> None:
+        for eid in eids:
+            pos = self.eid_pos.get(eid)
+            if pos is not None:
+                self.e_alive[pos] = False
+
+    def add_units(self, db, uids: list[int] | None) -> None:
+        q = ("select u.uid, u.eid, u.anchor, u.speaker, u.dense_hash, v.vec from units u "
+             "left join vectors v on v.dense_hash = u.dense_hash")
+        rows = db.execute(q + " order by u.uid").fetchall() if uids is None else [
+            r for chunk in _chunks(sorted(uids)) for r in db.execute(
+                q + f" where u.uid in ({','.join('?' * len(chunk))})", chunk)]
+        self._grow(self.n + len(rows))
+        for uid, eid, anchor, speaker, h, vec in rows:
+            if uid in self.upos or eid not in self.eid_pos:
+                continue
+            p = self.n
+            self.n += 1
+            self.upos[uid] = p
+            self.uid[p] = uid
+            self.epos[p] = self.eid_pos[eid]
+            self.alive[p] = True
+            self.is_turn[p] = anchor is not None and speaker is not None
+            self.speaker.append(_units.norm_title(speaker) if speaker else None)
+            self.anchor.append(anchor)
+            self.hash.append(h)
+            if vec is not None and len(vec) == 4 * self.dim:
+                self.V[p] = np.frombuffer(vec, np.float32)
+                self.has_vec[p] = True
+
+    def remove_units(self, uids) -> None:
+        for uid in uids:
+            p = self.upos.pop(uid, None)
+            if p is not None:
+                self.alive[p] = False
+
+    def fill_vectors(self, db) -> None:
+        """Load vectors for alive units that have none yet (after embedding caught up)."""
+        need = np.nonzero(self.alive[:self.n] & ~self.has_vec[:self.n])[0]
+        if not len(need):
+            return
+        by_hash: dict[str, list[int]] = {}
+        for p in need:
+            by_hash.setdefault(self.hash[p], []).append(int(p))
+        hashes = list(by_hash)
+        for chunk in _chunks(hashes):
+            for h, vec in db.execute(f"select dense_hash, vec from vectors where dense_hash in "
+                                     f"({','.join('?' * len(chunk))})", chunk):
+                if len(vec) == 4 * self.dim:
+                    for p in by_hash[h]:
+                        self.V[p] = np.frombuffer(vec, np.float32)
+                        self.has_vec[p] = True
+
+    def dense_ready(self) -> bool:
+        n = self.n
+        return bool(n) and bool(np.all(self.has_vec[:n] | ~self.alive[:n]))
+
+
+def _chunks(items, size: int = 900):
+    items = list(items)
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def minmax(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Scale x to [0, 1] over the masked candidates (0 elsewhere); a constant channel contributes nothing."""
+    if not mask.any():
+        return np.zeros_like(x)
+    lo, hi = x[mask].min(), x[mask].max()
+    if hi <= lo:
+        return np.zeros_like(x)
+    return np.where(mask, (x - lo) / (hi - lo), 0.0)
+
+
+def ranks_of(x: np.ndarray, mask: np.ndarray, positions) -> list[int]:
+    """1-based rank of each position among the masked candidates by x (ties share the better rank)."""
+    xs = x[mask]
+    return [int((xs > x[p]).sum()) + 1 for p in positions]
+
+
+@dataclass(frozen=True)
+class Channel:
+    name: str
+    scores: np.ndarray  # raw scores over all unit positions (0 where the channel has nothing)
+    present: np.ndarray  # bool: the channel found the unit at all
+
+
+def fuse(channels: list[Channel], mask: np.ndarray, fusion: str) -> np.ndarray:
+    """Weighted sum of min-max normalised channels (default), or reciprocal rank fusion."""
+    total = np.zeros(len(mask))
+    for ch in channels:
+        cand = mask & ch.present
+        if not cand.any():
+            continue
+        if fusion == "rrf":
+            order = np.argsort(-np.where(cand, ch.scores, -np.inf), kind="stable")
+            r = np.empty(len(mask))
+            r[order] = np.arange(1, len(mask) + 1)
+            total += np.where(cand, 1.0 / (RRF_K + r), 0.0)
+        else:
+            total += minmax(np.where(cand, ch.scores, 0.0), mask)
+    return total
+
+
+def top_k(score: np.ndarray, mask: np.ndarray, k: int) -> list[int]:
+    cand = np.nonzero(mask)[0]
+    if not len(cand):
+        return []
+    s = score[cand]
+    if len(cand) > k:
+        part = np.argpartition(-s, k - 1)[:k]
+    else:
+        part = np.arange(len(cand))
+    part = part[np.lexsort((cand[part], -s[part]))]
+    return [int(cand[i]) for i in part]
+
+
+def isfinite_or_none(x: float) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x

@@ -1,0 +1,394 @@
+"""`SearchIndex`: hybrid search over an SMF store that never drifts from its files.
+
+`Memory.search / reindex / doctor` delegate here. Every query first brings
+the index up to date with the files (see _db.sync), then ranks units with
+the channels of _rank, then (with `expand`) adds the link neighbourhood.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from hutch._core.errors import ConfigError, SearchIndexError
+from hutch.memory._index import _rank, _units
+from hutch.memory._index._db import IndexDB, SyncStats
+from hutch.memory._index._embed import default_provider
+
+_FUSIONS = ("weighted", "rrf")
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result: an entity (and for a conversation turn, the turn's anchor), its fused score,
+    and what each channel said about it: `channels[name] = {"rank": r, "score": s}` (graph hits from
+    `expand` carry `{"hops": n, "via": "<entity> -[rel]-> <entity>"}`)."""
+
+    entity_id: str
+    score: float
+    channels: Mapping[str, Mapping[str, Any]]
+    anchor: str | None = None
+    _store: Any = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def entity(self):
+        """The entity, read from its file (hutch.Entity)."""
+        return self._store.get(self.entity_id)
+
+    @property
+    def text(self) -> str:
+        """The hit's text: the turn for an anchored hit, else the entity's body."""
+        e = self.entity
+        if self.anchor:
+            return e.section(self.anchor) or ""
+        return e.body
+
+    def __repr__(self) -> str:
+        at = f"#{self.anchor}" if self.anchor else ""
+        return f"Hit({self.entity_id}{at}, score={self.score:.3f}, channels={sorted(self.channels)})"
+
+
+@dataclass(frozen=True)
+class IndexReport:
+    """The exact state of a store's index (from doctor() or reindex())."""
+
+    path: Path
+    ok: bool
+    entities: int
+    units: int
+    vectors: int
+    pending_vectors: int
+    model: str
+    model_revision: str
+    dim: int
+    space_changed_from: str | None
+    stale: tuple[str, ...]  # entity ids whose file differs from what the index holds
+    missing: tuple[str, ...]  # files not in the index
+    extra: tuple[str, ...]  # index entries whose file is gone
+    unreadable: tuple[str, ...]  # files indexed as plain text because their front matter is malformed
+    recovered: tuple[str, ...]  # when and why the index file was discarded and rebuilt
+    seconds: float = 0.0
+
+    def lines(self) -> list[str]:
+        """Human-readable report, one fact per line."""
+        out = [f"index: {self.path}",
+               f"state: {'ok' if self.ok else 'NOT OK'}",
+               f"entities: {self.entities}  units: {self.units}",
+               f"model: {self.model} rev {self.model_revision} dim {self.dim}",
+               f"vectors: {self.vectors}  pending: {self.pending_vectors}"
+               + ("  (dense channel off until done; run `hutch mem reindex`)" if self.pending_vectors else "")]
+        if self.space_changed_from:
+            out.append(f"vector space replaced; previous model: {self.space_changed_from}")
+        for name in ("stale", "missing", "extra", "unreadable"):
+            items = getattr(self, name)
+            if items:
+                out.append(f"{name}: {len(items)}: " + ", ".join(items[:10]) + (" ..." if len(items) > 10 else ""))
+        for r in self.recovered:
+            out.append(f"recovered: {r}")
+        return out
+
+
+class SearchIndex:
+    """The search index of one store. `provider` embeds texts (default: the local MiniLM model)."""
+
+    def __init__(self, store: Any, provider: Any = None):
+        self.store = store
+        self.root = Path(store.root)
+        self.provider = provider or default_provider()
+        self.idx = IndexDB(self.root, self.provider)
+        self.snap: _rank.Snapshot | None = None
+        self.last_sync: SyncStats | None = None
+
+    # ------------------------------------------------------------ keeping fresh
+
+    def refresh(self, *, embed_budget: float | None = 5.0) -> SyncStats:
+        """Bring index and snapshot up to date with the files (cheap when nothing changed)."""
+        for attempt in (1, 2):
+            try:
+                return self._refresh(embed_budget)
+            except sqlite3.DatabaseError as e:
+                if attempt == 2:
+                    raise SearchIndexError(f"The search index {self.idx.path} cannot be used ({e}): delete the "
+                                           "file and run `hutch mem reindex`.") from e
+                self.idx.recover(e)
+                self.snap = None
+        raise AssertionError("unreachable")
+
+    def _refresh(self, embed_budget):
+        self.idx.open()
+        before = self.idx.generation()
+        stale_snapshot = self.snap is None or self.snap.gen != before
+        stats, removed, added = self.idx.sync(embed_budget=embed_budget)
+        db = self.idx.db
+        if stale_snapshot:
+            snap = _rank.Snapshot(int(self.provider.dim))
+            snap.load_entities(db, None)
+            snap.add_units(db, None)
+            self.snap = snap
+        elif stats.changed:
+            snap = self.snap
+            snap.remove_units(removed)
+            if stats.removed:
+                dead = set(stats.removed)
+                for pos, entity_id in enumerate(snap.entity_id):
+                    if entity_id in dead:
+                        snap.e_alive[pos] = False
+            ids = stats.reindexed
+            eids = [r[0] for chunk in _rank._chunks(ids) for r in db.execute(
+                f"select eid from files where entity_id in ({','.join('?' * len(chunk))})", chunk)]
+            snap.load_entities(db, eids)
+            snap.add_units(db, sorted(added))
+            if stats.embedded:
+                snap.fill_vectors(db)
+        self.snap.gen = self.idx.generation()
+        self.last_sync = stats
+        return stats
+
+    # ------------------------------------------------------------ search
+
+    def search(self, query: str, *, k: int = 10, classes: Iterable[str] | str | None = None,
+               since: Any = None, until: Any = None, as_of: Any = None, expand: int = 0,
+               fusion: str = "weighted") -> list[Hit]:
+        """Hybrid search; see Memory.search."""
+        if not isinstance(query, str) or not query.strip():
+            raise ConfigError("search() needs a non-empty query string, e.g. mem.search('customer churn').")
+        if not isinstance(k, int) or k < 1:
+            raise ConfigError(f"k={k!r} is not a positive integer: ask for at least one hit, e.g. k=10.")
+        if not isinstance(expand, int) or not 0 <= expand <= 3:
+            raise ConfigError(f"expand={expand!r} must be 0..3 (hops over links from each hit).")
+        if fusion not in _FUSIONS:
+            raise ConfigError(f"fusion={fusion!r} is unknown: use one of {', '.join(_FUSIONS)}.")
+        if isinstance(classes, str):
+            classes = [classes]
+        since_t = _units.epoch_of(since, "since")
+        until_t = _units.epoch_of(until, "until")
+        as_of_t = _units.epoch_of(as_of, "as_of")
+        self.refresh()
+        try:
+            return self._search(query, k, classes, since_t, until_t, as_of_t, expand, fusion)
+        except sqlite3.DatabaseError as e:
+            self.idx.recover(e)
+            self.snap = None
+            self.refresh()
+            return self._search(query, k, classes, since_t, until_t, as_of_t, expand, fusion)
+
+    def _mask(self, classes, since_t, until_t, as_of_t) -> np.ndarray:
+        s = self.snap
+        n = s.n
+        mask = s.alive[:n].copy()
+        ep = s.epos[:n]
+        mask &= s.e_alive[:s.ne][ep] if s.ne else False
+        if classes is not None:
+            wanted = set(classes)
+            ok = np.array([c in wanted for c in s.ecls], bool)
+            mask &= ok[ep]
+        if as_of_t is not None:
+            tf, tt = s.t_from[:s.ne][ep], s.t_to[:s.ne][ep]
+            mask &= (np.isnan(tf) | (tf <= as_of_t)) & (np.isnan(tt) | (as_of_t < tt))
+        if since_t is not None or until_t is not None:
+            # a unit's time is its entity's valid_from (else recorded_at, else created); none -> filtered out
+            tr = s.t_rec[:s.ne][ep]
+            ok = ~np.isnan(tr)
+            if since_t is not None:
+                ok &= np.nan_to_num(tr, nan=-np.inf) >= since_t
+            if until_t is not None:
+                ok &= np.nan_to_num(tr, nan=np.inf) <= until_t
+            mask &= ok
+        return mask
+
+    def _search(self, query, k, classes, since_t, until_t, as_of_t, expand, fusion) -> list[Hit]:
+        s = self.snap
+        db = self.idx.db
+        n = s.n
+        if n == 0:
+            return []
+        mask = self._mask(classes, since_t, until_t, as_of_t)
+        if not mask.any():
+            return []
+        channels: list[_rank.Channel] = []
+        upos, eidpos = s.upos, s.eid_pos
+        fq = _units.fts_query(query)
+        # lexical, per unit
+        lex = np.zeros(n)
+        if fq:
+            for uid, score in db.execute(
+                    f"select rowid, -bm25(units_fts, 1.0, {_rank.CONTEXT_WEIGHT}) from units_fts "
+                    f"where units_fts match ? order by rank limit {_rank.LEXICAL_LIMIT}", (fq,)):
+                p = upos.get(uid)
+                if p is not None:
+                    lex[p] = score
+        channels.append(_rank.Channel("bm25", lex, lex > 0))
+        # mentions: entities named in the question
+        mentioned, titles = self._mentions(query)
+        # dense, per unit
+        dense_on = s.dense_ready()
+        dense = np.zeros(n)
+        if dense_on:
+            qtext = _units.strip_mentions(query, titles) if titles else query
+            qv = self.provider.embed([qtext])[0].astype(np.float32)
+            dense = s.V[:n] @ qv
+            channels.append(_rank.Channel("dense", dense.astype(np.float64), mask.copy()))
+        # entity level: BM25 over the whole entity + its best unit's dense score
+        ne = s.ne
+        ent = np.zeros(ne)
+        if fq:
+            elex = np.zeros(ne)
+            for eid, score in db.execute(
+                    f"select rowid, -bm25(ent_fts) from ent_fts where ent_fts match ? order by rank "
+                    f"limit {_rank.LEXICAL_LIMIT}", (fq,)):
+                p = eidpos.get(eid)
+                if p is not None:
+                    elex[p] = score
+            emask = np.zeros(ne, bool)
+            emask[s.epos[:n][mask]] = True
+            ent += _rank.minmax(elex, emask)
+        if dense_on:
+            edense = np.full(ne, -1.0)
+            np.maximum.at(edense, s.epos[:n][mask], dense[mask])
+            emask = edense > -1.0
+            ent += _rank.minmax(np.where(emask, edense, 0.0), emask)
+        unit_ent = ent[s.epos[:n]]
+        channels.append(_rank.Channel("entity", unit_ent, unit_ent > 0))
+        if mentioned:
+            boost = self._mention_units(mentioned, titles)
+            hit = boost & mask
+            if 0 < hit.sum() < mask.sum():
+                channels.append(_rank.Channel("mention", boost.astype(np.float64), boost))
+        window = _units.time_window(query)
+        if window is not None:
+            tr = s.t_rec[:ne][s.epos[:n]]
+            tin = (tr >= window[0]) & (tr < window[1])
+            if 0 < (tin & mask).sum() < mask.sum():
+                channels.append(_rank.Channel("time", tin.astype(np.float64), tin))
+        score = _rank.fuse(channels, mask, fusion)
+        top = _rank.top_k(score, mask, k)
+        hits = []
+        for p in top:
+            chans = {}
+            for ch in channels:
+                if ch.present[p] and mask[p]:
+                    cand = mask & ch.present
+                    chans[ch.name] = MappingProxyType({
+                        "rank": _rank.ranks_of(ch.scores, cand, [p])[0], "score": round(float(ch.scores[p]), 6)})
+            hits.append(Hit(s.entity_id[s.epos[p]], round(float(score[p]), 6), MappingProxyType(chans),
+                            s.anchor[p], self.store))
+        if expand:
+            hits += self._expand(hits, expand, mask, classes)
+        return hits
+
+    def _mentions(self, query: str) -> tuple[set[str], list[str]]:
+        grams = _units.ngrams(query)
+        if not grams:
+            return set(), []
+        rows = self.idx.db.execute(
+            f"select t.norm, f.entity_id from titles t join files f on f.eid = t.eid "
+            f"where t.norm in ({','.join('?' * len(grams))})", grams).fetchall()
+        return {r[1] for r in rows}, sorted({r[0] for r in rows})
+
+    def _mention_units(self, mentioned: set[str], titles: list[str]) -> np.ndarray:
+        """Units related to a mentioned entity: turns spoken by it; other units that are it or link to/from it."""
+        s = self.snap
+        n = s.n
+        names = set(titles)
+        related = set(mentioned)
+        ids = list(mentioned)
+        for chunk in _rank._chunks(ids):
+            q = ",".join("?" * len(chunk))
+            related.update(r[0] for r in self.idx.db.execute(f"select src from links where dst in ({q})", chunk))
+            related.update(r[0] for r in self.idx.db.execute(f"select dst from links where src in ({q})", chunk))
+        ent_ok = np.array([e in related for e in s.entity_id], bool) if s.ne else np.zeros(0, bool)
+        spoke = np.array([sp in names if sp else False for sp in s.speaker], bool)
+        turn = s.is_turn[:n]
+        return np.where(turn, spoke, ent_ok[s.epos[:n]])
+
+    def _expand(self, hits: list[Hit], hops: int, mask: np.ndarray, classes) -> list[Hit]:
+        """Entities linked (either direction) to the hits, up to `hops` away, scored down by distance."""
+        seen = {h.entity_id for h in hits}
+        frontier = [(h.entity_id, h.score) for h in hits]
+        wanted = set(classes) if classes else None
+        out: list[Hit] = []
+        db = self.idx.db
+        for hop in range(1, hops + 1):
+            nxt = []
+            for src, base in frontier:
+                rows = [(src, rel, dst) for rel, dst in db.execute("select rel, dst from links where src=?", (src,))]
+                rows += [(s_, rel, src) for s_, rel in db.execute("select src, rel from links where dst=?", (src,))]
+                for a, rel, b in rows:
+                    other = b if a == src else a
+                    if other in seen or not (self.root / f"{other}.md").is_file():
+                        continue
+                    if wanted and other.split("/", 1)[0] not in wanted:
+                        continue
+                    seen.add(other)
+                    sc = round(base * 0.5 ** hop, 6)
+                    out.append(Hit(other, sc, MappingProxyType({"graph": MappingProxyType(
+                        {"hops": hop, "via": f"{a} -[{rel}]-> {b}"})}), None, self.store))
+                    nxt.append((other, sc))
+            frontier = nxt
+        return out
+
+    # ------------------------------------------------------------ maintenance
+
+    def reindex(self, *, full: bool = False) -> IndexReport:
+        """Bring the index fully up to date, embedding everything pending. `full=True` starts from an empty file."""
+        if full:
+            self.idx._discard("reindex(full=True) was asked for")
+            self.idx.recovered.pop()
+            self.snap = None
+        self.refresh(embed_budget=None)
+        return self.doctor()
+
+    def doctor(self) -> IndexReport:
+        """Verify the index against the files without changing either: every file's stat and, where they
+        differ, its hash; the model identity; vectors pending. (An unreadable index file is rebuilt first.)"""
+        t0 = time.perf_counter()
+        try:
+            self.idx.open()
+            db = self.idx.db
+            files, linkdirs = self.idx.scan()
+            rows = {r[0]: r[1:] for r in db.execute("select entity_id, mtime_ns, size, hash, linkstamp, error from files")}
+        except sqlite3.DatabaseError as e:
+            self.idx.recover(e)
+            self.snap = None
+            return self.doctor()
+        import hashlib
+
+        stale, missing = [], []
+        for entity_id, (path, mtime, size) in sorted(files.items()):
+            row = rows.get(entity_id)
+            if row is None:
+                missing.append(entity_id)
+                continue
+            if (row[0], row[1]) != (mtime, size):
+                try:
+                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                except OSError:
+                    digest = None
+                if digest != row[2]:
+                    stale.append(entity_id)
+                    continue
+            ls = linkdirs[entity_id][1] if entity_id in linkdirs else None
+            if ls != row[3]:
+                stale.append(entity_id)
+        extra = sorted(e for e in rows if e not in files)
+        unreadable = sorted(e for e, r in rows.items() if r[4])
+        name, rev, dim = self.idx.model_identity()
+        units = db.execute("select count(*) from units").fetchone()[0]
+        vectors = db.execute("select count(*) from vectors").fetchone()[0]
+        pending = db.execute("select count(distinct u.dense_hash) from units u left join vectors v "
+                             "on v.dense_hash = u.dense_hash where v.dense_hash is null").fetchone()[0]
+        ok = not (stale or missing or extra or pending)
+        return IndexReport(self.idx.path, ok, len(rows), units, vectors, pending, name, rev, dim,
+                           self.idx.meta("space_changed_from"), tuple(stale), tuple(missing), tuple(extra),
+                           tuple(unreadable), tuple(self.idx.recovered), time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self.idx.close()
+        self.snap = None

@@ -1,0 +1,195 @@
+"""Pure logic of the index: what an entity file is indexed as, and how a query is read.
+
+No I/O here. An entity becomes one or more *units* (the things a hit points
+at): a conversation (an entity whose level-3 headings are turns,
+`### D1:3 · Caroline`) gives one unit per turn, anchored by its dia_id, and
+indexed with its context (the neighbouring turns, the speaker, the session's
+time); any other entity is one unit, its title and body.
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from hutch.memory import _format
+
+_TURN_RE = re.compile(r"^(\S+:\S+)\s+·\s+(.+)$")
+_IMAGE_RE = re.compile(r"^>\s*\[image:\s*(.*?)\]\s*$", re.M)
+_WORD_RE = re.compile(r"[^\W_]+", re.U)
+
+# English function words: dropped from lexical queries so that "what did she do" does not match everything.
+STOPWORDS = frozenset("""
+a an the and or but if of at by for with about against between into through during before after above below to from
+up down in out on off over under again further then once here there when where why how all any both each few more most
+other some such no nor not only own same so than too very s t can will just don should now i me my myself we our ours
+ourselves you your yours yourself yourselves he him his himself she her hers herself it its itself they them their
+theirs themselves what which who whom this that these those am is are was were be been being have has had having do
+does did doing would could
+""".split())
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One searchable piece of an entity: the whole entity (anchor None) or one turn of a conversation."""
+
+    anchor: str | None
+    body: str  # lexical text (weight 1)
+    context: str  # lexical context: neighbouring turns (lower weight)
+    dense: str  # what is embedded
+    speaker: str | None
+
+    @property
+    def dense_hash(self) -> str:
+        return hashlib.sha256(self.dense.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def _turn_text(section: str) -> tuple[str, str]:
+    """(plain text, image caption) of a turn section."""
+    caps = _IMAGE_RE.findall(section)
+    text = _IMAGE_RE.sub("", section).strip()
+    return text, " ".join(c.strip() for c in caps if c.strip())
+
+
+def units_of(meta: dict[str, Any], body: str, title: str) -> tuple[list[Unit], str]:
+    """The units of an entity and its entity-level lexical text."""
+    turns = []
+    hs = _format.headings(body)
+    for n, (off, level, text, content) in enumerate(hs):
+        m = _TURN_RE.match(text) if level == 3 else None
+        if m:
+            end = hs[n + 1][0] if n + 1 < len(hs) else len(body)
+            turns.append((m.group(1), m.group(2).strip(), body[content:end]))
+    if not turns:
+        full = f"{title}\n{body}".strip()
+        return [Unit(None, full, _tags(meta), full, None)], full
+    rendered = []
+    for anchor, speaker, section in turns:
+        text, cap = _turn_text(section)
+        line = f"{speaker}: {text}" + (f" [image: {cap}]" if cap else "")
+        rendered.append((anchor, speaker, line))
+    units = []
+    for i, (anchor, speaker, line) in enumerate(rendered):
+        prev = rendered[i - 1][2] if i > 0 else ""
+        nxt = rendered[i + 1][2] if i + 1 < len(rendered) else ""
+        # The previous turn is what a reply answers: it goes into the embedded text too.
+        dense = f"{prev}\n{line}" if prev else line
+        units.append(Unit(anchor, line, f"{prev} {nxt}".strip(), dense, speaker))
+    whole = title + "\n" + "\n".join(r[2] for r in rendered)
+    return units, whole
+
+
+def _tags(meta: dict[str, Any]) -> str:
+    tags = meta.get("tags") or []
+    return " ".join(str(t) for t in tags) if isinstance(tags, list) else str(tags)
+
+
+# ------------------------------------------------------------------ time
+
+def to_epoch(value: Any) -> float | None:
+    """Seconds since the epoch of an ISO date/date-time (UTC if no zone); None if absent or unreadable."""
+    if value is None or value == "":
+        return None
+    try:
+        dt = _format.parse_time(value)
+    except Exception:  # a hand-edited bad date must not break indexing; check() reports it
+        return None
+    return dt.timestamp() if dt else None
+
+
+def epoch_of(value: Any, what: str) -> float | None:
+    """Like to_epoch, but a value the caller gave must parse (ConfigError naming the fix otherwise)."""
+    if value is None:
+        return None
+    return _format.parse_time(value, what).timestamp()
+
+
+_MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_name) if m}
+_MONTHS.update({m.lower(): i for i, m in enumerate(calendar.month_abbr) if m})
+_DATE_RE = re.compile(
+    r"\b(?:(\d{4})-(\d{2})-(\d{2})"
+    r"|(\d{1,2})\s+(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?,?\s+(\d{4})"
+    r"|(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?\s+(\d{1,2},\s+)?(\d{4})"
+    r"|(?:in|during|of)\s+(\d{4}))\b", re.I)
+
+
+def time_window(query: str) -> tuple[float, float] | None:
+    """The time span an explicit date in the question names ("in May 2023", "on 8 May, 2023", "2023-05-08").
+
+    Relative expressions ("last week") are not read: they need a reference
+    time the question does not carry.
+    """
+    m = _DATE_RE.search(query)
+    if not m:
+        return None
+    g = m.groups()
+    if g[0]:
+        y, mo, d = int(g[0]), int(g[1]), int(g[2])
+        start = datetime(y, mo, d, tzinfo=timezone.utc)
+        return start.timestamp(), start.timestamp() + 86400
+    if g[3]:
+        y, mo, d = int(g[5]), _MONTHS[g[4].lower()], int(g[3])
+        start = datetime(y, mo, min(d, 28), tzinfo=timezone.utc).replace(day=d) if d <= 31 else None
+        if start is None:
+            return None
+        return start.timestamp(), start.timestamp() + 86400
+    if g[6]:
+        y, mo = int(g[8]), _MONTHS[g[6].lower()]
+        if g[7]:
+            d = int(g[7].rstrip(", \t"))
+            start = datetime(y, mo, max(1, min(d, calendar.monthrange(y, mo)[1])), tzinfo=timezone.utc)
+            return start.timestamp(), start.timestamp() + 86400
+        start = datetime(y, mo, 1, tzinfo=timezone.utc)
+        end = datetime(y + (mo == 12), mo % 12 + 1, 1, tzinfo=timezone.utc)
+        return start.timestamp(), end.timestamp()
+    y = int(g[9])
+    if not 1900 <= y <= 2200:
+        return None
+    return datetime(y, 1, 1, tzinfo=timezone.utc).timestamp(), datetime(y + 1, 1, 1, tzinfo=timezone.utc).timestamp()
+
+
+# ------------------------------------------------------------------ queries
+
+def terms(query: str) -> list[str]:
+    """Lower-cased content words of a query, in order, without duplicates."""
+    seen: dict[str, None] = {}
+    for t in _WORD_RE.findall(query.lower()):
+        if t not in STOPWORDS:
+            seen.setdefault(t, None)
+    return list(seen)
+
+
+def fts_query(query: str) -> str | None:
+    """An FTS5 MATCH expression: any of the content words (BM25 ranks by how many and how rare)."""
+    ts = terms(query)
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in ts) if ts else None
+
+
+def norm_title(title: str) -> str:
+    return " ".join(_WORD_RE.findall(title.lower()))
+
+
+def ngrams(query: str, n: int = 4) -> list[str]:
+    """Word n-grams (1..n) of the query, normalised like titles: the candidates for entity mentions."""
+    words = _WORD_RE.findall(query.lower())
+    out = []
+    for size in range(1, n + 1):
+        for i in range(len(words) - size + 1):
+            gram = words[i:i + size]
+            if size == 1 and (gram[0] in STOPWORDS or len(gram[0]) < 3):
+                continue
+            out.append(" ".join(gram))
+    return out
+
+
+def strip_mentions(query: str, titles: list[str]) -> str:
+    """The query without the named entities (the mention channel covers them; the dense one then sees the topic)."""
+    out = query
+    for t in sorted(titles, key=len, reverse=True):
+        out = re.sub(r"\b" + r"\W+".join(map(re.escape, t.split())) + r"(?:'s)?\b", " ", out, flags=re.I)
+    out = re.sub(r"\s+", " ", out).strip()
+    return out if terms(out) else query
