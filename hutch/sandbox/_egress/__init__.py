@@ -4,6 +4,7 @@ The daemon uses only `Gateway` (start, attach, set_policy, log, detach, stop);
 see _gateway.py for the interface and docs/egress.md for the design.
 """
 
+from hutch.sandbox._egress._daemon import DaemonAttacher, daemon_attacher
 from hutch.sandbox._egress._gateway import Attachment, Decision, Gateway
 
-__all__ = ["Attachment", "Decision", "Gateway"]
+__all__ = ["Attachment", "DaemonAttacher", "Decision", "Gateway", "daemon_attacher"]

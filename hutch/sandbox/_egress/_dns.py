@@ -196,7 +196,8 @@ class Resolver:
             reply.add_answer(RR(qn.qname, QTYPE.A, ttl=ttl, rdata=A(a)))
         return reply.pack()
 
-    async def start(self, host: str, port: int, sock_factory) -> None:
+    async def start(self, socks: tuple[socket.socket, socket.socket]) -> None:
+        """Serve on a bound UDP socket and a bound TCP socket."""
         loop = asyncio.get_running_loop()
         resolver = self
 
@@ -214,7 +215,7 @@ class Resolver:
                         out = DNSRecord.parse(out).truncate().pack()
                     self.t.sendto(out, addr)
 
-        udp_sock = sock_factory(socket.SOCK_DGRAM, host, port)
+        udp_sock, tcp_sock = socks
         self._udp, _ = await loop.create_datagram_endpoint(_U, sock=udp_sock)
 
         async def _tcp(reader, writer):
@@ -232,7 +233,6 @@ class Resolver:
             finally:
                 writer.close()
 
-        tcp_sock = sock_factory(socket.SOCK_STREAM, host, port)
         self._tcp = await asyncio.start_server(_tcp, sock=tcp_sock)
 
     async def stop(self) -> None:

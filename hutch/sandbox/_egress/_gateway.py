@@ -39,6 +39,7 @@ from hutch.sandbox._spec import Network
 DEFAULT_SUBNET = "198.18.0.0/16"
 DEFAULT_PROXY_PORT = 15001
 DEFAULT_DNS_PORT = 53
+FALLBACK_DNS_PORT = 15053
 DEFAULT_TABLE = "hutch_egress"
 LOG_LIMIT = 10000
 
@@ -172,13 +173,28 @@ class Gateway:
         # sockets stay bound to the namespace they were opened in
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hutch-egress",
                                         initializer=_netns._setns, initargs=(host_fd,))
+        dns_socks, proxy_sock = (), None
         try:
+            # bind first: if the DNS port is taken on this host, fall back to another one,
+            # which the host rules then redirect port 53 to
+            try:
+                dns_socks = self._bind_pair(self.dns_port)
+            except OSError:
+                if self.dns_port != DEFAULT_DNS_PORT:
+                    raise
+                self.dns_port = FALLBACK_DNS_PORT
+                dns_socks = self._bind_pair(self.dns_port)
+            self._plumber.dns_port = self.dns_port
+            proxy_sock = self._listen_socket(socket.SOCK_STREAM, self.gateway_address, self.proxy_port)
             await loop.run_in_executor(self._pool, self._plumber.setup, host_fd)
             addrs = await loop.run_in_executor(self._pool, self._plumber.host_addresses)
             self._rules.set_host_addresses(addrs)
-            await self._resolver.start(self.gateway_address, self.dns_port, self._listen_socket)
-            await self._proxy.start(self._listen_socket(socket.SOCK_STREAM, self.gateway_address, self.proxy_port))
+            await self._resolver.start(dns_socks)
+            await self._proxy.start(proxy_sock)
         except BaseException:
+            for s in (*dns_socks, proxy_sock):
+                if s is not None:
+                    s.close()
             await self._teardown()
             raise
         self._started = True
@@ -209,6 +225,14 @@ class Gateway:
 
     async def __aexit__(self, *exc):
         await self.stop()
+
+    def _bind_pair(self, port: int) -> tuple[socket.socket, socket.socket]:
+        u = self._listen_socket(socket.SOCK_DGRAM, self.gateway_address, port)
+        try:
+            return u, self._listen_socket(socket.SOCK_STREAM, self.gateway_address, port)
+        except OSError:
+            u.close()
+            raise
 
     def _listen_socket(self, kind: int, host: str, port: int) -> socket.socket:
         s = socket.socket(socket.AF_INET, kind)
@@ -311,7 +335,7 @@ class Gateway:
     async def _plumb(self, sb: _Sandbox) -> None:
         i = self._alloc()
         addr = str(self._subnet.network_address + i)
-        link = _netns.link_name(self._prefix, i)
+        link = _netns.link_name(self._prefix, addr)
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._pool, self._plumber.add, link, addr, sb.netns_fd)

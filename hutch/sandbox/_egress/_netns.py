@@ -92,30 +92,32 @@ table inet {SANDBOX_TABLE} {{
 """
 
 
-def host_ruleset(table: str, gw: str, subnet: str, dns_port: int, proxy_port: int, prefix: str) -> str:
+def host_ruleset(table: str, gw: str, subnet: str, dns_port: int, proxy_port: int) -> str:
+    # Rules match this gateway's own links (set `links`), so two gateways in one netns keep apart.
     # TCP to the host's own addresses and to other sandboxes is never redirected: it falls
-    # to the input/forward chains below and is dropped before any socket sees it
+    # to the input/forward chains below and is dropped before any socket sees it.
     dns_redirect = ""
     if dns_port != 53:
-        dns_redirect = (f'    iifname "{prefix}*" ip daddr {gw} udp dport 53 redirect to :{dns_port}\n'
-                        f'    iifname "{prefix}*" ip daddr {gw} tcp dport 53 redirect to :{dns_port}\n')
+        dns_redirect = (f'    iifname @links ip daddr {gw} udp dport 53 redirect to :{dns_port}\n'
+                        f'    iifname @links ip daddr {gw} tcp dport 53 redirect to :{dns_port}\n')
     return f"""
 table inet {table}
 delete table inet {table}
 table inet {table} {{
+  set links {{ type ifname; }}
   set members {{ type ifname . ipv4_addr; }}
   chain pre_raw {{
     type filter hook prerouting priority raw; policy accept;
-    iifname "{prefix}*" meta nfproto != ipv4 drop
-    iifname "{prefix}*" iifname . ip saddr != @members drop
+    iifname @links meta nfproto != ipv4 drop
+    iifname @links iifname . ip saddr != @members drop
   }}
   chain pre_nat {{
     type nat hook prerouting priority dstnat; policy accept;
-{dns_redirect}    iifname "{prefix}*" ip daddr != {subnet} fib daddr type != local meta l4proto tcp redirect to :{proxy_port}
+{dns_redirect}    iifname @links ip daddr != {subnet} fib daddr type != local meta l4proto tcp redirect to :{proxy_port}
   }}
   chain input {{
     type filter hook input priority filter - 10; policy accept;
-    iifname "{prefix}*" jump from_sandbox
+    iifname @links jump from_sandbox
   }}
   chain from_sandbox {{
     ip daddr {gw} udp dport {dns_port} accept
@@ -124,13 +126,13 @@ table inet {table} {{
   }}
   chain forward {{
     type filter hook forward priority filter - 10; policy accept;
-    iifname "{prefix}*" drop
-    oifname "{prefix}*" drop
+    iifname @links drop
+    oifname @links drop
   }}
   chain output {{
     type filter hook output priority filter - 10; policy accept;
-    oifname "{prefix}*" ip saddr != {gw} drop
-    oifname "{prefix}*" meta l4proto != tcp meta l4proto != udp drop
+    oifname @links ip saddr != {gw} drop
+    oifname @links meta l4proto != tcp meta l4proto != udp drop
   }}
 }}
 """
@@ -173,7 +175,7 @@ class Plumber:
         self.ipr = IPRoute()
         self.nft = Nft()
         reaped = self.reap()
-        self.nft.run(host_ruleset(self.table, self.gw, self.subnet, self.dns_port, self.proxy_port, self.prefix))
+        self.nft.run(host_ruleset(self.table, self.gw, self.subnet, self.dns_port, self.proxy_port))
         return reaped
 
     def reap(self) -> list[str]:
@@ -221,6 +223,9 @@ class Plumber:
         """Create veth `name` (host) <-> eth0 (sandbox), addresses, routes, and both rule sets."""
         self._check_thread()
         ipr = self.ipr
+        # the host rules cover the link before it exists: no window in which it is unfiltered
+        self.nft.run(f'add element inet {self.table} links {{ "{name}" }}\n'
+                     f'add element inet {self.table} members {{ "{name}" . {addr} }}\n')
         try:
             # IPv6 off in the sandbox before its end of the veth exists, so it never gets an address
             with self._in_netns(netns_fd):
@@ -250,9 +255,9 @@ class Plumber:
                     n.run(sandbox_ruleset(self.gw))
                 finally:
                     n.close()
-            self.nft.run(f'add element inet {self.table} members {{ "{name}" . {addr} }}\n')
         except Exception as e:
             self._del_link(name)
+            self._del_elements(name, addr)
             if isinstance(e, SandboxError):
                 raise
             raise SandboxError(f"setting up the sandbox network ({name}, {addr}) failed: {e}") from e
@@ -261,11 +266,16 @@ class Plumber:
         """Remove the veth (its sandbox end goes with it), the anti-spoof element and conntrack entries."""
         self._check_thread()
         self._del_link(name)
-        try:
-            self.nft.run(f'delete element inet {self.table} members {{ "{name}" . {addr} }}\n')
-        except SandboxError:
-            pass
+        self._del_elements(name, addr)
         flush_conntrack(addr)
+
+    def _del_elements(self, name: str, addr: str) -> None:
+        for cmd in (f'delete element inet {self.table} members {{ "{name}" . {addr} }}',
+                    f'delete element inet {self.table} links {{ "{name}" }}'):
+            try:
+                self.nft.run(cmd + "\n")
+            except SandboxError:
+                pass
 
     def _del_link(self, name: str) -> None:
         try:
@@ -303,8 +313,9 @@ def flush_conntrack(addr: str) -> int:
     return n
 
 
-def link_name(prefix: str, index: int) -> str:
-    return f"{prefix}{index:x}"
+def link_name(prefix: str, addr: str) -> str:
+    """hv + the sandbox address in hex: unique per netns even with several gateways."""
+    return prefix + socket.inet_aton(addr).hex()
 
 
 def ip_in(addr: str, subnet: str) -> bool:

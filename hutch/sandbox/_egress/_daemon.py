@@ -1,0 +1,103 @@
+"""The daemon's side of the gateway: the NetworkAttacher that hutch.sandbox._daemon._network loads.
+
+The daemon calls `attach` for every sandbox (after its namespaces exist,
+before its command runs), `update` for `PUT /v1/sandboxes/{id}/network`,
+`log` for the decision log and `detach` when the sandbox has ended. A sandbox
+whose policy is `none` is only registered, so a later `update` can give it a
+network; it gets a veth only while its policy is not `none`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+
+from hutch._core.errors import NetworkPolicyError
+from hutch.sandbox._egress._gateway import Gateway
+from hutch.sandbox._spec import Network
+
+
+def write_resolv_conf(pid: int, nameserver: str) -> bool:
+    """Point the sandbox's /etc/resolv.conf at the gateway. False when its root does not allow it.
+
+    Opened relative to /proc/PID/root without following symlinks, so a hostile image
+    (say /etc/resolv.conf -> /etc/shadow) cannot make the host write its own files.
+    """
+    try:
+        etc = os.open(f"/proc/{pid}/root/etc", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        try:
+            os.unlink("resolv.conf", dir_fd=etc)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            return False
+        fd = os.open("resolv.conf", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=etc)
+        try:
+            os.write(fd, f"nameserver {nameserver}\noptions attempts:2 timeout:2\n".encode())
+        finally:
+            os.close(fd)
+        return True
+    except OSError as e:
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ELOOP):
+            return False
+        raise
+    finally:
+        os.close(etc)
+
+
+class DaemonAttacher:
+    """Runs one Gateway for the daemon; starts it on first use unless `start()` was awaited."""
+
+    def __init__(self, **gateway_kw):
+        self.gateway = Gateway(**gateway_kw)
+        self._pids: dict[str, int] = {}
+        self._start_lock: asyncio.Lock | None = None
+
+    async def start(self) -> None:
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if not self.gateway._started:
+                await self.gateway.start()
+
+    async def stop(self) -> None:
+        if self.gateway._started:
+            await self.gateway.stop()
+
+    async def attach(self, sandbox_id: str, init_pid: int, network) -> None:
+        await self.start()
+        policy = Network.from_dict(network) if isinstance(network, dict) else network
+        await self.gateway.attach(sandbox_id, init_pid, policy)
+        self._pids[sandbox_id] = init_pid
+        if policy.mode != "none":
+            write_resolv_conf(init_pid, self.gateway.gateway_address)
+
+    async def update(self, sandbox_id: str, network) -> None:
+        policy = Network.from_dict(network) if isinstance(network, dict) else network
+        if not self.gateway.attached(sandbox_id):
+            raise NetworkPolicyError(f"sandbox {sandbox_id} is not on the egress gateway (it may have ended); "
+                                     "its network cannot change.")
+        await self.gateway.set_policy(sandbox_id, policy)
+        pid = self._pids.get(sandbox_id)
+        if policy.mode != "none" and pid:
+            write_resolv_conf(pid, self.gateway.gateway_address)
+
+    async def detach(self, sandbox_id: str) -> None:
+        self._pids.pop(sandbox_id, None)
+        if self.gateway._started:
+            await self.gateway.detach(sandbox_id)
+
+    def log(self, sandbox_id: str) -> list[dict]:
+        if not self.gateway.attached(sandbox_id):
+            return []
+        return [d.to_dict() for d in self.gateway.log(sandbox_id)]
+
+
+def daemon_attacher() -> DaemonAttacher:
+    """The attacher the hutch daemon loads (see hutch.sandbox._daemon._network)."""
+    return DaemonAttacher()
