@@ -19,11 +19,12 @@ import sys
 import threading
 import time
 
-from hutch._core.errors import NotFoundError
+from hutch._core.errors import InvalidSpecError, NotFoundError
 from hutch.sandbox import _client
 from hutch.sandbox._files import Files
 from hutch.sandbox._process import Process
 from hutch.sandbox._spec import (
+    Network,
     DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, SandboxSpec,
 )
 from hutch.sandbox._wire import ENDED, ExecResult, error_from_answer, exec_body, stdin_payload, tag_params, terminated_error
@@ -45,9 +46,11 @@ def build_spec(command, *, image, mounts, cpu, memory, pids, disk, timeout, idle
 class ImageProgress:
     """Consumes the NDJSON events of POST /v1/images/ensure and shows build progress on stderr."""
 
-    def __init__(self, ref: str, stream=None) -> None:
+    def __init__(self, ref: str, stream=None, quiet_for: float = 0.5) -> None:
         self.ref, self.stream = ref, stream if stream is not None else sys.stderr
         self._last_phase, self._last_time, self._shown = None, 0.0, False
+        # an image that is ready answers at once: say nothing unless a build is really under way
+        self._quiet_until = time.monotonic() + quiet_for
         self.result: dict | None = None
 
     def line(self, raw: str | bytes) -> None:
@@ -63,7 +66,7 @@ class ImageProgress:
         else:
             now = time.monotonic()
             phase = ev.get("phase")
-            if phase != self._last_phase or now - self._last_time >= 2.0:
+            if now >= self._quiet_until and (phase != self._last_phase or now - self._last_time >= 2.0):
                 self._last_phase, self._last_time = phase, now
                 mb = (ev.get("bytes") or 0) / 1e6
                 self._show(f"building image {self.ref}: {phase}: {ev.get('message', '')} "
@@ -187,6 +190,23 @@ class Sandbox:
         """The exit code if the sandbox has ended (None if it had no command), else None. Never blocks."""
         self._info = self._client.json("GET", f"/v1/sandboxes/{self.id}")
         return self.returncode if self.status in ENDED else None
+
+    def set_network(self, network: "Network") -> None:
+        """Replace the sandbox's egress policy as a whole while it runs.
+
+        Open connections that the new policy forbids are reset at once; `Network.none()`
+        removes the sandbox's network link altogether.
+        """
+        if not isinstance(network, Network):
+            raise InvalidSpecError(f"network={network!r} is not a Network; use hutch.Network.none(), .allow(...) or .open().")
+        self._client.json("PUT", f"/v1/sandboxes/{self.id}/network", json={"network": network.to_dict()})
+
+    def network_log(self) -> "list[dict]":
+        """Every egress decision for this sandbox, oldest first.
+
+        Each is a dict: time, name, address, port, protocol (dns, tls, http, tcp), verdict (allow, deny), reason.
+        """
+        return self._client.json("GET", f"/v1/sandboxes/{self.id}/network/log")["decisions"]
 
     # ------------------------------------------------------------ commands
 

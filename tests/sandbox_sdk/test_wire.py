@@ -139,12 +139,17 @@ def test_image_progress_reports_and_fails(capsys):
     import io
 
     buf = io.StringIO()
-    p = ImageProgress("debian-slim", buf)
+    p = ImageProgress("debian-slim", buf, quiet_for=0)
     p.line(json.dumps({"phase": "download", "message": "I: Retrieving x", "bytes": 5_000_000, "elapsed": 1.0}))
     p.line("")
     p.line(json.dumps({"done": True, "ref": "debian-slim", "id": "debian-slim-1"}))
     assert p.finish()["id"] == "debian-slim-1"
     assert "building image debian-slim: download" in buf.getvalue() and "ready" in buf.getvalue()
+    quiet = io.StringIO()
+    r = ImageProgress("dir:/x", quiet)   # ready at once: nothing shown
+    r.line(json.dumps({"phase": "check", "message": "ok", "bytes": 0, "elapsed": 0.0}))
+    r.line(json.dumps({"done": True, "ref": "dir:/x", "id": "dir:/x"}))
+    assert quiet.getvalue() == ""
     q = ImageProgress("nope", io.StringIO())
     with pytest.raises(hutch.NotFoundError, match="use it"):
         q.line(json.dumps({"error": "NotFoundError", "message": "image 'nope' is unknown; use it."}))

@@ -1,0 +1,86 @@
+"""`hutch run` and `hutch sandbox ...` as a user runs them: real processes against the test daemon."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import hutch
+from conftest import RUN_TAG
+
+
+def hutch_cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "hutch", *args], capture_output=True, text=True, timeout=60, **kw)
+
+
+def _running_ids() -> set[str]:
+    return {s.id for s in hutch.Sandbox.list() if s.status in ("starting", "running")}
+
+
+def test_run_exits_with_the_command_code_and_leaves_nothing(daemon, busybox_root):
+    before = _running_ids()
+    r = hutch_cli("run", "--image", str(busybox_root), "--", "sh", "-c", "echo out; echo err >&2; exit 3",
+                  stdin=subprocess.DEVNULL)
+    assert (r.returncode, r.stdout, r.stderr) == (3, "out\n", "err\n")
+    assert _running_ids() == before
+
+
+def test_run_streams_output_and_forwards_stdin(daemon, busybox_root):
+    p = subprocess.Popen([sys.executable, "-m", "hutch", "run", "--image", str(busybox_root), "--",
+                          "sh", "-c", "echo first; sleep 2; echo second"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    try:
+        t0 = time.monotonic()
+        assert p.stdout.readline() == "first\n"
+        assert p.poll() is None and time.monotonic() - t0 < 10   # printed before the command ended
+        assert p.stdout.read() == "second\n" and p.wait(30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    r = hutch_cli("run", "--image", str(busybox_root), "-e", "A=1", "-w", "/tmp", "--",
+                  "sh", "-c", 'tr a-z A-Z; echo "$A $PWD"', input="hello\n")
+    assert (r.returncode, r.stdout) == (0, "HELLO\n1 /tmp\n")
+
+
+def test_run_mount_and_network_options(daemon, busybox_root, tmp_path):
+    (tmp_path / "in.txt").write_text("from host\n")
+    r = hutch_cli("run", "--image", str(busybox_root), "--mount", f"{tmp_path}:/data", "--",
+                  "sh", "-c", "cat /data/in.txt; echo x > /data/new", stdin=subprocess.DEVNULL)
+    assert r.stdout == "from host\n" and r.returncode != 0   # read-only unless :rw
+    assert not (tmp_path / "new").exists()
+    r = hutch_cli("run", "--image", str(busybox_root), "-v", f"{tmp_path}:/data:rw", "--",
+                  "sh", "-c", "echo x > /data/new", stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and (tmp_path / "new").read_text() == "x\n"
+
+
+def test_sandbox_create_exec_ls_kill(daemon, busybox_root):
+    tag = f"suite={RUN_TAG['suite']}"
+    r = hutch_cli("sandbox", "create", "--detach", "--image", str(busybox_root), "--tag", tag, "--tag", "cli=1")
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.strip()
+    try:
+        r = hutch_cli("sandbox", "exec", sid, "--", "sh", "-c", "echo hi; exit 2", stdin=subprocess.DEVNULL)
+        assert (r.returncode, r.stdout) == (2, "hi\n")
+        r = hutch_cli("sandbox", "ls", "--tag", "cli=1", "--tag", tag)
+        assert r.returncode == 0 and sid in r.stdout and "running" in r.stdout
+        assert hutch_cli("sandbox", "kill", sid).returncode == 0
+        r = hutch_cli("sandbox", "exec", sid, "--", "true", stdin=subprocess.DEVNULL)
+        assert r.returncode == 1 and r.stderr.startswith("hutch: error:")
+    finally:
+        try:
+            hutch.Sandbox.from_id(sid).terminate()
+        except hutch.NotFoundError:
+            pass
+
+
+def test_cli_bad_input_is_one_clear_line(daemon):
+    r = hutch_cli("run", "--memory", "lots", "--", "true")
+    assert r.returncode == 1 and "memory='lots'" in r.stderr and "Traceback" not in r.stderr
+    r = hutch_cli("run", "--image", "no-such-image", "--", "true")
+    assert r.returncode == 1 and "no-such-image" in r.stderr and "Traceback" not in r.stderr
+    env = dict(os.environ, HUTCH_URL="http://127.0.0.1:9")
+    r = hutch_cli("sandbox", "ls", env=env)
+    assert r.returncode == 1 and "hutch serve" in r.stderr
