@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from hutch._core.errors import NotFoundError
+from hutch._core.errors import InvalidSpecError, NotFoundError
 from hutch.sandbox import _client
 from hutch.sandbox._files import AsyncFiles
 from hutch.sandbox._process import AsyncProcess
-from hutch.sandbox._spec import DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR
+from hutch.sandbox._spec import DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, Network
 from hutch.sandbox._wire import ENDED, ExecResult, exec_body, stdin_payload, tag_params, terminated_error
 from hutch.sandbox.image import Image
 from hutch.sandbox.sandbox import WAIT_POLL, ImageProgress, _ensured, _ensured_lock, _image_key, build_spec
@@ -119,6 +119,23 @@ class AsyncSandbox:
         """The exit code if the sandbox has ended (None if it had no command), else None."""
         self._info = await self._client.json("GET", f"/v1/sandboxes/{self.id}")
         return self.returncode if self.status in ENDED else None
+
+    async def set_network(self, network: "Network") -> None:
+        """Replace the sandbox's egress policy as a whole while it runs.
+
+        Open connections that the new policy forbids are reset at once; `Network.none()`
+        removes the sandbox's network link altogether.
+        """
+        if not isinstance(network, Network):
+            raise InvalidSpecError(f"network={network!r} is not a Network; use hutch.Network.none(), .allow(...) or .open().")
+        await self._client.json("PUT", f"/v1/sandboxes/{self.id}/network", json={"network": network.to_dict()})
+
+    async def network_log(self) -> "list[dict]":
+        """Every egress decision for this sandbox, oldest first.
+
+        Each is a dict: time, name, address, port, protocol (dns, tls, http, tcp), verdict (allow, deny), reason.
+        """
+        return (await self._client.json("GET", f"/v1/sandboxes/{self.id}/network/log"))["decisions"]
 
     # ------------------------------------------------------------ commands
 

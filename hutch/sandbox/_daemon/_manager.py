@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,13 @@ class Manager:
         self.cgroups.setup()
         self.zygote = Zygote(self._on_reaped, self._on_zygote_death)
         await self.zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF))
+        if self.network is not None and hasattr(self.network, "start"):
+            try:  # the egress gateway: host rules, resolver, proxy; also reaps a predecessor's veths
+                await self.network.start()
+            except Exception as e:  # noqa: BLE001 - sandboxes without network still work
+                print(f"hutch daemon: the egress gateway did not start ({e}); only Network.none() is served.",
+                      file=sys.stderr)
+                self.network = None
 
     def reap_predecessor(self) -> list[str]:
         """Remove every cgroup and record a crashed daemon left (their processes died with its zygote)."""
@@ -125,6 +133,11 @@ class Manager:
         await asyncio.gather(*(self.end(sb, "terminated") for sb in list(self.sandboxes.values()) if not sb.gone.is_set()))
         if self.zygote is not None:
             self.zygote.stop()
+        if self.network is not None and hasattr(self.network, "stop"):
+            try:
+                await self.network.stop()
+            except Exception:  # noqa: BLE001 - shutdown goes on
+                pass
         self.cgroups.remove(ZYGOTE_LEAF)
         for base in self.cgroups.bases:  # empty now; a leftover parent would only be clutter
             try:
@@ -218,7 +231,7 @@ class Manager:
         if msg["op"] != "ready":
             raise SandboxError(f"sandbox {sb.id} could not be set up: {msg.get('message')}. "
                                "Check the image and the mounts of its spec.")
-        if self.network is not None and sb.spec.network.mode != "none":
+        if self.network is not None:  # also for none: a later PUT .../network can then give it one
             await self.network.attach(sb.id, sb.init_pid, sb.spec.network)
         if sb.spec.command:
             eid = "main"
@@ -329,7 +342,7 @@ class Manager:
                 break
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
-        if self.network is not None and sb.spec.network.mode != "none":
+        if self.network is not None:
             try:
                 await self.network.detach(sb.id)
             except Exception:  # noqa: BLE001 - teardown goes on; the gateway logs its own failure
@@ -447,6 +460,10 @@ def _revalidate(spec: SandboxSpec) -> SandboxSpec:
     """A spec that arrived as JSON has skipped the constructors' checks: run them here."""
     from hutch.sandbox._spec import _abs_path
 
+    from hutch.sandbox._spec import Network
+
+    if not isinstance(spec.network, Network) or spec.network.mode not in ("none", "allow", "open"):
+        raise NetworkPolicyError(f"network={spec.network!r} is not a policy; use hutch.Network.none(), .allow() or .open().")
     for m in spec.mounts:
         _abs_path(m.target, "mount target")
         if m.kind not in ("bind", "tmpfs", "volume") or (m.kind == "bind" and not isinstance(m.source, str)):

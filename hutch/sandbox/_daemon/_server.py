@@ -177,6 +177,7 @@ class Handlers:
         self.mgr.lease_opened(sb)
         try:
             await resp.prepare(request)
+            await resp.write(b"\n")  # flushes the headers: the client may read that its lease is held
             while not sb.gone.is_set():
                 tr = request.transport
                 if tr is None or tr.is_closing():
@@ -394,10 +395,7 @@ class Handlers:
         d = body.get("network")
         if not isinstance(d, dict):
             raise ConfigError('the body must be {"network": {...}} as Network makes it.')
-        try:
-            net = Network(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-        except TypeError as e:
-            raise NetworkPolicyError(f"network policy is malformed: {e}.") from e
+        net = Network.from_dict(d)   # validates like the named constructors; errors name the entry
         if self.mgr.network is None:
             raise NetworkPolicyError("this daemon runs no egress gateway, so a sandbox's network cannot change; "
                                      "sandboxes here have Network.none().")

@@ -1,0 +1,145 @@
+"""The gateway inside the real daemon: sandboxes made through the SDK get the policy they ask for.
+
+The daemon runs inside the suite's fake "host" netns (so its gateway's veths,
+rules and upstream DNS all live among the test's own namespaces), on a
+private socket, with a busybox root as the image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import hutch
+from hutch import Network
+
+BUSYBOX = shutil.which("busybox")
+
+
+@pytest.fixture(scope="module")
+def busybox_root():
+    if BUSYBOX is None:
+        pytest.skip("busybox-static is not installed (scripts/debian-packages.txt lists it)")
+    root = Path(tempfile.mkdtemp(prefix="hutch-egress-root-"))
+    try:
+        (root / "bin").mkdir()
+        shutil.copy2(BUSYBOX, root / "bin" / "busybox")
+        for a in subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True).stdout.split():
+            if a != "busybox":
+                os.symlink("busybox", root / "bin" / a)
+        for d in ("proc", "dev", "sys", "tmp", "etc", "home/user", "usr", "root"):
+            (root / d).mkdir(parents=True, exist_ok=True)
+        for link in ("sbin", "usr/bin", "usr/sbin"):
+            os.symlink("/bin", root / link)
+        (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+        # a hostile image: resolv.conf points at a host file; the daemon must not write through it
+        os.symlink("/etc/hutch-egress-must-not-exist", root / "etc" / "resolv.conf")
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def daemon(world):
+    run_dir = Path(tempfile.mkdtemp(prefix="hutch-egress-run-"))
+    sock = run_dir / "hutch.sock"
+    env = dict(os.environ, HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(sock),
+               HUTCH_EGRESS_RESOLVERS="192.0.2.53", HUTCH_EGRESS_SUBNET="198.18.1.0/24")
+    saved = {k: os.environ.get(k) for k in ("HUTCH_RUN_DIR", "HUTCH_SOCKET", "HUTCH_URL", "HUTCH_TOKEN")}
+    log = open(run_dir / "daemon.log", "ab")
+    # nsenter, not `ip netns exec`: the latter remounts /sys and would hide the cgroup controllers
+    proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{world.host}", sys.executable, "-m", "hutch", "serve"], env=env,
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not sock.exists():
+            pytest.fail(f"the daemon did not start: {(run_dir / 'daemon.log').read_text()[-2000:]}")
+        os.environ.update(HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(sock))
+        os.environ.pop("HUTCH_URL", None)
+        os.environ.pop("HUTCH_TOKEN", None)
+        yield run_dir
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def host_links(world) -> list[str]:
+    out = subprocess.run(["ip", "-n", world.host, "-o", "link"], capture_output=True, text=True).stdout
+    return [ln.split(":")[1].strip().split("@")[0] for ln in out.splitlines()]
+
+
+def fetch(sb, url):
+    r = sb.run("wget", "-O", "-", url, timeout=20)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def test_sdk_sandbox_gets_its_policy_and_can_change_it(daemon, world, busybox_root):
+    before = set(host_links(world))
+    sb = hutch.Sandbox.create(image=hutch.Image.from_directory(busybox_root), timeout=120,
+                              network=Network.allow(domains=["www.example.test"]))
+    try:
+        assert fetch(sb, "http://www.example.test/")["server"] == "192.0.2.10"
+        assert fetch(sb, "http://api.example.test/") is None
+        assert fetch(sb, "http://203.0.113.10/") is None
+        assert not os.path.exists("/etc/hutch-egress-must-not-exist")
+        log = sb.network_log()
+        assert any(d["name"] == "www.example.test" and d["verdict"] == "allow" for d in log)
+        assert any(d["name"] == "api.example.test" and d["verdict"] == "deny" for d in log)
+        assert set(log[0]) == {"time", "name", "address", "port", "protocol", "verdict", "reason"}
+
+        sb.set_network(Network.allow(domains=["api.example.test"]))
+        assert fetch(sb, "http://api.example.test/")["server"] == "198.51.100.10"
+        assert fetch(sb, "http://www.example.test/") is None
+
+        sb.set_network(Network.none())
+        assert "eth0" not in sb.run("cat", "/proc/net/dev").stdout
+        with pytest.raises(hutch.NetworkPolicyError):
+            sb.set_network(Network.from_dict({"mode": "allow", "domains": ["bad name"]}))
+    finally:
+        sb.terminate()
+    assert wait_gone(world, before)
+
+
+def test_sdk_sandbox_without_network_can_be_given_one(daemon, world, busybox_root):
+    before = set(host_links(world))
+    sb = hutch.Sandbox.create(image=hutch.Image.from_directory(busybox_root), timeout=120)
+    try:
+        assert "eth0" not in sb.run("cat", "/proc/net/dev").stdout
+        assert set(host_links(world)) == before
+        sb.set_network(Network.allow(domains=["www.example.test"]))
+        assert fetch(sb, "http://www.example.test/")["server"] == "192.0.2.10"
+    finally:
+        sb.terminate()
+    assert wait_gone(world, before)
+
+
+def wait_gone(world, before, timeout=5.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if set(host_links(world)) <= before:
+            return True
+        time.sleep(0.05)
+    return False
