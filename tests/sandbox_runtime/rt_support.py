@@ -99,13 +99,17 @@ class Daemon:
     def env(self) -> dict:
         return dict(os.environ, HUTCH_RUN_DIR=str(self.run_dir), HUTCH_SOCKET=str(self.sock))
 
-    def start(self) -> "Daemon":
+    def start(self, wait: bool = True) -> "Daemon":
+        """Start the daemon (unless it runs already) and, with `wait`, wait until it answers."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        args = f"socket_path=None, listen={self.listen!r}, token={self.token!r}"
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", f"from hutch.sandbox._daemon import serve; serve({args})"],
-                env=self.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=str(REPO))
+        if self.proc is None or self.proc.poll() is not None:
+            args = f"socket_path=None, listen={self.listen!r}, token={self.token!r}"
+            with open(self.log, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-c", f"from hutch.sandbox._daemon import serve; serve({args})"],
+                    env=self.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=str(REPO))
+        if not wait:
+            return self
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -176,22 +180,38 @@ def host_state(daemon: Daemon, sid: str) -> dict:
             except FileNotFoundError:
                 pass
     assert pids, f"sandbox {sid} has no processes in its cgroups"
-    return {"pids": pids, "ns": ns, "cgroups": daemon.cgroup_dirs(sid), "scratch": daemon.run_dir / "mnt"}
+    return {"pids": pids, "ns": ns, "cgroups": daemon.cgroup_dirs(sid), "scratch": daemon.run_dir / "mnt",
+            "sid": sid, "parent": daemon.cgroup_parent}
+
+
+def _in_sandbox_cgroup(pid: str, marker: str) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/cgroup").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def leftovers(state: dict) -> list[str]:
-    """What of a sandbox still exists: processes, namespaces held by any host process, cgroups."""
+    """What of a sandbox still exists: processes, namespaces held by any host process, cgroups.
+
+    Namespace inode numbers are reused once freed, so a process counts only if it also sits in
+    this sandbox's cgroup (nothing inside can leave it: cgroupfs is not mounted there).
+    """
     left = [f"cgroup {d}" for d in state["cgroups"] if d.exists()]
+    marker = f"/{state['parent']}/{state['sid']}"
     wanted = {ino for kind, ino in state["ns"] if kind in ("net", "mnt", "ipc", "uts")}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         for kind in ("net", "mnt", "ipc", "uts"):
             try:
-                if os.stat(f"/proc/{entry.name}/ns/{kind}").st_ino in wanted:
+                if os.stat(f"/proc/{entry.name}/ns/{kind}").st_ino in wanted and _in_sandbox_cgroup(entry.name, marker):
                     left.append(f"process {entry.name} in the sandbox's {kind} namespace")
             except (FileNotFoundError, ProcessLookupError, PermissionError):
                 pass
+    for pid in state["pids"]:
+        if _in_sandbox_cgroup(str(pid), marker):
+            left.append(f"process {pid} of the sandbox")
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         if str(state.get("scratch", "/nonexistent-scratch")) in line:
             left.append(f"mount {line.split()[4]}")

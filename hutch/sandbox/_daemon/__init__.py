@@ -54,11 +54,7 @@ def serve(socket_path: str | os.PathLike | None = None, listen: str | None = Non
 
 
 async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None) -> None:
-    from aiohttp import web
-
     from hutch.sandbox._daemon._manager import Manager
-    from hutch.sandbox._daemon._network import load_attacher
-    from hutch.sandbox._daemon._server import make_app
 
     run = paths.run_dir()
     run.mkdir(parents=True, exist_ok=True)
@@ -68,9 +64,17 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None) ->
     except BlockingIOError:
         lock.close()
         raise DaemonError(f"another hutch daemon already serves {run}; stop it first or set HUTCH_RUN_DIR.") from None
-    mgr = Manager(run, cgroup_parent_for(run), network=load_attacher())
+    mgr = Manager(run, cgroup_parent_for(run))
     runner = None
     try:
+        # Reap a crashed predecessor's leftovers first, before the heavier imports below.
+        mgr.prepare()
+        from aiohttp import web
+
+        from hutch.sandbox._daemon._network import load_attacher
+        from hutch.sandbox._daemon._server import make_app
+
+        mgr.network = load_attacher()
         await mgr.start()
         runner = web.AppRunner(make_app(mgr, token), handler_cancellation=True, access_log=None)
         await runner.setup()

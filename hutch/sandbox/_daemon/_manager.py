@@ -100,10 +100,16 @@ class Manager:
 
     # --- daemon lifecycle ---------------------------------------------------------------
 
-    async def start(self) -> None:
+    def prepare(self) -> None:
+        """Make the run directory's layout and reap what a crashed predecessor left."""
         self.records.mkdir(parents=True, exist_ok=True)
         self.scratch.mkdir(exist_ok=True)
         self.reap_predecessor()
+        self.prepared = True
+
+    async def start(self) -> None:
+        if not getattr(self, "prepared", False):
+            self.prepare()
         self.cgroups.setup()
         self.zygote = Zygote(self._on_reaped, self._on_zygote_death)
         await self.zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF))

@@ -100,7 +100,7 @@ def _setup_root(plan: dict) -> None:
     for name in PROC_MASK_DIRS:
         p = os.path.join(proc, name)
         if os.path.isdir(p):
-            L.mount("hutch", p, "tmpfs", NODEV | L.MS_RDONLY, "size=4k")
+            L.mount("hutch", p, "tmpfs", NODEV | L.MS_RDONLY, "size=4k,mode=0555")
     for name in PROC_READONLY:
         p = os.path.join(proc, name)
         if os.path.exists(p):
@@ -111,7 +111,7 @@ def _setup_root(plan: dict) -> None:
     for name in SYS_MASK_DIRS:
         p = os.path.join(sysfs, name)
         if os.path.isdir(p):
-            L.mount("hutch", p, "tmpfs", NODEV | L.MS_RDONLY, "size=4k")
+            L.mount("hutch", p, "tmpfs", NODEV | L.MS_RDONLY, "size=4k,mode=0555")
 
     dev = _safe_target(root, "/dev", False)
     L.mount("hutch", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "mode=0755,size=64k")
@@ -162,7 +162,7 @@ _ERRNO_CLASS = {
     errno.EEXIST: "ConfigError", errno.ENOTEMPTY: "ConfigError", errno.ENOSPC: "SandboxError",
     errno.EDQUOT: "SandboxError", errno.EACCES: "ConfigError", errno.EPERM: "ConfigError",
     errno.EROFS: "ConfigError", errno.ELOOP: "ConfigError", errno.ENAMETOOLONG: "ConfigError",
-    errno.ENOEXEC: "ConfigError",
+    errno.ENOEXEC: "ConfigError", errno.EINVAL: "ConfigError",
 }
 
 
@@ -175,6 +175,7 @@ def _error(rid, e: OSError, what: str) -> dict:
         errno.ENOSPC: "the sandbox's disk limit is reached; create it with a larger disk= or remove files",
         errno.EACCES: "the sandbox's root has no capabilities, so only files it owns or may access are reachable",
         errno.EROFS: "that path is on a read-only mount",
+        errno.EINVAL: "only regular files can be read this way",
     }.get(e.errno, "check the path and try again")
     return {"rid": rid, "ok": False, "error": _ERRNO_CLASS.get(e.errno, "SandboxError"),
             "message": f"{what}: {os.strerror(e.errno or 0)}; {fix}.", "errno": e.errno}
