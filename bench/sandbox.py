@@ -141,20 +141,31 @@ def hutch_terminate(image, n):
     return lat
 
 
+def rss_mib(pid="self") -> float:
+    for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if ln.startswith("VmRSS:"):
+            return int(ln.split()[1]) / 1024
+    return 0.0
+
+
 def hutch_idle(image, count):
-    m0 = mem_used_mib()
+    from hutch.sandbox._client import default_client
+
+    dpid = default_client().json("GET", "/v1/health")["pid"]
+    m0, c0, d0 = mem_used_mib(), rss_mib(), rss_mib(dpid)
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(8) as ex:
         sbs = list(ex.map(lambda _: hutch.Sandbox.create(image=image, tags=TAG, timeout=600), range(count)))
     start_s = ms(t0) / 1000
     time.sleep(1.0)
-    m1 = mem_used_mib()
+    m1, c1, d1 = mem_used_mib(), rss_mib(), rss_mib(dpid)
     alive = sum(1 for s in hutch.Sandbox.list(tags=TAG) if s.status == "running")
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(16) as ex:
         list(ex.map(lambda s: s.terminate(), sbs))
     down_s = ms(t0) / 1000
-    return {"start_s": start_s, "mem_mib": m1 - m0, "alive": alive, "teardown_s": down_s, "leftovers": leftovers()}
+    return {"start_s": start_s, "mem_mib": m1 - m0, "alive": alive, "teardown_s": down_s, "leftovers": leftovers(),
+            "client_mib": c1 - c0, "daemon_mib": d1 - d0}
 
 
 # ------------------------------------------------------------------ peers
@@ -391,6 +402,7 @@ def main():
         f"| all started in | {hi['start_s']:.2f} s | {bi['start_s']:.2f} s |",
         f"| alive at once | {hi['alive']} | {bi['alive']} |",
         f"| system memory used | {hi['mem_mib']:.0f} MiB | {bi['mem_mib']:.0f} MiB |",
+        f"| of which the daemon's / this client's growth | {hi['daemon_mib']:.0f} / {hi['client_mib']:.0f} MiB | - |",
         f"| all torn down in | {hi['teardown_s']:.2f} s | {bi['teardown_s']:.2f} s |",
         f"| leftovers after teardown | {len(hi['leftovers'])} {hi['leftovers'][:3]} | - |",
         "",

@@ -66,9 +66,11 @@ class Endpoint:
                 raise
         return s
 
-    def raw_request(self, method: str, path: str) -> bytes:
+    def raw_request(self, method: str, path: str, *, close: bool = False) -> bytes:
         host = httpx.URL(self.url).netloc.decode() if self.url else "hutch"
         lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Content-Length: 0"]
+        if close:
+            lines.append("Connection: close")
         lines += [f"{k}: {v}" for k, v in self.headers().items()]
         return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
@@ -80,7 +82,7 @@ def _ping(ep: Endpoint, timeout: float = 2.0) -> bool:
     except OSError:
         return False
     try:
-        s.sendall(ep.raw_request("GET", "/v1/health").replace(b"Content-Length: 0\r\n", b"Connection: close\r\n"))
+        s.sendall(ep.raw_request("GET", "/v1/health", close=True))
         head = s.recv(64)
         return head.startswith(b"HTTP/1.") and head[9:12] == b"200"
     except OSError:
@@ -93,13 +95,14 @@ def ensure_daemon(ep: Endpoint) -> None:
     """Start a local daemon if none answers on the socket; safe when several clients race."""
     if ep.url:
         raise DaemonError(f"no hutch daemon answers at {ep.url}; start one there with `hutch serve --listen HOST:PORT --token T`.")
-    sock = ep.socket
+    sock, run = ep.socket, paths.run_dir()
+    run.mkdir(parents=True, exist_ok=True)
     sock.parent.mkdir(parents=True, exist_ok=True)
-    with open(sock.parent / "autostart.lock", "a+") as lock:
+    with open(run / "autostart.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)   # the loser of a race finds the winner's daemon below
         if _ping(ep):
             return
-        log = sock.parent / "daemon.log"
+        log = run / "daemon.log"
         env = dict(os.environ, HUTCH_SOCKET=str(sock))
         # sh backgrounds the daemon and exits at once: the daemon is re-parented to init, in its own
         # session (setsid), so it outlives this client and leaves no zombie behind.
@@ -116,6 +119,12 @@ def ensure_daemon(ep: Endpoint) -> None:
             if pid and not _alive(pid):
                 break
             time.sleep(0.02)
+        if pid and not _alive(pid):
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+            raise DaemonError(
+                f"started `hutch serve` for {sock} but it exited" + (f" saying: {tail[0]}" if tail else "")
+                + f"; see {log}, fix that, or start the daemon yourself with `hutch serve`."
+            )
         raise DaemonError(
             f"started `hutch serve` for {sock} but it did not answer within {AUTOSTART_TIMEOUT:.0f} s; "
             f"see its log {log}, or start it yourself with `hutch serve`."

@@ -280,3 +280,12 @@ def _is_serve_for(pid: int, run_dir) -> bool:
     except OSError:
         return False
     return b"serve" in cmd and b"hutch" in cmd and f"HUTCH_SOCKET={run_dir}/hutch.sock".encode() in env
+
+
+def test_autostart_failure_says_why(daemon, tmp_path, monkeypatch):
+    """A spawned daemon that exits at once (here: the run directory is already served) is reported with its reason."""
+    monkeypatch.setenv("HUTCH_SOCKET", str(tmp_path / "other.sock"))
+    t0 = time.monotonic()
+    with pytest.raises(hutch.DaemonError, match="exited saying: .*another hutch daemon"):
+        hutch.Sandbox.list()
+    assert time.monotonic() - t0 < 15
