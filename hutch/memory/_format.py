@@ -153,6 +153,9 @@ def parse(text: str, where: str = "<text>") -> tuple[dict[str, Any], str]:
             path=where,
         )
     _, fm, body = parts
+    fast = fast_meta(fm)
+    if fast is not None:
+        return fast, body
     try:
         meta = yaml.load(fm, Loader=_StrDatesLoader) if fm.strip() else {}
     except yaml.YAMLError as e:
@@ -172,6 +175,69 @@ def parse(text: str, where: str = "<text>") -> tuple[dict[str, Any], str]:
             path=where,
         )
     return meta, body
+
+
+_FAST_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*):(?: (.*))?$")
+_FAST_PLAIN = re.compile(r"^[A-Za-z0-9_(./][^#:\[\]{}\"',]*$")
+_FAST_LIST_ITEM = re.compile(r"^[A-Za-z0-9_(./][^#:\[\]{}\"',]*$")
+_INT = re.compile(r"^-?[1-9][0-9]*$|^0$")
+_FLOAT = re.compile(r"^-?[0-9]+\.[0-9]*$|^\.[0-9]+$")
+_ISO = re.compile(r"^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?$")
+
+
+def _fast_scalar(v: str):
+    """YAML's reading of a simple scalar, or ... when it is not simple enough to be sure."""
+    if v in ("null", "~", ""):
+        return None
+    if v in ("true", "false"):
+        return v == "true"
+    if v.startswith('"'):
+        if not v.endswith('"') or len(v) < 2 or "\\" in v:
+            return ...
+        return v[1:-1] if '"' not in v[1:-1] else ...
+    if _INT.match(v):
+        return int(v)
+    if _FLOAT.match(v):
+        return float(v)
+    if _ISO.match(v):
+        return v  # timestamps stay strings (see _StrDatesLoader)
+    if _FAST_PLAIN.match(v) and not _AMBIGUOUS_RE.match(v) and v == v.strip():
+        return v
+    return ...
+
+
+def fast_meta(fm: str) -> dict[str, Any] | None:
+    """Parse front matter made only of `key: simple-value` lines without YAML; None when unsure.
+
+    Most files (everything hutch writes) take this path; anything unusual
+    (comments, block values, anchors, escapes, quoting styles) goes to YAML.
+    """
+    out: dict[str, Any] = {}
+    for line in fm.split("\n"):
+        line = line.rstrip("\r")
+        if not line:
+            continue
+        m = _FAST_LINE.match(line)
+        if m is None or m.group(1) in out:
+            return None
+        v = (m.group(2) or "").strip()
+        if v.startswith("["):
+            if not v.endswith("]"):
+                return None
+            inner = v[1:-1].strip()
+            items = [] if not inner else [x.strip() for x in inner.split(",")]
+            vals = []
+            for x in items:
+                if not _FAST_LIST_ITEM.match(x) or _AMBIGUOUS_RE.match(x) or _ISO.match(x):
+                    return None
+                vals.append(x)
+            out[m.group(1)] = vals
+            continue
+        val = _fast_scalar(v)
+        if val is ...:
+            return None
+        out[m.group(1)] = val
+    return out
 
 
 # ----------------------------------------------------------------- rendering

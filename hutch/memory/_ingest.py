@@ -182,6 +182,8 @@ def ingest_conversation(mem: "Memory", data: Any, *, conv_id: str | None = None,
                     if who == "date" or not isinstance(items, list):
                         continue
                     for item in items:
+                        if not str(item).strip():
+                            continue
                         k += 1
                         eid = _upsert(mem, "events", str(item), f"{slug}-event-{k}", str(item).strip() + "\n",
                                       source=f"{prefix}#session-{n}",

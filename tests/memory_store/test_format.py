@@ -160,3 +160,34 @@ def test_symlinked_entity_file_is_refused(mem, store_dir, tmp_path):
     os.symlink(outside, store_dir / "notes" / "leak.md")
     with pytest.raises(hutch.StorePathError, match="symbolic link"):
         mem.get("notes/leak")
+
+
+FAST_CASES = [
+    'id: actors/alice\ntitle: Alice Chen\ncreated: 2026-11-30T10:30:57Z\nvalid_from: null\ntags: []\n'
+    'confidence: 0.5\nsource: "chat:2026-11-02#14"\n',
+    'title: yes\n', 'title: 1.5\n', 'a: 12:30\n', 'a: "x\\ny"\n', 'tags: [a, b c, d-e]\n', 'tags: [1, 2]\n',
+    'a: b # c\n', 'a: .5\n', 'a: -.5\n', 'a: 0x10\n', 'a: 010\n', 'a: 1e3\n', 'a: -1\n', 'a: +1\n', 'a: 1_000\n',
+    'a: ~\n', 'a:\n', 'a: True\n', 'participants: [Caroline, Melanie]\nsession: 4\n',
+    'a: 2023-05-08\n', 'a: x  \n', 'a: (x)\n', 'a: ./x\n', 'a: x:y\n', 'a: "a \\"q\\""\n', 'a: "ünï"\n',
+    'a: 2001-12-14 21:59:43.10 -5\n', "a: 'x'\n", 'tags: [x, "y"]\n', 'a: 1.\n', 'a: NaN\n', 'a: .inf\n',
+    'a: 1.5.3\n', 'a: 00\n', 'a: 0o7\n', 'a: 1,000\n', 'a: 190:20:30\n', 'a: on\n', 'tags: [y, n]\n', 'a: x\r\n',
+    'a: 6.8523015e+5\n', 'dup: 1\ndup: 2\n', '# comment\na: 1\n', 'a: &x 1\nb: *x\n', 'a: !!str 1\n',
+]
+
+
+@pytest.mark.parametrize("fm", FAST_CASES)
+def test_fast_front_matter_path_agrees_with_yaml(fm):
+    """The YAML-free fast path either declines (None) or returns exactly what YAML returns."""
+    import yaml
+
+    fast = fmt.fast_meta(fm)
+    if fast is not None:
+        assert fast == yaml.load(fm, Loader=fmt._StrDatesLoader)
+
+
+def test_fast_path_is_taken_for_what_hutch_writes(mem):
+    e = mem.put("actors", "Alice Chen", facts=["x"], source="chat:1#2", tags=["a", "b"], confidence=0.5,
+                valid_from="2026-01-01")
+    fm = fmt.split_front_matter(e.text)[1]
+    assert fmt.fast_meta(fm) == mem.get(e.id).meta
+    assert fmt.fast_meta(fm) is not None

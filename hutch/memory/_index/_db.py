@@ -29,7 +29,7 @@ from hutch._core.errors import MalformedEntityError, SearchIndexError
 from hutch.memory import _format
 from hutch.memory._index import _units
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 INDEX_NAME = "index.sqlite"
 LINKS_SUFFIX = _format.LINKS_SUFFIX
 #: On the query path, embedding missing vectors stops after this many seconds (the rest waits for the next query
@@ -52,7 +52,7 @@ create table if not exists pending(dense_hash text primary key, text text not nu
 create table if not exists links(src text not null, rel text not null, dst text not null);
 create index if not exists links_src on links(src);
 create index if not exists links_dst on links(dst);
-create table if not exists titles(norm text not null, eid integer not null);
+create table if not exists titles(norm text not null, eid integer not null, partial integer not null default 0);
 create index if not exists titles_norm on titles(norm);
 create index if not exists titles_eid on titles(eid);
 """
@@ -68,6 +68,7 @@ class SyncStats:
     relinked: list[str] = field(default_factory=list)
     embedded: int = 0
     pending_vectors: int = 0
+    embed_error: str | None = None
     seconds: float = 0.0
 
     @property
@@ -88,6 +89,7 @@ class IndexDB:
         self.space_changed: str | None = None  # previous model identity if the vector space was replaced
         self._files: dict[str, tuple] | None = None  # entity_id -> (eid, mtime_ns, size, hash, linkstamp)
         self._gen_seen: str | None = None
+        self.embed_error: str | None = None  # the last failure of the embedder on the query path
 
     # ------------------------------------------------------------ open / verify / recover
 
@@ -293,7 +295,16 @@ class IndexDB:
                 self._files = None
                 raise
             self._gen_seen = self.generation()
-        self.embed_missing(stats, budget=embed_budget)
+        try:
+            self.embed_missing(stats, budget=embed_budget)
+        except SearchIndexError as e:
+            if embed_budget is None:
+                raise
+            # On the query path a failing embedder must not fail the query: the lexical channels still answer.
+            stats.embed_error = self.embed_error = str(e)
+            stats.pending_vectors = self.missing_vectors()
+        else:
+            self.embed_error = None
         stats.seconds = time.perf_counter() - t0
         return stats, removed_uids, added_uids
 
@@ -339,9 +350,8 @@ class IndexDB:
                              (entity_id, cls, title, mtime, size, digest, t_from, t_to, t_rec, error)).lastrowid
             linkstamp = None
         db.execute("insert into ent_fts(rowid, body) values (?, ?)", (eid, whole))
-        norm = _units.norm_title(title)
-        if norm:
-            db.execute("insert into titles(norm, eid) values (?, ?)", (norm, eid))
+        db.executemany("insert into titles(norm, eid, partial) values (?, ?, ?)",
+                       [(t, eid, p) for t, p in _units.title_keys(title)])
         for u in units:
             uid = db.execute("insert into units(eid, anchor, speaker, dense_hash) values (?,?,?,?)",
                              (eid, u.anchor, u.speaker, u.dense_hash)).lastrowid

@@ -74,6 +74,7 @@ class IndexReport:
     extra: tuple[str, ...]  # index entries whose file is gone
     unreadable: tuple[str, ...]  # files indexed as plain text because their front matter is malformed
     recovered: tuple[str, ...]  # when and why the index file was discarded and rebuilt
+    embed_error: str | None = None  # the embedder's last failure (search then used the lexical channels only)
     seconds: float = 0.0
 
     def lines(self) -> list[str]:
@@ -92,6 +93,8 @@ class IndexReport:
                 out.append(f"{name}: {len(items)}: " + ", ".join(items[:10]) + (" ..." if len(items) > 10 else ""))
         for r in self.recovered:
             out.append(f"recovered: {r}")
+        if self.embed_error:
+            out.append(f"embedder failed: {self.embed_error}")
         return out
 
 
@@ -232,7 +235,12 @@ class SearchIndex:
         dense = np.zeros(n)
         if dense_on:
             qtext = _units.strip_mentions(query, titles) if titles else query
-            qv = self.provider.embed([qtext])[0].astype(np.float32)
+            try:
+                qv = self.provider.embed([qtext])[0].astype(np.float32)
+            except SearchIndexError as e:
+                self.idx.embed_error = str(e)
+                dense_on = False
+        if dense_on:
             dense = s.V[:n] @ qv
             channels.append(_rank.Channel("dense", dense.astype(np.float64), mask.copy()))
         # entity level: BM25 over the whole entity + its best unit's dense score
@@ -284,13 +292,17 @@ class SearchIndex:
         return hits
 
     def _mentions(self, query: str) -> tuple[set[str], list[str]]:
+        """(ids of entities the query names, the names as written and in full)."""
         grams = _units.ngrams(query)
-        if not grams:
+        caps = _units.capitalised(query)
+        if not grams and not caps:
             return set(), []
         rows = self.idx.db.execute(
-            f"select t.norm, f.entity_id from titles t join files f on f.eid = t.eid "
-            f"where t.norm in ({','.join('?' * len(grams))})", grams).fetchall()
-        return {r[1] for r in rows}, sorted({r[0] for r in rows})
+            f"select t.norm, f.entity_id, f.title from titles t join files f on f.eid = t.eid "
+            f"where (t.partial = 0 and t.norm in ({','.join('?' * len(grams))})) "
+            f"or (t.partial = 1 and t.norm in ({','.join('?' * len(caps))}))", grams + caps).fetchall()
+        names = {r[0] for r in rows} | {_units.norm_title(r[2] or "") for r in rows}
+        return {r[1] for r in rows}, sorted(n for n in names if n)
 
     def _mention_units(self, mentioned: set[str], titles: list[str]) -> np.ndarray:
         """Units related to a mentioned entity: turns spoken by it; other units that are it or link to/from it."""
@@ -384,10 +396,11 @@ class SearchIndex:
         vectors = db.execute("select count(*) from vectors").fetchone()[0]
         pending = db.execute("select count(distinct u.dense_hash) from units u left join vectors v "
                              "on v.dense_hash = u.dense_hash where v.dense_hash is null").fetchone()[0]
-        ok = not (stale or missing or extra or pending)
+        ok = not (stale or missing or extra or pending or self.idx.embed_error)
         return IndexReport(self.idx.path, ok, len(rows), units, vectors, pending, name, rev, dim,
                            self.idx.meta("space_changed_from"), tuple(stale), tuple(missing), tuple(extra),
-                           tuple(unreadable), tuple(self.idx.recovered), time.perf_counter() - t0)
+                           tuple(unreadable), tuple(self.idx.recovered), self.idx.embed_error,
+                           time.perf_counter() - t0)
 
     def close(self) -> None:
         self.idx.close()

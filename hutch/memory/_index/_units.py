@@ -173,6 +173,24 @@ def norm_title(title: str) -> str:
     return " ".join(_WORD_RE.findall(title.lower()))
 
 
+def title_keys(title: str) -> list[tuple[str, int]]:
+    """(key, partial) under which a title can be mentioned: the whole normalised title, and for names of
+    2-4 words each word on its own (partial: "Alice" names "Alice Chen" when written capitalised)."""
+    norm = norm_title(title)
+    if not norm:
+        return []
+    keys = [(norm, 0)]
+    words = norm.split()
+    if 2 <= len(words) <= 4:
+        keys += [(w, 1) for w in dict.fromkeys(words) if len(w) >= 3 and w not in STOPWORDS and not w.isdigit()]
+    return keys
+
+
+def capitalised(query: str) -> list[str]:
+    """Capitalised words of the query, normalised: candidates for partial (first- or last-name) mentions."""
+    return [w.lower() for w in re.findall(r"\b[A-Z][^\W_]{2,}", query) if w.lower() not in STOPWORDS]
+
+
 def ngrams(query: str, n: int = 4) -> list[str]:
     """Word n-grams (1..n) of the query, normalised like titles: the candidates for entity mentions."""
     words = _WORD_RE.findall(query.lower())
