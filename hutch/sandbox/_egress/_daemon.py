@@ -90,7 +90,7 @@ class DaemonAttacher:
     async def detach(self, sandbox_id: str) -> None:
         self._pids.pop(sandbox_id, None)
         if self.gateway._started:
-            await self.gateway.detach(sandbox_id)
+            await self.gateway.detach(sandbox_id, wait=False)   # kernel cleanup in the background
 
     def log(self, sandbox_id: str) -> list[dict]:
         if not self.gateway.attached(sandbox_id):

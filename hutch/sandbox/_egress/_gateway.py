@@ -155,7 +155,9 @@ class Gateway:
         self._by_addr: dict[str, _Sandbox] = {}
         self._free_next = 2
         self._used: set[int] = set()
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = None      # attach: creates links and rules
+        self._cleanup: ThreadPoolExecutor | None = None   # removal, off the create path
+        self._pending: set[asyncio.Future] = set()
         self._host_fd = -1
         self._started = False
         self._lock = asyncio.Lock()
@@ -173,6 +175,8 @@ class Gateway:
         # sockets stay bound to the namespace they were opened in
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hutch-egress",
                                         initializer=_netns._setns, initargs=(host_fd,))
+        self._cleanup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hutch-egress-cleanup",
+                                           initializer=_netns._setns, initargs=(host_fd,))
         dns_socks, proxy_sock = (), None
         try:
             # bind first: if the DNS port is taken on this host, fall back to another one,
@@ -209,12 +213,17 @@ class Gateway:
     async def _teardown(self) -> None:
         await self._proxy.stop()
         await self._resolver.stop()
+        if self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
         if self._pool:
             loop = asyncio.get_running_loop()
             links = [s.link for s in self._sandboxes.values() if s.link]
             await loop.run_in_executor(self._pool, self._plumber.teardown, links)
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._cleanup:
+            self._cleanup.shutdown(wait=True)
+            self._cleanup = None
         if self._host_fd >= 0:
             os.close(self._host_fd)
             self._host_fd = -1
@@ -296,8 +305,12 @@ class Gateway:
         """Every decision for this sandbox, oldest first (the last 10000)."""
         return list(self._get(sandbox_id).log)
 
-    async def detach(self, sandbox_id: str) -> None:
-        """Remove everything the sandbox had: connections, link, rules, conntrack entries."""
+    async def detach(self, sandbox_id: str, *, wait: bool = True) -> None:
+        """Remove everything the sandbox had: connections, link, rules, conntrack entries.
+
+        The sandbox is cut off at once. With `wait=False` the kernel objects (a veth
+        deletion takes ~20 ms) go in the background; `stop()` waits for them.
+        """
         sb = self._sandboxes.get(sandbox_id)
         if sb is None:
             return
@@ -305,7 +318,7 @@ class Gateway:
             conn.close(reset=True)
         try:
             if sb.link:
-                await self._unplumb(sb)
+                await self._unplumb(sb, wait=wait)
         finally:
             self._sandboxes.pop(sandbox_id, None)
             os.close(sb.netns_fd)
@@ -345,16 +358,24 @@ class Gateway:
         sb.index, sb.link, sb.address = i, link, addr
         self._by_addr[addr] = sb
 
-    async def _unplumb(self, sb: _Sandbox) -> None:
+    async def _unplumb(self, sb: _Sandbox, wait: bool = True) -> None:
         for conn in list(sb.conns):
             conn.close(reset=True)
         self._by_addr.pop(sb.address, None)
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(self._pool, self._plumber.remove, sb.link, sb.address)
-        finally:
-            self._used.discard(sb.index)
-            sb.index = sb.link = sb.address = None
+        index, link, addr = sb.index, sb.link, sb.address
+        sb.index = sb.link = sb.address = None
+        fut = asyncio.get_running_loop().run_in_executor(self._cleanup, self._plumber.remove, link, addr)
+        self._pending.add(fut)
+
+        def done(f):
+            self._pending.discard(f)
+            self._used.discard(index)   # the address is reused only once its link is gone
+            if not f.cancelled():
+                f.exception()           # retrieved; a failed removal is retried by the next start's reap
+
+        fut.add_done_callback(done)
+        if wait:
+            await asyncio.shield(fut)
 
     def _record(self, sb: _Sandbox, name, address, port, protocol, verdict, reason) -> None:
         sb.log.append(Decision(time.time(), name, address, port, protocol, verdict, reason))

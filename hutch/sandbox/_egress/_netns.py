@@ -147,7 +147,11 @@ def _write_sysctl(path: str, value: str) -> None:
 
 
 class Plumber:
-    """Owns the host-side table and creates/removes sandbox links. Call only from one thread."""
+    """Owns the host-side table and creates/removes sandbox links.
+
+    Safe from several threads, each of which must sit in the host netns: every thread
+    gets its own netlink sockets (they stay bound to the netns they were opened in).
+    """
 
     def __init__(self, *, table: str, gw: str, subnet: str, dns_port: int, proxy_port: int, prefix: str = "hv"):
         self.table = table
@@ -157,23 +161,35 @@ class Plumber:
         self.proxy_port = proxy_port
         self.prefix = prefix
         self.host_fd = -1
-        self.ipr: IPRoute | None = None
-        self.nft: Nft | None = None
-        self._thread = None
+        self._local = threading.local()
+        self._all: list = []
+        self._all_lock = threading.Lock()
+        # a sandbox's nft context stays open while it is attached: closing one that has
+        # loaded rules costs ~10 ms (kernel side), so it is paid at removal, off the create path
+        self._sandbox_nft: dict[str, Nft] = {}
 
-    def _check_thread(self):
-        if self._thread is None:
-            self._thread = threading.get_ident()
-        elif self._thread != threading.get_ident():
-            raise RuntimeError("Plumber is used from two threads")
+    @property
+    def ipr(self) -> IPRoute:
+        ipr = getattr(self._local, "ipr", None)
+        if ipr is None:
+            ipr = self._local.ipr = IPRoute()
+            with self._all_lock:
+                self._all.append(ipr)
+        return ipr
+
+    @property
+    def nft(self) -> Nft:
+        n = getattr(self._local, "nft", None)
+        if n is None:
+            n = self._local.nft = Nft()
+            with self._all_lock:
+                self._all.append(n)
+        return n
 
     def setup(self, host_fd: int) -> list[str]:
         """Install the host table, reaping links a crashed predecessor left. Returns reaped names."""
-        self._check_thread()
         self.host_fd = host_fd
         _setns(host_fd)
-        self.ipr = IPRoute()
-        self.nft = Nft()
         reaped = self.reap()
         self.nft.run(host_ruleset(self.table, self.gw, self.subnet, self.dns_port, self.proxy_port))
         return reaped
@@ -195,18 +211,20 @@ class Plumber:
         return out
 
     def teardown(self, names: list[str]) -> None:
-        self._check_thread()
-        if self.ipr is None:
-            return
+        """Delete the given links and the host table; close every socket."""
         for n in names:
             self._del_link(n)
         try:
             self.nft.run(f"table inet {self.table}\ndelete table inet {self.table}\n")
         except SandboxError:
             pass
-        self.ipr.close()
-        self.nft.close()
-        self.ipr = self.nft = None
+        for n in list(self._sandbox_nft.values()):
+            n.close()
+        self._sandbox_nft.clear()
+        with self._all_lock:
+            for obj in self._all:
+                obj.close()
+            self._all.clear()
 
     def host_addresses(self) -> list[str]:
         return [a.get_attr("IFA_ADDRESS") for a in self.ipr.get_addr(family=socket.AF_INET)]
@@ -221,7 +239,6 @@ class Plumber:
 
     def add(self, name: str, addr: str, netns_fd: int) -> None:
         """Create veth `name` (host) <-> eth0 (sandbox), addresses, routes, and both rule sets."""
-        self._check_thread()
         ipr = self.ipr
         # the host rules cover the link before it exists: no window in which it is unfiltered
         self.nft.run(f'add element inet {self.table} links {{ "{name}" }}\n'
@@ -238,6 +255,10 @@ class Plumber:
             ipr.link("set", index=idx, state="up")
             ipr.route("add", dst=f"{addr}/32", oif=idx, scope=RT_SCOPE_LINK, prefsrc=self.gw)
             with self._in_netns(netns_fd):
+                # rules first: the link comes up in the sandbox only once they hold
+                n = Nft()
+                self._sandbox_nft[name] = n
+                n.run(sandbox_ruleset(self.gw))
                 inner = IPRoute()
                 try:
                     e = inner.link_lookup(ifname=SANDBOX_IF)[0]
@@ -250,24 +271,24 @@ class Plumber:
                     inner.route("add", dst="0.0.0.0/0", gateway=self.gw, oif=e)
                 finally:
                     inner.close()
-                n = Nft()
-                try:
-                    n.run(sandbox_ruleset(self.gw))
-                finally:
-                    n.close()
         except Exception as e:
-            self._del_link(name)
-            self._del_elements(name, addr)
+            self.remove(name, addr)
             if isinstance(e, SandboxError):
                 raise
             raise SandboxError(f"setting up the sandbox network ({name}, {addr}) failed: {e}") from e
 
     def remove(self, name: str, addr: str) -> None:
-        """Remove the veth (its sandbox end goes with it), the anti-spoof element and conntrack entries."""
-        self._check_thread()
+        """Remove the veth (its sandbox end goes with it), then the host's elements for it, then conntrack.
+
+        In that order: while the link exists its elements must too, or its packets would
+        meet no host rule at all.
+        """
         self._del_link(name)
         self._del_elements(name, addr)
-        flush_conntrack(addr)
+        n = self._sandbox_nft.pop(name, None)
+        if n is not None:
+            n.close()
+        self.flush_conntrack(addr)
 
     def _del_elements(self, name: str, addr: str) -> None:
         for cmd in (f'delete element inet {self.table} members {{ "{name}" . {addr} }}',
@@ -286,19 +307,25 @@ class Plumber:
             if e.code not in (errno.ENODEV, errno.ENOENT):
                 raise
 
+    def flush_conntrack(self, addr: str) -> int:
+        """Delete the host's conntrack entries whose original source is `addr`. Returns how many."""
+        ct = getattr(self._local, "ct", None)
+        if ct is None:
+            try:
+                from pyroute2 import Conntrack
+                ct = self._local.ct = Conntrack()
+            except Exception:  # noqa: BLE001 - no nf_conntrack netlink: nothing tracked to flush
+                return 0
+            with self._all_lock:
+                self._all.append(ct)
+        return flush_conntrack(addr, ct)
 
-def flush_conntrack(addr: str) -> int:
-    """Delete the host's conntrack entries whose original source is `addr`. Returns how many."""
-    try:
-        from pyroute2 import Conntrack
-        from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
-    except ImportError:
-        return 0
+
+def flush_conntrack(addr: str, ct) -> int:
+    """Delete conntrack entries (through socket `ct`) whose original source is `addr`."""
+    from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
+
     n = 0
-    try:
-        ct = Conntrack()
-    except Exception:  # noqa: BLE001 - no nf_conntrack netlink: nothing tracked to flush
-        return 0
     try:
         for entry in list(ct.dump_entries(tuple_orig=NFCTAttrTuple(saddr=addr))):
             try:
@@ -308,8 +335,6 @@ def flush_conntrack(addr: str) -> int:
                 pass
     except Exception:  # noqa: BLE001 - best effort; entries also time out by themselves
         pass
-    finally:
-        ct.close()
     return n
 
 
