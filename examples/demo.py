@@ -49,8 +49,43 @@ def sandbox_demo() -> None:
 
 
 def memory_demo() -> None:
-    """The memory wing's half of the demo (SMF); filled in by the memory wing."""
-    print("== memory: (not part of this demo yet)")
+    """Memory as plain files: entities, symlinked relations, git history, time travel, a check, an ingest."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    print("== memory (SMF)")
+    root = Path(tempfile.mkdtemp(prefix="hutch-demo-mem-"))
+    try:
+        mem = hutch.Memory(root / "agent-memory")   # creates the directory and its git repository
+        alice = mem.put("actors", "Alice Chen", body="Head of data at Acme.",
+                        facts=["prefers weekly reports"], source="chat:2026-11-02#14")
+        mem.link(alice, "works_at", mem.put("orgs", "Acme"))
+        print("  links of actors/alice-chen:", dict(mem.get("actors/alice-chen").links))
+        print("  neighbors of orgs/acme:", [(n.relation, n.direction, n.id) for n in mem.neighbors("orgs/acme")])
+        mem.supersede("actors/alice-chen", facts=["prefers daily reports"], valid_from="2026-11-20",
+                      source="chat:2026-11-20#3", reason="she asked for daily reports")
+        print("  now:", mem.get("actors/alice-chen").facts,
+              "| as of 2026-11-01:", mem.as_of("2026-11-01").get("actors/alice-chen").facts)
+        for v in mem.history("actors/alice-chen"):
+            print(f"  history: {v.op:<9} valid {v.valid_from} .. {v.valid_to}  source={v.source}")
+        link_dir = mem.root / "actors" / "alice-chen.links" / "works_at"
+        print("  on disk:", " ".join(f"{n} -> {os.readlink(link_dir / n)}" for n in os.listdir(link_dir)))
+        conv = Path(os.environ.get("HUTCH_LOCOMO_DIR", "/work/shared/data/locomo-dev")) / "conv-26.json"
+        if conv.exists():
+            t0 = time.perf_counter()
+            r = mem.ingest_conversation(conv)
+            print(f"  ingested {conv.name}: {r.count} entities, {r.links} links, one commit, "
+                  f"{(time.perf_counter() - t0) * 1000:.0f} ms")
+            print("  turn D1:3 is addressable:", mem.get("interactions/conv-26-session-1").section("D1:3")[:70], "...")
+        report = mem.check()
+        print(f"  check: {report.entities} entities, {report.links} links, {len(report.errors)} errors")
+        log = subprocess.run(["git", "-C", str(mem.root), "log", "--oneline"], capture_output=True, text=True).stdout
+        print("  git log:", " | ".join(log.splitlines()[:4]), "...")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:

@@ -55,17 +55,19 @@ def history(mem: "Memory", entity_id: str) -> list[Version]:
             "source": c.trailer("Hutch-Source"), "reason": c.trailer("Hutch-Reason"), "text": text,
             "valid_from": _s(m.get("valid_from")), "valid_to": _s(m.get("valid_to")),
         })
-    last_content = None
+    # a supersede closes the version before it (and the link-only commits that carried the same text)
+    group: list[dict] = []
     for r in rows:
-        if r["op"] == "supersede" and last_content is not None and last_content["valid_to"] is None:
-            last_content["valid_to"] = r["valid_from"]
-        if r["text"] is not None and (last_content is None or r["text"] != last_content["text"]):
-            last_content = r
-    versions = []
-    for r in reversed(rows):
-        versions.append(Version(**r))
-    # versions that only changed links carry the same text: give them the closing date too
-    return versions
+        if r["op"] == "supersede":
+            for g in group:
+                if g["valid_to"] is None and g["text"] is not None:
+                    g["valid_to"] = r["valid_from"]
+            group = []
+        if group and r["text"] == group[-1]["text"]:
+            group.append(r)
+        else:
+            group = [r]
+    return [Version(**r) for r in reversed(rows)]
 
 
 def _s(v: Any) -> str | None:
