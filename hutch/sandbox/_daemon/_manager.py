@@ -32,6 +32,7 @@ from hutch.sandbox._native._cgroups import ZYGOTE_LEAF, Cgroups
 from hutch.sandbox._native._runtime import Channel, Zygote, build_plan, exec_env
 from hutch.sandbox._spec import SandboxSpec
 
+WARM_POOL = int(os.environ.get("HUTCH_WARM_POOL", "4"))  # inits kept ready in their cgroups and namespaces
 LEASE_GRACE = 5.0        # seconds a non-detached sandbox may wait for its creator's lease
 START_TIMEOUT = 10.0     # seconds for an init to report ready
 KEEP_ENDED = 1000        # ended sandboxes remembered for info/wait
@@ -54,8 +55,8 @@ class Exec:
 @dataclass
 class Sandbox:
     id: str
-    spec: SandboxSpec
-    image: object
+    spec: SandboxSpec | None = None     # None while a warm init waits in the pool
+    image: object = None
     created_at: float = field(default_factory=time.time)
     status: str = "starting"
     returncode: int | None = None
@@ -71,6 +72,7 @@ class Sandbox:
     gone: asyncio.Event = field(default_factory=asyncio.Event)
     cleaning: bool = False
     ready: asyncio.Future | None = None
+    warm: asyncio.Future | None = None
     hostname: str = ""
 
     @property
@@ -97,6 +99,8 @@ class Manager:
         self.by_pid: dict[int, Sandbox] = {}
         self.zygote: Zygote | None = None
         self.closing = False
+        self.pool: list[Sandbox] = []     # warm inits: cgroups joined, namespaces made, no root yet
+        self.warming = 0
 
     # --- daemon lifecycle ---------------------------------------------------------------
 
@@ -113,6 +117,7 @@ class Manager:
         self.cgroups.setup()
         self.zygote = Zygote(self._on_reaped, self._on_zygote_death)
         await self.zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF))
+        self._refill()
         if self.network is not None and hasattr(self.network, "start"):
             try:  # the egress gateway: host rules, resolver, proxy; also reaps a predecessor's veths
                 await self.network.start()
@@ -136,7 +141,8 @@ class Manager:
 
     async def shutdown(self) -> None:
         self.closing = True
-        await asyncio.gather(*(self.end(sb, "terminated") for sb in list(self.sandboxes.values()) if not sb.gone.is_set()))
+        everyone = list(self.sandboxes.values()) + self.pool
+        await asyncio.gather(*(self.end(sb, "terminated") for sb in everyone if not sb.gone.is_set()))
         if self.zygote is not None:
             self.zygote.stop()
         if self.network is not None and hasattr(self.network, "stop"):
@@ -176,7 +182,7 @@ class Manager:
     # --- lookup -------------------------------------------------------------------------
 
     def get(self, key: str) -> Sandbox:
-        sb = self.sandboxes.get(key)
+        sb = self.sandboxes.get(key) if isinstance(key, str) else None
         if sb is None:
             for s in self.sandboxes.values():
                 if s.spec.name == key and s.active:
@@ -204,35 +210,85 @@ class Manager:
         if spec.limits.memory < 8 * 1024**2:
             raise InvalidSpecError(f"memory={spec.limits.memory} bytes is too small; give at least '8M'.")
         image = _images.resolve_image(spec.image)
-        sid = secrets.token_hex(6)
-        sb = Sandbox(id=sid, spec=spec, image=image, hostname=spec.name or f"hutch-{sid}")
-        plan = build_plan(spec, image, sid=sid, scratch=str(self.scratch),
-                          cgroup_procs=self.cgroups.procs_files(sid))
-        self._write_record(sb)
-        self.sandboxes[sid] = sb
+        build_plan(spec, image, sid="check", scratch=str(self.scratch), cgroup_procs=[])  # bad mounts fail here
+        sb = self.pool.pop(0) if self.pool else None
+        self._refill()
+        try:
+            if sb is None:
+                sb = await self._spawn()
+            sb.spec, sb.image, sb.hostname = spec, image, spec.name or f"hutch-{sb.id}"
+            sb.created_at, sb.status = time.time(), "starting"
+        except BaseException as e:
+            if sb is not None:
+                await self.end(sb, "failed")
+            if isinstance(e, (SandboxError, DaemonError)):
+                raise
+            raise SandboxError(f"a sandbox could not be started: {e}") from e
+        self.sandboxes[sb.id] = sb
         self._prune()
         try:
-            self.cgroups.create(sid, spec.limits.memory, spec.limits.pids, spec.limits.cpu)
+            self.cgroups.set_limits(sb.id, spec.limits.memory, spec.limits.pids, spec.limits.cpu)
+            plan = build_plan(spec, image, sid=sb.id, scratch=str(self.scratch), cgroup_procs=[])
             await self._start(sb, plan)
         except BaseException as e:
             await self.end(sb, "failed")
             if isinstance(e, (SandboxError, ConfigError, NotFoundError, StateError, DaemonError)):
                 raise
-            raise SandboxError(f"sandbox {sid} could not be started: {e}") from e
+            raise SandboxError(f"sandbox {sb.id} could not be started: {e}") from e
         return sb
 
-    async def _start(self, sb: Sandbox, plan: dict) -> None:
-        loop = asyncio.get_running_loop()
-        sb.ready = loop.create_future()
-        pid, sock = await self.zygote.spawn(plan) if self.zygote else (0, None)
-        if not pid:
+    async def _spawn(self) -> Sandbox:
+        """A new init in its own cgroups and namespaces, parked until it is given a root's plan."""
+        if self.zygote is None:
             raise DaemonError("the sandbox start server is not running; restart the daemon.")
+        loop = asyncio.get_running_loop()
+        sb = Sandbox(id=secrets.token_hex(6), status="warm")
+        sb.warm, sb.ready = loop.create_future(), loop.create_future()
+        self._write_record(sb)
+        try:
+            self.cgroups.create(sb.id)
+            pid, sock = await self.zygote.spawn({"cgroup_procs": self.cgroups.procs_files(sb.id)})
+        except BaseException:
+            sb.cleaning = True
+            await self._cleanup(sb)
+            raise
         sb.init_pid = pid
         self.by_pid[pid] = sb
         sb.pidfd = os.pidfd_open(pid)
         # The pidfd turns readable when pid 1 has exited, and with it every process of its namespace.
         loop.add_reader(sb.pidfd, self._on_init_exit, sb)
         sb.channel = Channel(sock, lambda m, f, sb=sb: self._on_init_event(sb, m, f))
+        msg = await asyncio.wait_for(asyncio.shield(sb.warm), START_TIMEOUT)
+        if msg["op"] != "warm":
+            await self.end(sb, "failed")
+            raise SandboxError(f"a sandbox init failed while starting: {msg.get('message')}.")
+        return sb
+
+    def _refill(self) -> None:
+        """Top the warm pool up in the background (a failure just leaves it short)."""
+        if self.closing or self.zygote is None:
+            return
+        loop = asyncio.get_running_loop()
+        while len(self.pool) + self.warming < WARM_POOL:
+            self.warming += 1
+
+            async def one():
+                try:
+                    sb = await self._spawn()
+                    if self.closing:
+                        await self.end(sb, "terminated")
+                    else:
+                        self.pool.append(sb)
+                except Exception as e:  # noqa: BLE001 - a create spawns cold if the pool is empty
+                    print(f"hutch daemon: could not warm an init: {e}", file=sys.stderr)
+                finally:
+                    self.warming -= 1
+
+            loop.create_task(one())
+
+    async def _start(self, sb: Sandbox, plan: dict) -> None:
+        loop = asyncio.get_running_loop()
+        await sb.channel.notify({"op": "plan", "plan": plan})
         msg = await asyncio.wait_for(asyncio.shield(sb.ready), START_TIMEOUT)
         if msg["op"] != "ready":
             raise SandboxError(f"sandbox {sb.id} could not be set up: {msg.get('message')}. "
@@ -260,9 +316,13 @@ class Manager:
         for fd in fds:
             os.close(fd)
         op = msg["op"]
-        if op in ("ready", "failed"):
-            if sb.ready and not sb.ready.done():
-                sb.ready.set_result(msg)
+        if op == "warm":
+            if sb.warm and not sb.warm.done():
+                sb.warm.set_result(msg)
+        elif op in ("ready", "failed"):
+            for fut in (sb.warm, sb.ready):
+                if fut and not fut.done():
+                    fut.set_result(msg)
         elif op == "exec_exit":
             ex = sb.execs.get(msg["eid"])
             if ex is not None and not ex.exited.done():
@@ -275,8 +335,9 @@ class Manager:
                 sb.status = "oom" if killed and self.cgroups.oom_kills(sb.id) else "exited"
                 sb.returncode = os.waitstatus_to_exitcode(st)
         elif op == "eof":
-            if sb.ready and not sb.ready.done():
-                sb.ready.set_result({"op": "failed", "message": "its init exited during set-up"})
+            for fut in (sb.warm, sb.ready):
+                if fut and not fut.done():
+                    fut.set_result({"op": "failed", "message": "its init exited during set-up"})
 
     # --- ending ---------------------------------------------------------------------------
 
@@ -328,6 +389,8 @@ class Manager:
             return
         if sb.active:  # the init died on its own
             sb.status = "oom" if self.cgroups.oom_kills(sb.id) else "failed"
+        if sb in self.pool:
+            self.pool.remove(sb)
         for t in sb.timers:
             t.cancel()
         if sb.channel is not None:
@@ -348,7 +411,7 @@ class Manager:
                 break
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
-        if self.network is not None:
+        if self.network is not None and sb.spec is not None:
             try:
                 await self.network.detach(sb.id)
             except Exception:  # noqa: BLE001 - teardown goes on; the gateway logs its own failure

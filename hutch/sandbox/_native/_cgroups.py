@@ -66,6 +66,9 @@ class Cgroups:
     def create(self, sid: str, memory: int | None = None, pids: int | None = None, cpu: float | None = None) -> None:
         for d in self.dirs(sid):
             d.mkdir()
+        self.set_limits(sid, memory, pids, cpu)
+
+    def set_limits(self, sid: str, memory: int | None = None, pids: int | None = None, cpu: float | None = None) -> None:
         if self.v2:
             d = self.dirs(sid)[0]
             if memory:

@@ -29,7 +29,12 @@ NODEV = L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC
 
 
 def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=()) -> int:
-    """Become the sandbox's init; returns only on a failure before it was ready."""
+    """Become the sandbox's init; returns only on a failure before it was ready.
+
+    In two steps: join the cgroups and unshare the namespaces, report "warm" and
+    wait for the root's plan (a warm pool keeps inits parked here); then build
+    the root, lock down, and serve.
+    """
     L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
     os.closerange(3, min(keep))
     os.closerange(max(keep) + 1, 65536)
@@ -38,6 +43,11 @@ def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=()) -> int:
             with open(path, "w") as f:
                 f.write("0")
         L.unshare(L.UNSHARE_NS_FLAGS)
+        _wire.send(ctl, {"op": "warm"})
+        msg, _ = _wire.recv(ctl)
+        if msg is None:  # the daemon is gone, or did not need this warm init
+            return 0
+        plan = msg["plan"]
         _setup_root(plan)
         _lockdown(seccomp)
     except Exception as e:  # report why, then die: the daemon tears the rest down
