@@ -185,4 +185,5 @@ class CheckReport:
         return [i for i in self.issues if i.severity == "warning"]
 
     def by_code(self, code: str) -> list[CheckIssue]:
+        """The issues with this code, e.g. 'dangling-link'."""
         return [i for i in self.issues if i.code == code]

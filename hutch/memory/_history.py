@@ -134,6 +134,7 @@ class MemoryView:
         return {k: tuple(sorted(v)) for k, v in out.items()}
 
     def exists(self, ref: Any) -> bool:
+        """True if `ref` has a version valid at this view's date."""
         try:
             self.get(ref)
             return True
