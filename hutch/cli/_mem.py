@@ -302,3 +302,7 @@ def ingest(ctx, paths, form, cls, source) -> None:
             r = m.ingest_text(p, cls=cls, source=source)
         counts = ", ".join(f"{len(v)} {k}" for k, v in sorted(r.entities.items()))
         click.echo(f"{p}: {counts}; {r.links} links; commit {r.commit[:12] if r.commit else '(no change)'}")
+
+
+# `search`, `reindex` and `doctor` live in their own module (the search index); importing it registers them.
+from hutch.cli import _mem_search  # noqa: E402,F401

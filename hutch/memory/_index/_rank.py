@@ -173,6 +173,14 @@ def minmax(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.where(mask, (x - lo) / (hi - lo), 0.0)
 
 
+def maxnorm(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Scale a non-negative score whose zero means "no match" (BM25) by its maximum over the candidates."""
+    if not mask.any():
+        return np.zeros_like(x)
+    hi = x[mask].max()
+    return np.where(mask, x / hi, 0.0) if hi > 0 else np.zeros_like(x)
+
+
 def ranks_of(x: np.ndarray, mask: np.ndarray, positions) -> list[int]:
     """1-based rank of each position among the masked candidates by x (ties share the better rank)."""
     xs = x[mask]
@@ -184,6 +192,7 @@ class Channel:
     name: str
     scores: np.ndarray  # raw scores over all unit positions (0 where the channel has nothing)
     present: np.ndarray  # bool: the channel found the unit at all
+    zero_based: bool = True  # 0 means "nothing": scale by the maximum; else min-max (cosines)
 
 
 def fuse(channels: list[Channel], mask: np.ndarray, fusion: str) -> np.ndarray:
@@ -198,6 +207,8 @@ def fuse(channels: list[Channel], mask: np.ndarray, fusion: str) -> np.ndarray:
             r = np.empty(len(mask))
             r[order] = np.arange(1, len(mask) + 1)
             total += np.where(cand, 1.0 / (RRF_K + r), 0.0)
+        elif ch.zero_based:
+            total += maxnorm(np.where(cand, ch.scores, 0.0), mask)
         else:
             total += minmax(np.where(cand, ch.scores, 0.0), mask)
     return total

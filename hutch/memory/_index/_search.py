@@ -242,7 +242,7 @@ class SearchIndex:
                 dense_on = False
         if dense_on:
             dense = s.V[:n] @ qv
-            channels.append(_rank.Channel("dense", dense.astype(np.float64), mask.copy()))
+            channels.append(_rank.Channel("dense", dense.astype(np.float64), mask.copy(), zero_based=False))
         # entity level: BM25 over the whole entity + its best unit's dense score
         ne = s.ne
         ent = np.zeros(ne)
@@ -256,7 +256,7 @@ class SearchIndex:
                     elex[p] = score
             emask = np.zeros(ne, bool)
             emask[s.epos[:n][mask]] = True
-            ent += _rank.minmax(elex, emask)
+            ent += _rank.maxnorm(elex, emask)
         if dense_on:
             edense = np.full(ne, -1.0)
             np.maximum.at(edense, s.epos[:n][mask], dense[mask])

@@ -1,0 +1,93 @@
+"""`hutch mem search | reindex | doctor`: the search index from the shell (thin wrappers over Memory).
+
+Registered on the `mem` group by hutch/cli/_mem.py. Exit codes: 0 success;
+1 a hutch error; 2 a usage error; 4 `doctor` found the index out of date.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from hutch.cli._mem import mem, open_store
+
+EXIT_INDEX_STALE = 4
+
+
+@mem.command()
+@click.argument("query")
+@click.option("-k", "k", default=10, show_default=True, help="How many hits.")
+@click.option("--class", "classes", multiple=True, help="Only entities of this class (repeatable).")
+@click.option("--since", help="Only entities whose time is on or after this ISO date.")
+@click.option("--until", help="Only entities whose time is on or before this ISO date.")
+@click.option("--as-of", "as_of", help="Only entities valid at this ISO date.")
+@click.option("--expand", default=0, show_default=True, help="Add entities up to N links away from the hits.")
+@click.option("--explain", is_flag=True, help="Show each channel's rank and score for every hit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the hits as JSON.")
+@click.pass_context
+def search(ctx, query, k, classes, since, until, as_of, expand, explain, as_json) -> None:
+    """Search the store by words, meaning, links and time (files changed by hand are indexed first).
+
+    \b
+    Examples:
+      hutch mem search "customer churn" -k 5 --explain
+      hutch mem search "what did Alice decide about pricing?" --class decisions --since 2026-10-01
+      hutch mem search Acme --expand 1
+    """
+    m = open_store(ctx)
+    hits = m.search(query, k=k, classes=list(classes) or None, since=since, until=until, as_of=as_of, expand=expand)
+    if as_json:
+        click.echo(json.dumps([{"id": h.entity_id, "anchor": h.anchor, "score": h.score,
+                                "channels": {c: dict(v) for c, v in h.channels.items()}} for h in hits], indent=1))
+        return
+    for i, h in enumerate(hits, 1):
+        where = f"{h.entity_id}#{h.anchor}" if h.anchor else h.entity_id
+        click.echo(f"{i:3d}. {h.score:7.3f}  {where}")
+        if explain:
+            parts = []
+            for name, v in h.channels.items():
+                if "rank" in v:
+                    parts.append(f"{name} #{v['rank']} ({v['score']:.3g})")
+                else:
+                    parts.append(f"{name} {v.get('hops')} hop(s) via {v.get('via')}")
+            click.echo("       " + "; ".join(parts))
+            text = " ".join(h.text.split())
+            click.echo("       " + (text[:160] + ("..." if len(text) > 160 else "")))
+
+
+@mem.command()
+@click.option("--full", is_flag=True, help="Start from an empty index file instead of updating the current one.")
+@click.pass_context
+def reindex(ctx, full) -> None:
+    """Bring the search index up to date now, embedding everything pending (--full: rebuild from nothing).
+
+    \b
+    Example:
+      hutch mem reindex
+    """
+    report = open_store(ctx).reindex(full=full)
+    for line in report.lines():
+        click.echo(line)
+
+
+@mem.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def doctor(ctx, as_json) -> None:
+    """Verify the search index against the files and report its exact state (exit 4 if out of date).
+
+    \b
+    Example:
+      hutch mem doctor
+    """
+    report = open_store(ctx).doctor()
+    if as_json:
+        d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in report.__dict__.items()}
+        d["path"] = str(report.path)
+        click.echo(json.dumps(d, indent=1))
+    else:
+        for line in report.lines():
+            click.echo(line)
+    if not report.ok:
+        ctx.exit(EXIT_INDEX_STALE)

@@ -1,0 +1,47 @@
+"""`hutch mem search | reindex | doctor` through click's runner, on a real store."""
+
+import json
+
+from click.testing import CliRunner
+
+from hutch.cli import cli
+from hutch.cli._mem_search import EXIT_INDEX_STALE, doctor, reindex, search
+from conftest import CONVERSATION
+
+
+def run(store, *args):
+    return CliRunner().invoke(cli, ["mem", "--store", str(store), *args], catch_exceptions=False)
+
+
+def test_search_explain_json_reindex_doctor(mem, store_dir):
+    mem.ingest_conversation(CONVERSATION, conv_id="c1")
+    r = run(store_dir, "reindex")
+    assert r.exit_code == 0 and "state: ok" in r.output and "pending: 0" in r.output
+    r = run(store_dir, "search", "sailing boat", "-k", "2", "--class", "interactions", "--explain")
+    assert r.exit_code == 0
+    first = r.output.splitlines()[0]
+    assert "interactions/c1-session-" in first and "#D" in first
+    assert "bm25 #" in r.output and "dense #" in r.output
+    r = run(store_dir, "search", "sailing boat", "--json", "-k", "1")
+    hit = json.loads(r.output)[0]
+    assert hit["anchor"].startswith("D") and "bm25" in hit["channels"]
+    (store_dir / "notes").mkdir()
+    (store_dir / "notes" / "x.md").write_text("---\ntitle: X\n---\nnew\n")
+    r = run(store_dir, "doctor")
+    assert r.exit_code == EXIT_INDEX_STALE and "missing: 1: notes/x" in r.output
+    r = run(store_dir, "doctor", "--json")
+    assert json.loads(r.output)["missing"] == ["notes/x"]
+    assert run(store_dir, "reindex").exit_code == 0
+    assert run(store_dir, "doctor").exit_code == 0
+
+
+def test_every_command_has_help_and_an_example():
+    for cmd in (search, reindex, doctor):
+        assert cmd.help and "Example" in cmd.help
+        r = CliRunner().invoke(cli, ["mem", cmd.name, "--help"])
+        assert r.exit_code == 0 and "Example" in r.output
+
+
+def test_missing_store_is_a_clear_error(store_dir):
+    r = CliRunner().invoke(cli, ["mem", "--store", str(store_dir / "nope"), "search", "x"])
+    assert r.exit_code == 1 and "hutch mem init" in r.output
