@@ -42,6 +42,7 @@ DEFAULT_DNS_PORT = 53
 FALLBACK_DNS_PORT = 15053
 DEFAULT_TABLE = "hutch_egress"
 LOG_LIMIT = 10000
+HOST_ADDRESS_REFRESH = 5.0   # seconds
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,7 @@ class Gateway:
         self._pool: ThreadPoolExecutor | None = None      # attach: creates links and rules
         self._cleanup: ThreadPoolExecutor | None = None   # removal, off the create path
         self._pending: set[asyncio.Future] = set()
+        self._refresher: asyncio.Task | None = None
         self._host_fd = -1
         self._started = False
         self._lock = asyncio.Lock()
@@ -169,6 +171,7 @@ class Gateway:
         if self._started:
             return
         loop = asyncio.get_running_loop()
+        _raise_nofile()
         self._host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         host_fd = self._host_fd
         # one thread does all plumbing: setns moves only that thread, and pyroute2/nft
@@ -195,6 +198,7 @@ class Gateway:
             self._rules.set_host_addresses(addrs)
             await self._resolver.start(dns_socks)
             await self._proxy.start(proxy_sock)
+            self._refresher = loop.create_task(self._refresh_host_addresses())
         except BaseException:
             for s in (*dns_socks, proxy_sock):
                 if s is not None:
@@ -210,7 +214,21 @@ class Gateway:
         await self._teardown()
         self._started = False
 
+    async def _refresh_host_addresses(self) -> None:
+        # the host's addresses may change (DHCP, new bridges); the proxy never dials them
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(HOST_ADDRESS_REFRESH)
+            try:
+                addrs = await loop.run_in_executor(self._pool, self._plumber.host_addresses)
+                self._rules.set_host_addresses(addrs)
+            except Exception:  # noqa: BLE001 - keep the last known list
+                pass
+
     async def _teardown(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            self._refresher = None
         await self._proxy.stop()
         await self._resolver.stop()
         if self._pending:
@@ -414,6 +432,19 @@ class Gateway:
             return RCODE.NOERROR, (), 0
         self._record(sb, name, ",".join(ok), 53, "dns", "allow", v.reason)
         return RCODE.NOERROR, ok, min(ttl, ANSWER_TTL)
+
+
+def _raise_nofile() -> None:
+    """Every proxied connection holds two descriptors: lift the soft limit to the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def _check_policy(policy) -> Network:

@@ -32,6 +32,7 @@ SO_ORIGINAL_DST = 80
 PEEK_TIMEOUT = 10.0
 DIAL_TIMEOUT = 10.0
 CHUNK = 1 << 20
+MAX_CONNS_PER_SANDBOX = 2048
 _F_SETPIPE_SZ = 1031
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 
@@ -183,6 +184,12 @@ class Proxy:
             client.setblocking(False)
             sb = self.gw._by_addr.get(peer[0])
             if sb is None:
+                _hard_close(client, True)
+                continue
+            if len(sb.conns) >= MAX_CONNS_PER_SANDBOX:
+                # one sandbox must not use up the gateway's descriptors for all others
+                self.gw._record(sb, None, None, None, "tcp", "deny",
+                                f"more than {MAX_CONNS_PER_SANDBOX} open connections")
                 _hard_close(client, True)
                 continue
             conn = Conn(loop, sb, client)
