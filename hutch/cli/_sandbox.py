@@ -1,4 +1,4 @@
-"""`hutch run`, `hutch sandbox create|exec|ls|kill`, `hutch serve`: thin wrappers over hutch.Sandbox."""
+"""`hutch run`, `hutch sandbox create|exec|ls|kill|netlog`, `hutch serve`: thin wrappers over hutch.Sandbox."""
 
 from __future__ import annotations
 
@@ -225,6 +225,31 @@ def kill(sandbox_ids):
     for sid in sandbox_ids:
         hutch.Sandbox.from_id(sid).terminate()
         click.echo(sid)
+
+
+@sandbox.command("netlog")
+@click.argument("sandbox_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the decisions as JSON.")
+def netlog(sandbox_id, as_json):
+    """Show the egress gateway's decisions for a sandbox, oldest first.
+
+    \b
+    Example:
+      hutch sandbox netlog sb-1a2b3c
+    """
+    import time
+
+    import hutch
+
+    decisions = hutch.Sandbox.from_id(sandbox_id).network_log()
+    if as_json:
+        click.echo(json.dumps(decisions, indent=1))
+        return
+    click.echo(f"{'TIME':<12} {'VERDICT':<7} {'PROTO':<6} {'NAME':<32} {'ADDRESS':<16} {'PORT':<5} REASON")
+    for d in decisions:
+        t = time.strftime("%H:%M:%S", time.localtime(d["time"])) + f".{int(d['time'] % 1 * 1000):03d}"
+        click.echo(f"{t:<12} {d['verdict']:<7} {d['protocol']:<6} {(d['name'] or '-'):<32} "
+                   f"{(d['address'] or '-'):<16} {str(d['port'] or '-'):<5} {d['reason']}")
 
 
 @click.command()

@@ -109,6 +109,11 @@ def test_sdk_sandbox_gets_its_policy_and_can_change_it(daemon, world, busybox_ro
         assert any(d["name"] == "www.example.test" and d["verdict"] == "allow" for d in log)
         assert any(d["name"] == "api.example.test" and d["verdict"] == "deny" for d in log)
         assert set(log[0]) == {"time", "name", "address", "port", "protocol", "verdict", "reason"}
+        from click.testing import CliRunner
+
+        from hutch.cli import cli
+        out = CliRunner().invoke(cli, ["sandbox", "netlog", sb.id])
+        assert out.exit_code == 0 and "api.example.test" in out.output and "deny" in out.output, out.output
 
         sb.set_network(Network.allow(domains=["api.example.test"]))
         assert fetch(sb, "http://api.example.test/")["server"] == "198.51.100.10"
