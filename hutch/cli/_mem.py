@@ -306,3 +306,5 @@ def ingest(ctx, paths, form, cls, source) -> None:
 
 # `search`, `reindex` and `doctor` live in their own module (the search index); importing it registers them.
 from hutch.cli import _mem_search  # noqa: E402,F401
+# `mount` and `umount` (the FUSE view, hutch/fuse) live in their own module; importing it registers them.
+from hutch.cli import _mem_mount  # noqa: E402,F401

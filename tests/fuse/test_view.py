@@ -1,0 +1,157 @@
+"""The FUSE view of a store, through a real mount: the tree, writes as commits, search, as-of, profile, errno."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+
+import pytest
+
+import hutch
+
+
+def _errno(fn, *a, **kw) -> int:
+    try:
+        fn(*a, **kw)
+    except OSError as e:
+        return e.errno
+    raise AssertionError(f"{fn.__name__}{a} did not fail")
+
+
+def _write(path: str, data: str, mode: str = "w") -> None:
+    with open(path, mode) as f:
+        f.write(data)
+
+
+def test_tree_shows_the_store_and_the_views(mounted):
+    top = sorted(os.listdir(mounted.path))
+    assert top == ["actors", "as-of", "orgs", "profile.md", "search", "topics"]  # no .git, .hutch, .gitignore
+    assert sorted(os.listdir(mounted.p("actors"))) == ["alice-chen.links", "alice-chen.md"]
+    with open(mounted.p("actors", "alice-chen.md"), "rb") as f:
+        assert f.read() == (mounted.mem.root / "actors" / "alice-chen.md").read_bytes()
+    link = mounted.p("actors", "alice-chen.links", "works_at", "acme.md")
+    assert os.readlink(link) == "../../../orgs/acme.md"
+    with open(link) as f:  # the relative link resolves inside the mount
+        assert "customer churn" in f.read()
+    assert _errno(os.stat, mounted.p(".git")) == errno.ENOENT
+    assert _errno(open, mounted.p("actors", "nobody.md")) == errno.ENOENT
+
+
+def test_writes_commit_with_the_mounts_provenance(mounted):
+    mem = mounted.mem
+    _write(mounted.p("actors", "alice-chen.md"), "- likes tea\n", "a")
+    e = mem.get("actors/alice-chen")
+    assert e.text.endswith("- prefers weekly reports\n- likes tea\n")
+    v = mem.history("actors/alice-chen")[0]
+    assert v.source == f"fuse:{mounted.path}" and v.op == "update"
+
+    # a new file without front matter becomes a new entity; with front matter, the bytes are kept exactly
+    _write(mounted.p("topics", "churn.md"), "Customers leave when onboarding is slow.\n")
+    churn = mem.get("topics/churn")
+    assert churn.body.strip() == "Customers leave when onboarding is slow." and churn.source == f"fuse:{mounted.path}"
+    hand = "---\r\ntitle: Hand Made   # a comment\r\nid: topics/hand\r\n---\r\nbody *as is*\r\n"
+    with open(mounted.p("topics", "hand.md"), "wb") as f:
+        f.write(hand.encode())
+    assert (mem.root / "topics" / "hand.md").read_bytes() == hand.encode()
+    assert mem.get("topics/hand").title == "Hand Made"
+    assert mem.history("topics/hand")[0].op == "put"
+    # a shell redirect: one commit, not an empty one first
+    n = len(mem.git.log())
+    subprocess.run(["sh", "-c", f"echo 'Tiered pricing, revised.' > '{mounted.p('topics', 'pricing.md')}'"], check=True)
+    assert len(mem.git.log()) == n + 1
+    assert mem.get("topics/pricing").body.strip() == "Tiered pricing, revised."
+    assert mem.check().ok
+
+
+def test_sed_in_place_and_links_by_ln_and_rm(mounted):
+    mem = mounted.mem
+    subprocess.run(["sed", "-i", "s/November/December/", mounted.p("topics", "pricing.md")], check=True)
+    assert "December" in mem.get("topics/pricing").body
+    assert not [n for n in os.listdir(mounted.p("topics")) if n.startswith("sed")]
+    d = mounted.p("topics", "pricing.links", "decided_by")
+    os.makedirs(d)
+    os.symlink("../../../actors/alice-chen.md", os.path.join(d, "alice-chen.md"))
+    assert mem.get("topics/pricing").link_ids["decided_by"] == ("actors/alice-chen",)
+    assert _errno(os.symlink, "/etc/passwd", os.path.join(d, "x.md")) == errno.EINVAL
+    os.unlink(os.path.join(d, "alice-chen.md"))
+    assert "decided_by" not in mem.get("topics/pricing").link_ids
+    os.unlink(mounted.p("topics", "pricing.md"))
+    assert not mem.exists("topics/pricing")
+    assert mem.history("topics/pricing")[0].op == "forget"
+
+
+def test_errors_map_to_errno(mounted):
+    p = mounted.p
+    bad_yaml = "---\ntitle: [unclosed\n---\nbody\n"
+    f = open(p("actors", "alice-chen.md"), "w")
+    f.write(bad_yaml)
+    assert _errno(f.close) == errno.EINVAL
+    assert "Head of data" in mounted.mem.get("actors/alice-chen").body  # nothing half-written
+    f = open(p("actors", "alice-chen.md"), "w")
+    f.write("---\nid: orgs/alice-chen\n---\n")
+    assert _errno(f.close) == errno.EINVAL
+    assert _errno(_write, p("profile.md"), "x") == errno.EROFS
+    assert _errno(_write, p("search", "churn", "01-x.md"), "x") in (errno.EROFS, errno.ENOENT)
+    assert _errno(os.unlink, p("profile.md")) == errno.EROFS
+    assert _errno(_write, p("notes.txt"), "x") == errno.EACCES  # nothing but class directories at the top
+    assert _errno(os.rename, p("topics", "pricing.md"), p("topics", "prices.md")) == errno.EPERM
+    assert _errno(os.mkdir, p("Bad Class")) == errno.EINVAL
+    assert _errno(os.listdir, p("as-of", "not-a-date")) == errno.ENOENT
+    assert _errno(os.listdir, p("nope")) == errno.ENOENT
+
+
+def test_read_only_mount_refuses_every_write(mounted_ro):
+    p = mounted_ro.p
+    with open(p("actors", "alice-chen.md")) as f:
+        assert "Alice Chen" in f.read()
+    assert os.stat(p("actors", "alice-chen.md")).st_mode & 0o222 == 0
+    assert _errno(_write, p("actors", "alice-chen.md"), "x", "a") == errno.EROFS
+    assert _errno(_write, p("topics", "new.md"), "x") == errno.EROFS
+    assert _errno(os.unlink, p("topics", "pricing.md")) == errno.EROFS
+    assert _errno(os.mkdir, p("newclass")) == errno.EROFS
+    assert len(mounted_ro.mem.history("actors/alice-chen")) == 2  # put + link, nothing more
+
+
+def test_search_directory_lists_hits_best_first(mounted):
+    mem = mounted.mem
+    q = "customer churn"
+    names = sorted(os.listdir(mounted.p("search", q)))
+    hits = mem.search(q, k=10)
+    want = [f"{i:02d}-{h.entity_id.replace('/', '-')}.md" for i, h in enumerate(hits, 1)]
+    assert [n for n in names if n != ".explain"] == want
+    assert want[0] == "01-orgs-acme.md"
+    with open(mounted.p("search", q, want[0]), "rb") as f:
+        assert f.read() == (mem.root / "orgs" / "acme.md").read_bytes()
+    with open(mounted.p("search", q, ".explain")) as f:
+        explain = f.read()
+    assert explain.splitlines()[2].startswith("01-orgs-acme.md") and "bm25" in explain
+    assert _errno(open, mounted.p("search", q, "99-orgs-acme.md")) == errno.ENOENT
+    assert q in os.listdir(mounted.p("search"))  # recent queries show
+
+
+def test_as_of_shows_the_past_and_profile_is_live(mounted):
+    mem = mounted.mem
+    mem.update("topics/pricing", valid_from="2026-01-01")
+    mem.supersede("topics/pricing", valid_from="2026-06-01", body="Flat pricing from June.")
+    with open(mounted.p("as-of", "2026-03-01", "topics", "pricing.md")) as f:
+        assert "Tiered pricing" in f.read()
+    with open(mounted.p("topics", "pricing.md")) as f:
+        assert "Flat pricing" in f.read()
+    assert "pricing.md" in os.listdir(mounted.p("as-of", "2026-03-01", "topics"))
+    assert _errno(_write, mounted.p("as-of", "2026-03-01", "topics", "pricing.md"), "x") == errno.EROFS
+
+    with open(mounted.p("profile.md")) as f:
+        before = f.read()
+    assert "3 entities" in before and "- works_at: 1" in before
+    mem.put("actors", "Bob Stone")
+    import time
+    time.sleep(1.1)  # the profile is cached for a second
+    with open(mounted.p("profile.md")) as f:
+        after = f.read()
+    assert "4 entities" in after and "put actors/bob-stone" in after
+
+
+def test_hutch_memory_reads_what_the_mount_wrote_at_once(mounted):
+    _write(mounted.p("orgs", "globex.md"), "Globex buys widgets.\n")
+    assert hutch.Memory(mounted.mem.root).get("orgs/globex").title == "globex"
