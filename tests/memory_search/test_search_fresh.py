@@ -128,3 +128,26 @@ def test_malformed_file_is_still_found_and_reported(mem, store_dir):
     (store_dir / "notes" / "broken.md").write_text("---\ntitle: [unclosed\n---\nA broken file about walruses.\n")
     assert [h.entity_id for h in mem.search("walruses", k=1)] == ["notes/broken"]
     assert mem.doctor().unreadable == ("notes/broken",)
+
+
+def test_same_size_edit_with_the_old_mtime_is_seen(mem, store_dir):
+    """(mtime, size) alone would miss this edit; the inotify watch names the file, and its hash decides."""
+    mem.put("notes", "Pet", body="The cat sleeps.")
+    assert mem.search("cat", k=1)[0].entity_id == "notes/pet"
+    assert mem.index.idx.watcher is not None  # after the first query, changes are notified, not scanned
+    path = store_dir / "notes" / "pet.md"
+    st = path.stat()
+    path.write_text(path.read_text().replace("The cat sleeps.", "The owl sleeps."))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size
+    hits = mem.search("owl", k=1)
+    assert hits[0].entity_id == "notes/pet" and "owl" in hits[0].text and "bm25" in hits[0].channels
+
+
+def test_without_notifications_a_full_scan_still_sees_changes(mem, store_dir):
+    mem.put("notes", "Pet", body="The cat sleeps.")
+    mem.search("cat")
+    mem.index.idx.watcher.broken = True  # as after a queue overflow or a watch limit
+    (store_dir / "notes" / "pet.md").write_text("---\ntitle: Pet\n---\nThe hamster runs.\n")
+    assert "hamster" in mem.search("hamster", k=1)[0].text
+    assert mem.index.idx.watcher is not None and not mem.index.idx.watcher.broken  # watching again

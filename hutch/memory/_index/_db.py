@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,8 @@ class IndexDB:
         self._files: dict[str, tuple] | None = None  # entity_id -> (eid, mtime_ns, size, hash, linkstamp)
         self._gen_seen: str | None = None
         self.embed_error: str | None = None  # the last failure of the embedder on the query path
+        self.watcher = None  # _watch.Watcher once a full scan has been done (None: scan every time)
+        self.watch_error: str | None = None
 
     # ------------------------------------------------------------ open / verify / recover
 
@@ -166,6 +169,9 @@ class IndexDB:
                 pass
         self._files = None
         self._gen_seen = None
+        if self.watcher is not None:
+            self.watcher.close()
+            self.watcher = None
         self.recovered.append(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} rebuilt: {reason}")
 
     def recover(self, err: Exception) -> None:
@@ -174,6 +180,9 @@ class IndexDB:
         self.open()
 
     def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+            self.watcher = None
         if self.db is not None:
             self.db.close()
             self.db = None
@@ -231,8 +240,9 @@ class IndexDB:
             "select entity_id, eid, mtime_ns, size, hash, linkstamp from files")}
         self._gen_seen = gen
 
-    def scan(self) -> tuple[dict[str, tuple[Path, int, int]], dict[str, tuple[Path, str]]]:
-        """Stat every entity file and links directory: ({id: (path, mtime_ns, size)}, {id: (links dir, stamp)})."""
+    def scan(self, only: set[str] | None = None) -> tuple[dict[str, tuple[Path, int, int]], dict[str, tuple[Path, str]]]:
+        """Stat every entity file and links directory (of the classes `only`, if given):
+        ({id: (path, mtime_ns, size)}, {id: (links dir, stamp)})."""
         files: dict[str, tuple[Path, int, int]] = {}
         links: dict[str, tuple[Path, str]] = {}
         try:
@@ -241,6 +251,8 @@ class IndexDB:
             raise SearchIndexError(f"The store {self.root} is gone: recreate it or point Memory at another path.")
         for d in top:
             if d.name.startswith(".") or not d.is_dir(follow_symlinks=False):
+                continue
+            if only is not None and d.name not in only:
                 continue
             cls = d.name
             with os.scandir(d.path) as it:
@@ -253,7 +265,7 @@ class IndexDB:
                             st = e.stat(follow_symlinks=False)
                             files[f"{cls}/{name[:-3]}"] = (Path(e.path), st.st_mtime_ns, st.st_size)
                     elif name.endswith(LINKS_SUFFIX) and e.is_dir(follow_symlinks=False):
-                        links[f"{cls}/{name[:-len(LINKS_SUFFIX)]}"] = (Path(e.path), _linkstamp(e))
+                        links[f"{cls}/{name[:-len(LINKS_SUFFIX)]}"] = (Path(e.path), _linkstamp(e.path))
         return files, links
 
     def sync(self, *, embed_budget: float | None = QUERY_EMBED_BUDGET_S) -> tuple[SyncStats, set[int], set[int]]:
@@ -262,15 +274,20 @@ class IndexDB:
         self.open()
         self._load_files()
         stats = SyncStats()
-        files, linkdirs = self.scan()
+        files, linkdirs, cand_f, cand_l = self._changes()
         stats.scanned = len(files)
         known = self._files
         removed_uids: set[int] = set()
         added_uids: set[int] = set()
-        todo = [eid for eid, (p, m, s) in files.items()
-                if eid not in known or known[eid][1] != m or known[eid][2] != s]
-        gone = [eid for eid in known if eid not in files]
-        relink = [eid for eid in set(known) | set(linkdirs)
+        if cand_f is None:  # full scan: (mtime, size) decide what to read
+            todo = [eid for eid, (p, m, s) in files.items()
+                    if eid not in known or known[eid][1] != m or known[eid][2] != s]
+            gone = [eid for eid in known if eid not in files]
+            cand_l = set(known) | set(linkdirs)
+        else:  # notified: re-check exactly the named entities (the hash decides)
+            todo = [eid for eid in cand_f if eid in files]
+            gone = [eid for eid in cand_f if eid not in files and eid in known]
+        relink = [eid for eid in cand_l
                   if (linkdirs[eid][1] if eid in linkdirs else None) != (known[eid][4] if eid in known else None)]
         relink = [e for e in relink if e in files or e in known]
         if todo or gone or relink:
@@ -293,6 +310,8 @@ class IndexDB:
             except BaseException:
                 db.execute("rollback")
                 self._files = None
+                if self.watcher is not None:
+                    self.watcher.broken = True  # the drained events are lost: scan everything next time
                 raise
             self._gen_seen = self.generation()
         try:
@@ -307,6 +326,52 @@ class IndexDB:
             self.embed_error = None
         stats.seconds = time.perf_counter() - t0
         return stats, removed_uids, added_uids
+
+    def _changes(self):
+        """What to look at: (files, linkdirs, candidate file ids, candidate link ids); candidates None = all."""
+        w = self.watcher
+        if w is not None and not w.broken:
+            fchg, lchg, classes = w.drain()
+            if not w.broken:
+                files: dict[str, tuple[Path, int, int]] = {}
+                linkdirs: dict[str, tuple[Path, str]] = {}
+                if classes:
+                    files, linkdirs = self.scan(only=classes)
+                    inside = [e for e in self._files if e.split("/", 1)[0] in classes]
+                    fchg |= set(files) | set(inside)
+                    lchg |= set(linkdirs) | set(inside)
+                for eid in fchg - set(files):
+                    p = self.root / f"{eid}.md"
+                    try:
+                        st = os.lstat(p)
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        files[eid] = (p, st.st_mtime_ns, st.st_size)
+                for eid in lchg - set(linkdirs):
+                    ldir = self.root / (eid + LINKS_SUFFIX)
+                    try:
+                        if stat.S_ISDIR(os.lstat(ldir).st_mode):
+                            linkdirs[eid] = (ldir, _linkstamp(str(ldir)))
+                    except OSError:
+                        continue
+                return files, linkdirs, fchg, lchg
+        # First query of this process, or the watch broke: watch first, then scan, so nothing falls between.
+        if w is not None:
+            w.close()
+        self.watcher = None
+        try:
+            from hutch.memory._index._watch import Watcher
+
+            self.watcher = Watcher(self.root)
+            if self.watcher.broken:
+                self.watch_error = "inotify watches could not be added (fs.inotify.max_user_watches?)"
+                self.watcher.close()
+                self.watcher = None
+        except OSError as e:
+            self.watch_error = f"inotify is unavailable ({e})"
+        files, linkdirs = self.scan()
+        return files, linkdirs, None, None
 
     def _refresh_file(self, entity_id: str, path: Path, mtime: int, size: int, stats: SyncStats,
                       removed: set[int], added: set[int]) -> None:
@@ -453,11 +518,11 @@ class IndexDB:
             raise
 
 
-def _linkstamp(entry: os.DirEntry) -> str:
+def _linkstamp(path: str) -> str:
     """A cheap fingerprint of a links directory: its mtime and each relation directory's mtime and name."""
-    parts = [str(entry.stat(follow_symlinks=False).st_mtime_ns)]
+    parts = [str(os.lstat(path).st_mtime_ns)]
     try:
-        with os.scandir(entry.path) as it:
+        with os.scandir(path) as it:
             for r in it:
                 if r.is_dir(follow_symlinks=False):
                     parts.append(f"{r.name}:{r.stat(follow_symlinks=False).st_mtime_ns}")
