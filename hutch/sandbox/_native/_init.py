@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import stat
-import subprocess
 
 from hutch.sandbox._native import _linux as L
 from hutch.sandbox._native import _wire
@@ -198,11 +197,30 @@ def _entry(path: str, st: os.stat_result) -> dict:
             "size": st.st_size, "mode": stat.S_IMODE(m), "mtime": st.st_mtime}
 
 
+class _SpawnError(Exception):
+    def __init__(self, cls: str, message: str):
+        self.cls, self.message = cls, message
+
+
+def _which(name: str, path: str) -> str | None:
+    """execvp's search: a name with a slash as is, else the first executable file on PATH."""
+    if "/" in name:
+        return name
+    for d in path.split(":"):
+        cand = os.path.join(d or ".", name)
+        try:
+            if stat.S_ISREG(os.stat(cand).st_mode) and os.access(cand, os.X_OK):
+                return cand
+        except OSError:
+            continue
+    return None
+
+
 class Init:
     def __init__(self, ctl: socket.socket, plan: dict):
         self.ctl = ctl
         self.plan = plan
-        self.procs: dict[int, tuple[str, subprocess.Popen]] = {}   # pid -> (eid, handle)
+        self.procs: dict[int, str] = {}   # pid -> exec id
         self.main_pid: int | None = None
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -249,44 +267,53 @@ class Init:
                 return
             if pid == 0:
                 return
-            entry = self.procs.pop(pid, None)
-            if entry is not None:
-                entry[1].returncode = status  # keep subprocess from ever waiting on it
+            eid = self.procs.pop(pid, None)
             if pid == self.main_pid:
                 _wire.send(self.ctl, {"op": "main_exit", "status": status})
                 os._exit(0)
-            if entry is not None:
-                _wire.send(self.ctl, {"op": "exec_exit", "eid": entry[0], "status": status})
+            if eid is not None:
+                _wire.send(self.ctl, {"op": "exec_exit", "eid": eid, "status": status})
 
-    def _spawn(self, msg: dict, fds: list[int]) -> subprocess.Popen:
-        io, passed = [], iter(fds)
-        for want in msg["streams"]:  # stdin, stdout, stderr: a passed fd or /dev/null
-            io.append(next(passed) if want else subprocess.DEVNULL)
-        return subprocess.Popen(msg["argv"], stdin=io[0], stdout=io[1], stderr=io[2], cwd=msg["cwd"],
-                                env=msg["env"], start_new_session=True, close_fds=True)
+    def _spawn(self, msg: dict, fds: list[int]) -> int:
+        """posix_spawn (vfork + exec) the command in its own session; raises _SpawnError."""
+        argv, cwd, env = msg["argv"], msg["cwd"], msg["env"]
+        prog = _which(argv[0], env.get("PATH", ""))
+        if prog is None:
+            raise _SpawnError("NotFoundError", f"program {argv[0]!r} was not found in the sandbox; "
+                                               "check the name or install it in the image.")
+        actions, passed = [], iter(fds)
+        for target, want in enumerate(msg["streams"]):  # stdin, stdout, stderr: a passed fd or /dev/null
+            if want:
+                actions.append((os.POSIX_SPAWN_DUP2, next(passed), target))
+            else:
+                actions.append((os.POSIX_SPAWN_OPEN, target, "/dev/null", os.O_RDWR, 0))
+        try:
+            os.chdir(cwd)  # posix_spawn has no chdir action in Python: the init is single-threaded
+        except OSError as e:
+            raise _SpawnError("NotFoundError" if e.errno in (errno.ENOENT, errno.ENOTDIR) else "ConfigError",
+                              f"working directory {cwd!r}: {os.strerror(e.errno or 0)}; create it or pass another workdir.")
+        try:
+            return os.posix_spawn(prog, argv, env, file_actions=actions, setsid=True,
+                                  setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD))
+        except OSError as e:
+            cls = "NotFoundError" if e.errno == errno.ENOENT else "ConfigError"
+            raise _SpawnError(cls, f"program {argv[0]!r} could not be started: {os.strerror(e.errno or 0)}; "
+                                   "check it is an executable for this machine.") from None
+        finally:
+            os.chdir("/")
 
     def op_exec(self, msg, fds):
         try:
-            p = self._spawn(msg, fds)
-        except OSError as e:
-            prog = msg["argv"][0]
-            if e.filename == msg["cwd"] or (e.errno == errno.ENOENT and e.filename not in (prog, None)):
-                what = f"working directory {msg['cwd']!r}: {os.strerror(e.errno)}; create it or pass another workdir."
-                cls = "NotFoundError"
-            elif e.errno == errno.ENOENT:
-                what = f"program {prog!r} was not found in the sandbox; check the name or install it in the image."
-                cls = "NotFoundError"
-            else:
-                what = f"program {prog!r} could not be started: {os.strerror(e.errno or 0)}; check it is an executable."
-                cls = "ConfigError"
-            return {"rid": msg["rid"], "ok": False, "error": cls, "message": what}
-        self.procs[p.pid] = (msg["eid"], p)
+            pid = self._spawn(msg, fds)
+        except _SpawnError as e:
+            return {"rid": msg["rid"], "ok": False, "error": e.cls, "message": e.message}
+        self.procs[pid] = msg["eid"]
         if msg.get("main"):
-            self.main_pid = p.pid
-        return {"rid": msg["rid"], "ok": True, "pid": p.pid}
+            self.main_pid = pid
+        return {"rid": msg["rid"], "ok": True, "pid": pid}
 
     def op_kill(self, msg, fds):
-        for pid, (eid, _) in list(self.procs.items()):
+        for pid, eid in list(self.procs.items()):
             if eid == msg["eid"]:
                 for fn in (os.killpg, os.kill):  # its process group, then itself if it left the group
                     try:
