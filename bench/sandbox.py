@@ -18,7 +18,6 @@ import argparse
 import concurrent.futures as cf
 import ctypes
 import os
-import re
 import resource
 import shutil
 import signal
@@ -71,18 +70,22 @@ def mem_used_mib() -> float:
     return (kib("MemTotal") - kib("MemAvailable")) / 1024
 
 
-def leftovers() -> list[str]:
-    """Kernel objects named like hutch's that still exist (mounts, cgroups with children, netns, veths)."""
+def leftovers(run_dir: Path, ids=None) -> list[str]:
+    """Mounts under the benchmark daemon's run directory and cgroups under its cgroup parent: of the
+    sandboxes `ids` (the daemon keeps a few warm, unused ones ready), or all of them when `ids` is None."""
+    from hutch.sandbox._daemon import cgroup_parent_for
+
+    def ours(name: str) -> bool:
+        return any(i in name for i in ids) if ids is not None else True
+
+    prefix = str(run_dir.resolve()) + "/"
     found = [f"mount {ln.split()[4]}" for ln in Path("/proc/self/mountinfo").read_text().splitlines()
-             if "hutch" in ln.split()[4] and "/images/" not in ln.split()[4]]
+             if ln.split()[4].startswith(prefix) and ours(ln.split()[4])]
+    parent = cgroup_parent_for(run_dir)
     for ctrl in Path("/sys/fs/cgroup").iterdir():
-        for base in (ctrl / "hutch", ctrl):
-            if base.is_dir() and base.name == "hutch":
-                found += [f"cgroup {c}" for c in base.iterdir() if c.is_dir()]
-    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    found += [f"link {m}" for m in re.findall(r"^\d+: (hv[0-9a-f]+|hutch[^:@]*)", out, re.M)]
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    found += [f"netns {ln.split()[0]}" for ln in out.splitlines() if ln.startswith("hutch")]
+        base = ctrl / parent
+        if base.is_dir():
+            found += [f"cgroup {c}" for c in base.iterdir() if c.is_dir() and ours(c.name)]
     return found
 
 
@@ -148,7 +151,7 @@ def rss_mib(pid="self") -> float:
     return 0.0
 
 
-def hutch_idle(image, count):
+def hutch_idle(image, count, run_dir):
     from hutch.sandbox._client import default_client
 
     dpid = default_client().json("GET", "/v1/health")["pid"]
@@ -164,7 +167,7 @@ def hutch_idle(image, count):
     with cf.ThreadPoolExecutor(16) as ex:
         list(ex.map(lambda s: s.terminate(), sbs))
     down_s = ms(t0) / 1000
-    return {"start_s": start_s, "mem_mib": m1 - m0, "alive": alive, "teardown_s": down_s, "leftovers": leftovers(),
+    return {"start_s": start_s, "mem_mib": m1 - m0, "alive": alive, "teardown_s": down_s, "leftovers": leftovers(run_dir, [sb.id for sb in sbs]),
             "client_mib": c1 - c0, "daemon_mib": d1 - d0}
 
 
@@ -370,7 +373,7 @@ def main():
         results["terminate"] = [summary(hutch_terminate(image, N)), None,
                                 summary(podman_terminate(root, max(10, N // 5))) if have_podman else None]
         print(f"{IDLE} idle sandboxes", file=sys.stderr)
-        results["idle"] = [hutch_idle(image, IDLE), bwrap_idle(root, IDLE)]
+        results["idle"] = [hutch_idle(image, IDLE, run_dir), bwrap_idle(root, IDLE)]
     finally:
         for sb in hutch.Sandbox.list(tags=TAG):
             sb.terminate()
@@ -380,6 +383,7 @@ def main():
         except subprocess.TimeoutExpired:
             daemon.kill()
             daemon.wait()
+        after_stop = leftovers(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
 
     names = {"create": "create -> first exec of `true` done", "concurrent": f"same, {NC} concurrent creators",
@@ -404,8 +408,9 @@ def main():
         f"| system memory used | {hi['mem_mib']:.0f} MiB | {bi['mem_mib']:.0f} MiB |",
         f"| of which the daemon's / this client's growth | {hi['daemon_mib']:.0f} / {hi['client_mib']:.0f} MiB | - |",
         f"| all torn down in | {hi['teardown_s']:.2f} s | {bi['teardown_s']:.2f} s |",
-        f"| leftovers after teardown | {len(hi['leftovers'])} {hi['leftovers'][:3]} | - |",
+        f"| leftovers after teardown (mounts, cgroups) | {len(hi['leftovers'])} {hi['leftovers'][:3]} | - |",
         "",
+        f"After the daemon stopped: {len(after_stop)} mounts or cgroups left {after_stop[:3]}.",
         "n/a: bwrap has no exec into a running sandbox, and its teardown is a process kill.",
     ]
     text = "\n".join(lines)
