@@ -72,7 +72,7 @@ class DaemonAttacher:
     async def attach(self, sandbox_id: str, init_pid: int, network) -> None:
         await self.start()
         policy = Network.from_dict(network) if isinstance(network, dict) else network
-        await self.gateway.attach(sandbox_id, init_pid, policy)
+        await self.gateway.attach(sandbox_id, f"/proc/{init_pid}/ns/net", policy)
         self._pids[sandbox_id] = init_pid
         if policy.mode != "none":
             write_resolv_conf(init_pid, self.gateway.gateway_address)

@@ -41,7 +41,7 @@ DEFAULT_PROXY_PORT = 15001
 DEFAULT_DNS_PORT = 53
 FALLBACK_DNS_PORT = 15053
 DEFAULT_TABLE = "hutch_egress"
-LOG_LIMIT = 10000
+LOG_LIMIT = 2000            # decisions kept per sandbox (the oldest go first)
 HOST_ADDRESS_REFRESH = 5.0   # seconds
 
 
@@ -275,8 +275,8 @@ class Gateway:
     async def attach(self, sandbox_id: str, netns, policy: Network) -> Attachment:
         """Register a sandbox; unless its policy is `none`, give it a link and rules now.
 
-        `netns`: the sandbox's network namespace as an fd, a pid (its
-        /proc/PID/ns/net) or a path. Call before the sandbox's command runs.
+        `netns`: the sandbox's network namespace as an open fd or a path such as
+        /proc/PID/ns/net. Call before the sandbox's command runs.
         """
         self._require_started()
         policy = _check_policy(policy)
@@ -320,7 +320,7 @@ class Gateway:
             await self._plumb(sb)
 
     def log(self, sandbox_id: str) -> list[Decision]:
-        """Every decision for this sandbox, oldest first (the last 10000)."""
+        """Every decision for this sandbox, oldest first (the last LOG_LIMIT)."""
         return list(self._get(sandbox_id).log)
 
     async def detach(self, sandbox_id: str, *, wait: bool = True) -> None:

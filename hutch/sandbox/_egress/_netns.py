@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import ipaddress
 import os
 import socket
@@ -31,6 +32,7 @@ from hutch._core.errors import SandboxError
 from hutch.sandbox._egress._nft import Nft
 
 CLONE_NEWNET = 0x40000000
+NS_GET_NSTYPE = 0xB703
 SANDBOX_IF = "eth0"
 SANDBOX_TABLE = "hutch"
 RT_SCOPE_LINK = 253
@@ -44,26 +46,32 @@ def _setns(fd: int) -> None:
         raise OSError(e, f"setns into a network namespace failed: {os.strerror(e)}")
 
 
-def open_netns(target) -> int:
-    """A new fd for a network namespace given as an fd, a pid, or a path."""
-    if isinstance(target, int) and not isinstance(target, bool):
-        if target < 0:
-            raise SandboxError(f"{target} is neither a netns fd nor a pid.")
-        try:
-            os.fstat(target)
-            # an fd we were handed: check it is a netns by looking at its link
-            link = os.readlink(f"/proc/self/fd/{target}")
-            if link.startswith("net:["):
-                return os.dup(target)
-        except OSError:
-            pass
-        path = f"/proc/{target}/ns/net"
-    else:
-        path = os.fspath(target)
+def _is_netns(fd: int) -> bool:
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return fcntl.ioctl(fd, NS_GET_NSTYPE) == CLONE_NEWNET
+    except OSError:
+        return False
+
+
+def open_netns(target) -> int:
+    """A new fd for a network namespace given as an open netns fd (int) or a path (/proc/PID/ns/net).
+
+    An int is only ever an fd, never a pid: a pid number that happened to equal an open
+    descriptor would otherwise name the wrong namespace.
+    """
+    if isinstance(target, int) and not isinstance(target, bool):
+        if not _is_netns(target):
+            raise SandboxError(f"fd {target} is not a network namespace; pass an open netns fd or '/proc/PID/ns/net'.")
+        return os.dup(target)
+    path = os.fspath(target)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
         raise SandboxError(f"cannot open the network namespace {path}: {e.strerror}; is the sandbox running?") from e
+    if not _is_netns(fd):
+        os.close(fd)
+        raise SandboxError(f"{path} is not a network namespace; pass '/proc/PID/ns/net' or a netns fd.")
+    return fd
 
 
 def sandbox_ruleset(gw: str) -> str:
@@ -251,9 +259,10 @@ class Plumber:
             ipr.link("add", ifname=name, kind="veth", peer={"ifname": SANDBOX_IF, "net_ns_fd": netns_fd})
             _write_sysctl(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6", "1")
             idx = ipr.link_lookup(ifname=name)[0]
-            ipr.addr("add", index=idx, address=self.gw, prefixlen=32)
+            # a point-to-point address: the kernel adds the route to the peer itself (one
+            # netlink request fewer, each of which may wait for the rtnl lock)
+            ipr.addr("add", index=idx, local=self.gw, address=addr, prefixlen=32)
             ipr.link("set", index=idx, state="up")
-            ipr.route("add", dst=f"{addr}/32", oif=idx, scope=RT_SCOPE_LINK, prefsrc=self.gw)
             with self._in_netns(netns_fd):
                 # rules first: the link comes up in the sandbox only once they hold
                 n = Nft()
@@ -262,12 +271,11 @@ class Plumber:
                 inner = IPRoute()
                 try:
                     e = inner.link_lookup(ifname=SANDBOX_IF)[0]
-                    inner.addr("add", index=e, address=addr, prefixlen=32)
+                    inner.addr("add", index=e, local=addr, address=self.gw, prefixlen=32)
                     inner.link("set", index=e, state="up")
-                    lo = inner.link_lookup(ifname="lo")
-                    if lo:
-                        inner.link("set", index=lo[0], state="up")
-                    inner.route("add", dst=f"{self.gw}/32", oif=e, scope=RT_SCOPE_LINK)
+                    lo = inner.get_links(1)
+                    if lo and not lo[0]["flags"] & 1:   # IFF_UP: the runtime usually did it already
+                        inner.link("set", index=1, state="up")
                     inner.route("add", dst="0.0.0.0/0", gateway=self.gw, oif=e)
                 finally:
                     inner.close()

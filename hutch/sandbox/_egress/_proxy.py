@@ -23,6 +23,8 @@ import fcntl
 import os
 import socket
 import struct
+import sys
+import traceback
 
 from hutch.sandbox._egress import _sniff
 from hutch.sandbox._egress._dns import ResolveError
@@ -203,9 +205,11 @@ class Proxy:
             conn.close(reset=True)
         except (_sniff.Refused, OSError, ConnectionError, asyncio.TimeoutError):
             conn.close(reset=True)
-        except Exception:  # noqa: BLE001 - a bug must not take the gateway down; reset the connection
+        except Exception as e:  # noqa: BLE001 - a bug must not take the gateway down; reset the connection
+            self.gw._record(conn.sandbox, conn.name, conn.address, conn.port, conn.kind, "deny",
+                            f"internal error in the proxy: {e.__class__.__name__}: {e}")
             conn.close(reset=True)
-            raise
+            traceback.print_exc(file=sys.stderr)
 
     def _deny(self, conn: Conn, reason: str, name=None, address=None, port=None, protocol="tcp") -> None:
         self.gw._record(conn.sandbox, name, address, port, protocol, "deny", reason)
