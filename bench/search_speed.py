@@ -1,0 +1,176 @@
+"""Speed of the search index at scale: build rate, query latency, one-file re-index, freshness scan.
+
+    .venv/bin/python bench/search_speed.py [--n 100000] [--queries 200] [--json out.json]
+
+A synthetic store of N entities (notes/<i>.md, 20-word bodies drawn by Zipf's
+law from a 20,000-word vocabulary, fixed seed) is written straight to disk (hand-written
+files are valid SMF), indexed with `mem.reindex()`, then queried. Each line
+prints median and p99 with a peer measured side by side on the same machine:
+
+- build: entities/s of `reindex()` vs. the embedding model alone on the same texts
+  (the floor the index cannot beat);
+- query: `mem.search(q, k=10)` (freshness check + query embedding + all channels + fusion)
+  vs. a bare FTS5 BM25 query on the same index;
+- one changed file: edit a file, then the next `search()` (it re-indexes that file first)
+  vs. an unchanged `search()`;
+- freshness without notifications: a full stat scan of the store (the fallback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import hutch  # noqa: E402
+from hutch.memory._index import _units, default_provider  # noqa: E402
+
+WORDS = ("customer churn pricing plan renewal invoice refund contract vendor meeting roadmap launch feature bug "
+         "release deploy incident outage database migration backup latency budget forecast hiring interview "
+         "offer salary review promotion travel flight hotel conference talk workshop garden recipe dinner "
+         "marathon training injury doctor vacation beach mountain camping kayak river bicycle repair garage "
+         "concert guitar piano painting museum library novel poetry puppy shelter adoption school homework "
+         "exam teacher project deadline design sketch prototype feedback survey analytics dashboard metric "
+         "quarterly revenue cost margin supplier shipping warehouse inventory support ticket escalation").split()
+
+
+def vocabulary(rng: random.Random, size: int = 20_000) -> list[str]:
+    """The real words above first, then pseudo-words from syllables: a vocabulary ranked by frequency."""
+    syll = "ka lo mi nu se ta ri po ve du an el is or um bri tra glo fen dor".split()
+    out = list(WORDS)
+    seen = set(out)
+    while len(out) < size:
+        w = "".join(rng.choice(syll) for _ in range(rng.randint(2, 4)))
+        if w not in seen:
+            seen.add(w)
+            out.append(w)
+    return out
+
+
+def sentence(rng: random.Random, vocab: list[str], weights: list[float], n: int) -> str:
+    """n words drawn with Zipf's law (frequency ~ 1/rank), like natural text."""
+    return " ".join(rng.choices(vocab, cum_weights=weights, k=n)).capitalize() + "."
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def row(name, ours, peer, unit="ms"):
+    m1, m2 = statistics.median(ours), statistics.median(peer)
+    print(f"{name:34s} median {m1:9.2f} {unit}  p99 {pct(ours, 99):9.2f} {unit} | peer median {m2:9.2f} {unit} "
+          f"p99 {pct(peer, 99):9.2f} {unit} | ratio {m1 / m2 if m2 else float('inf'):6.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--dir", help="where to build the store (default: a temp dir, removed at the end)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rng = random.Random(7)
+    vocab = vocabulary(rng)
+    cum, acc = [], 0.0
+    for r in range(len(vocab)):
+        acc += 1.0 / (r + 1)
+        cum.append(acc)
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="hutch-search-speed-"))
+    out: dict = {"n": args.n}
+    try:
+        store = base / "mem"
+        mem = hutch.Memory(store)
+        (store / "notes").mkdir(exist_ok=True)
+        texts = []
+        t0 = time.perf_counter()
+        for i in range(args.n):
+            body = sentence(rng, vocab, cum, 20)
+            texts.append(f"Note {i}\n{body}")
+            (store / "notes" / f"n{i}.md").write_text(
+                f"---\ntitle: Note {i}\nvalid_from: 2026-{1 + i % 12:02d}-{1 + i % 28:02d}\n---\n{body}\n")
+        print(f"wrote {args.n} entity files in {time.perf_counter() - t0:.1f} s")
+
+        prov = default_provider()
+        sample = texts[:2000]
+        prov.embed(sample[:64])
+        t0 = time.perf_counter()
+        prov.embed(sample)
+        embed_rate = len(sample) / (time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        rep = mem.reindex()
+        build_s = time.perf_counter() - t0
+        rate = rep.entities / build_s
+        print(f"build: {rep.entities} entities, {rep.units} units in {build_s:.1f} s = {rate:.0f} entities/s "
+              f"| peer (embedding alone): {embed_rate:.0f} texts/s | ratio {rate / embed_rate:.2f}")
+        out["build_entities_per_s"] = rate
+        out["embed_only_per_s"] = embed_rate
+        out["index_bytes"] = sum(p.stat().st_size for p in (store / ".hutch").glob("index.sqlite*"))
+
+        t0 = time.perf_counter()
+        mem.search("warm up")  # first query of the process: full scan, watch set-up, snapshot load
+        first = (time.perf_counter() - t0) * 1000
+        print(f"first query of a process (full scan + snapshot load): {first:.0f} ms")
+        out["first_query_ms"] = first
+
+        # queries: three content words of middle frequency (ranks 50-5000), as people search
+        queries = [" ".join(rng.sample(vocab[50:5000], 3)) for _ in range(args.queries)]
+        lat, peer = [], []
+        db = sqlite3.connect(mem.index.idx.path)
+        for q in queries:
+            t = time.perf_counter()
+            mem.search(q, k=10)
+            lat.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            db.execute("select rowid from units_fts where units_fts match ? order by rank limit 10",
+                       (_units.fts_query(q),)).fetchall()
+            peer.append((time.perf_counter() - t) * 1000)
+        row(f"query at {rep.entities} entities", lat, peer)
+        out["query_ms"] = {"p50": statistics.median(lat), "p99": pct(lat, 99),
+                           "peer_bm25_p50": statistics.median(peer)}
+
+        edit, same = [], []
+        for j in range(30):
+            i = rng.randrange(args.n)
+            p = store / "notes" / f"n{i}.md"
+            p.write_text(p.read_text().replace("\n---\n", f"\n---\nEdited: zeppelin{j}marker.\n", 1))
+            t = time.perf_counter()
+            hits = mem.search(f"zeppelin{j}marker", k=3)
+            edit.append((time.perf_counter() - t) * 1000)
+            assert any(h.entity_id == f"notes/n{i}" for h in hits), (i, j, hits, p.read_text())
+            t = time.perf_counter()
+            mem.search(f"zeppelin{j}marker", k=3)
+            same.append((time.perf_counter() - t) * 1000)
+        row("search after editing one file", edit, same)
+        out["one_file_ms"] = {"p50": statistics.median(edit), "p99": pct(edit, 99),
+                              "unchanged_p50": statistics.median(same)}
+
+        scans = []
+        for _ in range(5):
+            t = time.perf_counter()
+            mem.index.idx.scan()
+            scans.append((time.perf_counter() - t) * 1000)
+        row("full stat scan (no-inotify fallback)", scans, lat)
+        out["full_scan_ms"] = statistics.median(scans)
+        mem.index.close()
+        db.close()
+    finally:
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
