@@ -87,7 +87,8 @@ def split_frames(data: bytes) -> tuple[bytes, bytes, dict]:
 class Daemon:
     """A hutch daemon subprocess with a private run directory."""
 
-    def __init__(self, run_dir: Path, listen: str | None = None, token: str | None = None):
+    def __init__(self, run_dir: Path, listen: str | None = None, token: str | None = None, env: dict | None = None):
+        self.extra_env = env or {}
         self.run_dir = run_dir
         self.sock = run_dir / "hutch.sock"
         self.cgroup_parent = cgroup_parent_for(run_dir)
@@ -97,7 +98,7 @@ class Daemon:
 
     @property
     def env(self) -> dict:
-        return dict(os.environ, HUTCH_RUN_DIR=str(self.run_dir), HUTCH_SOCKET=str(self.sock))
+        return dict(os.environ, HUTCH_RUN_DIR=str(self.run_dir), HUTCH_SOCKET=str(self.sock), **self.extra_env)
 
     def start(self, wait: bool = True) -> "Daemon":
         """Start the daemon (unless it runs already) and, with `wait`, wait until it answers."""

@@ -29,9 +29,12 @@ from hutch._core.errors import (
 from hutch.sandbox import _images
 from hutch.sandbox._daemon._network import NetworkAttacher
 from hutch.sandbox._native._cgroups import ZYGOTE_LEAF, Cgroups
-from hutch.sandbox._native._runtime import Channel, Zygote, build_plan, exec_env
+from hutch.sandbox._native._idmap import IdMapper, write_maps
+from hutch.sandbox._native._runtime import Channel, Zygote, bind_trees, build_plan, exec_env
 from hutch.sandbox._spec import SandboxSpec
 
+# Opt-in for now: root in the sandbox becomes host uid HOST_ID_BASE (see _native/_idmap.py).
+USERNS = os.environ.get("HUTCH_USERNS") == "1"
 WARM_POOL = int(os.environ.get("HUTCH_WARM_POOL", "4"))  # inits kept ready in their cgroups and namespaces
 LEASE_GRACE = 5.0        # seconds a non-detached sandbox may wait for its creator's lease
 START_TIMEOUT = 10.0     # seconds for an init to report ready
@@ -73,6 +76,7 @@ class Sandbox:
     cleaning: bool = False
     ready: asyncio.Future | None = None
     warm: asyncio.Future | None = None
+    userns: bool = False
     hostname: str = ""
 
     @property
@@ -100,6 +104,7 @@ class Manager:
         self.zygote: Zygote | None = None
         self.closing = False
         self.pool: list[Sandbox] = []     # warm inits: cgroups joined, namespaces made, no root yet
+        self.idmap = IdMapper(run_dir)
         self.warming = 0
 
     # --- daemon lifecycle ---------------------------------------------------------------
@@ -109,6 +114,10 @@ class Manager:
         self.records.mkdir(parents=True, exist_ok=True)
         self.scratch.mkdir(exist_ok=True)
         self.reap_predecessor()
+        self.idmap.reap()
+        if USERNS and not self.idmap.start():
+            print("hutch daemon: this kernel cannot idmap mounts; sandboxes run without a user namespace.",
+                  file=sys.stderr)
         self.prepared = True
 
     async def start(self) -> None:
@@ -150,6 +159,7 @@ class Manager:
                 await self.network.stop()
             except Exception:  # noqa: BLE001 - shutdown goes on
                 pass
+        self.idmap.stop()
         self.cgroups.remove(ZYGOTE_LEAF)
         for base in self.cgroups.bases:  # empty now; a leftover parent would only be clutter
             try:
@@ -211,11 +221,13 @@ class Manager:
             raise InvalidSpecError(f"memory={spec.limits.memory} bytes is too small; give at least '8M'.")
         image = _images.resolve_image(spec.image)
         build_plan(spec, image, sid="check", scratch=str(self.scratch), cgroup_procs=[])  # bad mounts fail here
-        sb = self.pool.pop(0) if self.pool else None
+        views = [self.idmap.layer(str(d)) for d in image.lowerdirs]
+        userns = all(views)  # else (idmapping off, or a layer on a filesystem that cannot) without one
+        sb = self.pool.pop(0) if self.pool and userns == self.pool[0].userns else None
         self._refill()
         try:
             if sb is None:
-                sb = await self._spawn()
+                sb = await self._spawn(userns)
             sb.spec, sb.image, sb.hostname = spec, image, spec.name or f"hutch-{sb.id}"
             sb.created_at, sb.status = time.time(), "starting"
         except BaseException as e:
@@ -229,6 +241,8 @@ class Manager:
         try:
             self.cgroups.set_limits(sb.id, spec.limits.memory, spec.limits.pids, spec.limits.cpu)
             plan = build_plan(spec, image, sid=sb.id, scratch=str(self.scratch), cgroup_procs=[])
+            if sb.userns:
+                plan["userns"], plan["lowerdirs"] = True, views
             await self._start(sb, plan)
         except BaseException as e:
             await self.end(sb, "failed")
@@ -237,17 +251,19 @@ class Manager:
             raise SandboxError(f"sandbox {sb.id} could not be started: {e}") from e
         return sb
 
-    async def _spawn(self) -> Sandbox:
+    async def _spawn(self, userns: bool | None = None) -> Sandbox:
         """A new init in its own cgroups and namespaces, parked until it is given a root's plan."""
+        if userns is None:
+            userns = self.idmap.userns_fd >= 0
         if self.zygote is None:
             raise DaemonError("the sandbox start server is not running; restart the daemon.")
         loop = asyncio.get_running_loop()
-        sb = Sandbox(id=secrets.token_hex(6), status="warm")
+        sb = Sandbox(id=secrets.token_hex(6), status="warm", userns=userns)
         sb.warm, sb.ready = loop.create_future(), loop.create_future()
         self._write_record(sb)
         try:
             self.cgroups.create(sb.id)
-            pid, sock = await self.zygote.spawn({"cgroup_procs": self.cgroups.procs_files(sb.id)})
+            pid, sock = await self.zygote.spawn({"cgroup_procs": self.cgroups.procs_files(sb.id), "userns": userns})
         except BaseException:
             sb.cleaning = True
             await self._cleanup(sb)
@@ -262,6 +278,8 @@ class Manager:
         if msg["op"] != "warm":
             await self.end(sb, "failed")
             raise SandboxError(f"a sandbox init failed while starting: {msg.get('message')}.")
+        if userns:
+            write_maps(pid)  # before the init reads its plan and becomes root of its namespace
         return sb
 
     def _refill(self) -> None:
@@ -288,7 +306,12 @@ class Manager:
 
     async def _start(self, sb: Sandbox, plan: dict) -> None:
         loop = asyncio.get_running_loop()
-        await sb.channel.notify({"op": "plan", "plan": plan})
+        fds = bind_trees(plan)
+        try:
+            await sb.channel.notify({"op": "plan", "plan": plan}, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
         msg = await asyncio.wait_for(asyncio.shield(sb.ready), START_TIMEOUT)
         if msg["op"] != "ready":
             raise SandboxError(f"sandbox {sb.id} could not be set up: {msg.get('message')}. "

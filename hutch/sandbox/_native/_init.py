@@ -43,11 +43,14 @@ def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=()) -> int:
                 f.write("0")
         L.unshare(L.UNSHARE_NS_FLAGS)
         _wire.send(ctl, {"op": "warm"})
-        msg, _ = _wire.recv(ctl)
+        msg, trees = _wire.recv(ctl)
         if msg is None:  # the daemon is gone, or did not need this warm init
             return 0
         plan = msg["plan"]
-        _setup_root(plan)
+        L.unshare(L.CLONE_NEWNS)
+        _setup_root(plan, trees)
+        for fd in trees:
+            os.close(fd)
         _lockdown(seccomp)
     except Exception as e:  # report why, then die: the daemon tears the rest down
         try:
@@ -82,23 +85,48 @@ def _safe_target(root: str, target: str, is_file: bool) -> str:
     return path
 
 
+def _locked_flags(path: str) -> int:
+    """The mount flags a remount must keep: in a user namespace, clearing one the host set is refused."""
+    f = os.statvfs(path).f_flag
+    flags = f & (L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC | 1024 | 2048)  # + NOATIME, NODIRATIME
+    return flags | (1 << 21 if f & 4096 else 0)  # ST_RELATIME -> MS_RELATIME
+
+
 def _ro_bind(path: str, extra: int = 0) -> None:
     L.mount(path, path, None, L.MS_BIND | L.MS_REC)
     L.mount(None, path, None, L.MS_BIND | L.MS_REMOUNT | L.MS_RDONLY | extra)
 
 
-def _setup_root(plan: dict) -> None:
+def _setup_root(plan: dict, trees=()) -> None:
+    """Build the sandbox's root under the scratch mount point, then pivot into it.
+
+    Paths below are relative to the scratch tmpfs (the working directory): with a
+    user namespace the init becomes its root (host uid HOST_ID_BASE) before the
+    overlay is mounted, and that uid may not traverse the host directories on the
+    way; host paths are therefore opened first, as O_PATH fds.
+    """
     os.umask(0)
     # Nothing we mount from here on may propagate back to the host.
     L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
+    userns = bool(plan.get("userns"))
+    lowers = list(plan["lowerdirs"])
+    sources = {i: m["source"] for i, m in enumerate(plan["mounts"]) if m["kind"] == "bind"}
+    if userns:
+        lowers = [f"/proc/self/fd/{os.open(d, os.O_PATH | os.O_DIRECTORY)}" for d in lowers]
+        sources = {i: f"/proc/self/fd/{os.open(src, os.O_PATH)}" for i, src in sources.items()}
     scratch = plan["scratch"]
-    L.mount("hutch", scratch, "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={plan['disk']},mode=0755")
-    upper, work, root = (os.path.join(scratch, d) for d in ("upper", "work", "root"))
-    for d in (upper, work, root):
+    L.mount("hutch", scratch, "tmpfs", L.MS_NOSUID | L.MS_NODEV,
+            f"size={plan['disk']},mode=0755" + (",uid=0,gid=0" if userns else ""))
+    os.chdir(scratch)
+    if userns:  # from here on: root of the sandbox's user namespace, not of the host
+        os.setgroups([])
+        os.setresgid(0, 0, 0)
+        os.setresuid(0, 0, 0)
+    for d in ("upper", "work", "root"):
         os.mkdir(d, 0o755)
-    lower = ":".join(plan["lowerdirs"])
+    root = "root"
     L.mount("overlay", root, "overlay", L.MS_NOSUID | L.MS_NODEV,
-            f"lowerdir={lower},upperdir={upper},workdir={work}")
+            f"lowerdir={':'.join(lowers)},upperdir=upper,workdir=work")
 
     proc = _safe_target(root, "/proc", False)
     L.mount("proc", proc, "proc", NODEV)
@@ -124,8 +152,9 @@ def _setup_root(plan: dict) -> None:
 
     dev = _safe_target(root, "/dev", False)
     L.mount("hutch", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "mode=0755,size=64k")
-    for name, (major, minor) in DEVICES.items():
-        os.mknod(os.path.join(dev, name), 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+    for name in DEVICES:  # bound from the host's: a user namespace may not mknod
+        os.close(os.open(os.path.join(dev, name), os.O_WRONLY | os.O_CREAT, 0o666))
+        L.mount(f"/dev/{name}", os.path.join(dev, name), None, L.MS_BIND)
     os.mkdir(os.path.join(dev, "pts"), 0o755)
     L.mount("devpts", os.path.join(dev, "pts"), "devpts", L.MS_NOSUID | L.MS_NOEXEC,
             "newinstance,ptmxmode=0666,mode=0620")
@@ -136,12 +165,15 @@ def _setup_root(plan: dict) -> None:
                      ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(to, os.path.join(dev, name))
 
-    for m in plan["mounts"]:
+    for i, m in enumerate(plan["mounts"]):
         if m["kind"] == "bind":
-            target = _safe_target(root, m["target"], not os.path.isdir(m["source"]))
-            L.mount(m["source"], target, None, L.MS_BIND)
+            target = _safe_target(root, m["target"], not os.path.isdir(sources[i]))
+            if m.get("tree") is not None and not userns:  # the source as the daemon sees it (_runtime.bind_trees)
+                L.move_mount_fd(trees[m["tree"]], target)
+            else:
+                L.mount(sources[i], target, None, L.MS_BIND)
             flags = L.MS_BIND | L.MS_REMOUNT | L.MS_NOSUID | L.MS_NODEV | (L.MS_RDONLY if m["readonly"] else 0)
-            L.mount(None, target, None, flags)
+            L.mount(None, target, None, flags | _locked_flags(target))
         elif m["kind"] == "tmpfs":
             target = _safe_target(root, m["target"], False)
             L.mount("hutch", target, "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={m['size']},mode=1777")

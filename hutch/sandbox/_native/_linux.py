@@ -23,6 +23,8 @@ NR_CLONE = 56
 NR_CAPSET = 126
 NR_PIVOT_ROOT = 155
 NR_SECCOMP = 317
+NR_OPEN_TREE = 428
+NR_MOVE_MOUNT = 429
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -31,9 +33,10 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-# The init is clone()d into a new pid namespace, joins its cgroups, then unshares the rest,
-# so that the namespaces (a network namespace is ~0.3 MiB of kernel memory) are charged to it.
-UNSHARE_NS_FLAGS = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET
+# The init is clone()d into a new pid (and maybe user) namespace, joins its cgroups, then unshares
+# these, so that they (a network namespace is ~0.3 MiB of kernel memory) are charged to it. The
+# mount namespace comes last, when the plan arrives: its copy of the host's mounts is then current.
+UNSHARE_NS_FLAGS = CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET
 
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -78,6 +81,25 @@ def umount2(target, flags: int = 0) -> None:
     _check(_libc.umount2(_b(target), flags), f"umount {target}")
 
 
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = 0o2000000
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+AT_FDCWD = -100
+
+
+def open_tree(path) -> int:
+    """A detached bind of `path` as a mount fd (open_tree(2) with OPEN_TREE_CLONE), taken in the caller's
+    mount namespace: a process in another namespace can attach it with move_mount_fd."""
+    return _check(_libc.syscall(NR_OPEN_TREE, AT_FDCWD, _b(path), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC),
+                  f"open_tree {path}")
+
+
+def move_mount_fd(fd: int, target) -> None:
+    """Attach the detached mount `fd` (from open_tree) at `target` in this mount namespace."""
+    _check(_libc.syscall(NR_MOVE_MOUNT, fd, b"", AT_FDCWD, _b(target), MOVE_MOUNT_F_EMPTY_PATH),
+           f"move_mount {target}")
+
+
 def pivot_root(new_root, put_old) -> None:
     _check(_libc.syscall(NR_PIVOT_ROOT, _b(new_root), _b(put_old)), "pivot_root")
 
@@ -96,6 +118,26 @@ def clone(flags: int) -> int:
     run, which is fine for the single-threaded zygote that calls it.
     """
     return _check(_libc.syscall(NR_CLONE, ctypes.c_ulong(flags | 17), None, None, None, None), "clone")  # 17 = SIGCHLD
+
+
+NR_MOUNT_SETATTR = 442
+AT_RECURSIVE = 0x8000
+AT_EMPTY_PATH = 0x1000
+MOUNT_ATTR_IDMAP = 0x00100000
+
+
+def idmapped_mount(source: str, target: str, userns_fd: int) -> None:
+    """Attach at `target` a copy of the mount tree at `source` whose ids go through `userns_fd`'s mapping."""
+    tree = _check(_libc.syscall(NR_OPEN_TREE, -100, _b(source), OPEN_TREE_CLONE | os.O_CLOEXEC | AT_RECURSIVE),
+                  f"open_tree {source}")
+    try:
+        attr = struct.pack("QQQQ", MOUNT_ATTR_IDMAP, 0, 0, userns_fd)
+        _check(_libc.syscall(NR_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH | AT_RECURSIVE, attr, len(attr)),
+               f"idmapping {source}")
+        _check(_libc.syscall(NR_MOVE_MOUNT, tree, b"", -100, _b(target), MOVE_MOUNT_F_EMPTY_PATH),
+               f"move_mount {target}")
+    finally:
+        os.close(tree)
 
 
 def unshare(flags: int) -> None:

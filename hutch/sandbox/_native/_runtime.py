@@ -201,6 +201,24 @@ def build_plan(spec, image, *, sid: str, scratch: str, cgroup_procs: list[str]) 
     }
 
 
+def bind_trees(plan: dict) -> list[int]:
+    """Open each bind source of `plan` as a detached mount (in the daemon's mount namespace) and note its
+    index in the plan ("tree"): a warm init unshared its namespace before the plan existed, so a mount made
+    on the host since then (a memory store's FUSE view) is not in its copy; the fd carries it there."""
+    from hutch.sandbox._native import _linux
+
+    fds: list[int] = []
+    try:
+        for m in plan["mounts"]:
+            if m["kind"] == "bind":
+                fds.append(_linux.open_tree(m["source"]))
+                m["tree"] = len(fds) - 1
+    except BaseException:
+        _close_all(fds)
+        raise
+    return fds
+
+
 def exec_env(spec, image, hostname: str, extra: dict | None = None) -> dict:
     """The environment of a command: defaults, then the image's, then the sandbox's, then the exec's."""
     env = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": hostname, "LANG": "C.UTF-8"}

@@ -88,7 +88,7 @@ class Zygote:
         plan = msg["plan"]
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            pid = _linux.clone(_linux.CLONE_NEWPID)
+            pid = _linux.clone(_linux.CLONE_NEWPID | (_linux.CLONE_NEWUSER if plan.get("userns") else 0))
         except OSError as e:
             parent_end.close()
             child_end.close()
