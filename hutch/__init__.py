@@ -49,6 +49,7 @@ _LAZY = {
     "FileInfo": "hutch.sandbox._files",
     "Image": "hutch.sandbox.image",
     "Memory": "hutch.memory._store",
+    "MemoryMount": "hutch.fuse._sandbox",
     "Mount": "hutch.sandbox._spec",
     "Network": "hutch.sandbox._spec",
     "Process": "hutch.sandbox._process",
@@ -57,6 +58,7 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from hutch.memory._entity import CheckReport, Entity
+    from hutch.fuse._sandbox import MemoryMount
     from hutch.memory._store import Memory
     from hutch.sandbox._files import FileInfo
     from hutch.sandbox._process import AsyncProcess, Process

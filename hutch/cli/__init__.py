@@ -21,6 +21,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("hutch.cli._sandbox", "sandbox"),
     ("hutch.cli._sandbox", "serve"),
     ("hutch.cli._mem", "mem"),
+    ("hutch.cli._mcp", "mcp"),
 ]
 
 

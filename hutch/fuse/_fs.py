@@ -19,6 +19,7 @@ an entity. Errors are errno values: ENOENT, EROFS, EACCES, EINVAL, EEXIST, EPERM
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -27,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import mfusepy
 from mfusepy import FuseOSError, Operations
 
 from hutch._core.errors import (
@@ -451,6 +453,9 @@ class MemoryFS(Operations):
                 h.data.extend(b"\0" * (offset - len(h.data)))
             h.data[offset:offset + len(data)] = data
             h.dirty = h.written = True
+        if h.entity_id is not None and self._pending.get(h.path) is not h:
+            with self._lock:
+                self._pending[h.path] = h
         return len(data)
 
     def truncate(self, path, length, fh=None):
@@ -495,6 +500,17 @@ class MemoryFS(Operations):
             raise _err(errno_of(e)) from None
         finally:
             self._invalidate()
+            self._forget_kernel_cache("/" + entity_id + ".md")
+
+    def _forget_kernel_cache(self, path: str) -> None:
+        """Make the kernel drop what it cached of `path` (its size, its pages): the committed file differs
+        from what was written (front matter added) and sendfile/splice readers trust the cached size."""
+        try:
+            ctx = mfusepy._libfuse.fuse_get_context()
+            if ctx and ctx.contents.fuse:
+                mfusepy._libfuse.fuse_invalidate_path(ctypes.c_void_p(ctx.contents.fuse), path.encode())
+        except (AttributeError, OSError):
+            pass
 
     def flush(self, path, fi):
         h = self._handles.get(fi.fh)
@@ -507,6 +523,9 @@ class MemoryFS(Operations):
             data = bytes(h.data)
             h.dirty = False
         self._commit(h.entity_id, data)
+        with self._lock:  # committed: the file on disk is the truth again (release may come much later)
+            if self._pending.get(h.path) is h:
+                del self._pending[h.path]
         return 0
 
     def fsync(self, path, datasync, fi):

@@ -81,8 +81,11 @@ def serve(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: 
     name = "hutch:" + "".join(c if c.isalnum() or c in "/-_." else "_" for c in str(mem.root))
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr,
                         format="hutch-fuse: %(levelname)s %(message)s")
+    # entry_timeout=0, attr_timeout=0: a file may change behind the kernel's back (a commit through the API,
+    # or through this mount, which adds front matter), and sendfile/splice readers (busybox cat) trust the
+    # size the kernel cached; a lookup on every open brings it fresh. It costs one request per path component.
     FUSE(fs, str(mountpoint), raw_fi=True, foreground=True, nothreads=False, auto_unmount=True,
-         fsname=name, subtype="hutch", **({"ro": True} if not writable else {}))
+         fsname=name, subtype="hutch", attr_timeout=0, entry_timeout=0, **({"ro": True} if not writable else {}))
 
 
 def _await_handover(fs, mountpoint: Path) -> None:

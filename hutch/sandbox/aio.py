@@ -17,7 +17,7 @@ import asyncio
 import time
 
 from hutch._core.errors import InvalidSpecError, NotFoundError
-from hutch.sandbox import _client
+from hutch.sandbox import _client, _provided
 from hutch.sandbox._files import AsyncFiles
 from hutch.sandbox._process import AsyncProcess
 from hutch.sandbox._spec import DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, Network
@@ -44,19 +44,22 @@ class AsyncSandbox:
                      workdir: str = DEFAULT_WORKDIR, env: "dict | None" = None, tags: "dict | None" = None,
                      name: "str | None" = None, network=None, detach: bool = False) -> "AsyncSandbox":
         """Start a sandbox and return it once it runs (see `hutch.Sandbox.create`)."""
-        spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
-                          timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags,
-                          name=name, network=network, detach=detach)
-        client = _client.default_async_client()
-        await cls._ensure_image(client, spec.image)
-        resp = await client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict()})
-        sb = cls(client, resp.json())
-        if not spec.detach:
+        memory, mounts, provided = _provided.prepare(memory, mounts)  # e.g. hutch.MemoryMount
+        with provided:
+            spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
+                              timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags,
+                              name=name, network=network, detach=detach)
+            client = _client.default_async_client()
+            await cls._ensure_image(client, spec.image)
+            resp = await client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict()})
+            sb = cls(client, resp.json())
             try:
-                if client.ep.url:
-                    await asyncio.to_thread(_client.hold_lease, client.ep, sb.id)
-                else:   # a local socket connects at once
-                    _client.hold_lease(client.ep, sb.id)
+                if not spec.detach:
+                    if client.ep.url:
+                        await asyncio.to_thread(_client.hold_lease, client.ep, sb.id)
+                    else:   # a local socket connects at once
+                        _client.hold_lease(client.ep, sb.id)
+                provided.started(sb.id)
             except BaseException:
                 await sb.terminate()
                 raise

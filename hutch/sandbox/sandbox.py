@@ -20,7 +20,7 @@ import threading
 import time
 
 from hutch._core.errors import InvalidSpecError, NotFoundError
-from hutch.sandbox import _client
+from hutch.sandbox import _client, _provided
 from hutch.sandbox._files import Files
 from hutch.sandbox._process import Process
 from hutch.sandbox._spec import (
@@ -118,16 +118,19 @@ class Sandbox:
 
         Example: `hutch.Sandbox.create(memory="1G", mounts=[hutch.Mount.bind("./data", "/data")])`
         """
-        spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
-                          timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags,
-                          name=name, network=network, detach=detach)
-        client = _client.default_client()
-        cls._ensure_image(client, spec.image)
-        resp = client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict()})
-        sb = cls(client, resp.json())
-        if not spec.detach:
+        memory, mounts, provided = _provided.prepare(memory, mounts)  # e.g. hutch.MemoryMount
+        with provided:
+            spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
+                              timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags,
+                              name=name, network=network, detach=detach)
+            client = _client.default_client()
+            cls._ensure_image(client, spec.image)
+            resp = client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict()})
+            sb = cls(client, resp.json())
             try:
-                _client.hold_lease(client.ep, sb.id)
+                if not spec.detach:
+                    _client.hold_lease(client.ep, sb.id)
+                provided.started(sb.id)
             except BaseException:
                 sb.terminate()
                 raise

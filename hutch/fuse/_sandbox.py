@@ -1,0 +1,112 @@
+"""`hutch.MemoryMount`: a memory store's FUSE view inside a sandbox.
+
+    sb = hutch.Sandbox.create(memory=hutch.MemoryMount(mem, "/memory", writable=True))
+    sb.run("sh", "-c", "ls '/memory/search/customer churn/' && echo note >> /memory/topics/churn.md")
+    mem.history("topics/churn")[0].source        # 'sandbox:<sb.id>'
+
+How (the sandbox wing knows nothing of memory; see hutch/sandbox/_provided.py):
+
+1. before the sandbox starts, a view server is mounted on a private host
+   directory, one per sandbox, so that its provenance can name the sandbox;
+2. the sandbox binds that directory at the target (read-only bind for a
+   read-only mount, and the view itself refuses writes with EROFS, so even
+   root inside cannot write);
+3. once the sandbox runs, the server learns the sandbox id (every commit it
+   makes then carries `Hutch-Source: sandbox:<id>`), and the host's own mount
+   is detached: the sandbox's mount namespace holds the only reference, so
+   when the sandbox ends the kernel drops the mount, the FUSE connection ends,
+   and the server exits. Nothing is left, whoever ends the sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+
+from hutch._core.errors import ConfigError, SandboxError
+
+
+@dataclass(frozen=True)
+class MemoryMount:
+    """A memory store mounted into a sandbox at `target` (read-only unless `writable=True`).
+
+    Pass it as `hutch.Sandbox.create(memory=MemoryMount(...))` or in `mounts=[...]`.
+    Inside, `ls '/memory/search/<query>/'` lists the hits best first, `cat` reads them,
+    and (when writable) each file written becomes a commit whose source is `sandbox:<id>`.
+    """
+
+    store: str
+    target: str = "/memory"
+    writable: bool = False
+
+    def __init__(self, mem, target: str = "/memory", *, writable: bool = False):
+        root = getattr(mem, "root", mem)
+        if not isinstance(root, (str, os.PathLike)):
+            raise ConfigError(f"MemoryMount needs a hutch.Memory or a store path, not {mem!r}.")
+        root = os.path.abspath(os.fspath(root))
+        if not os.path.isdir(os.path.join(root, ".git")):
+            raise ConfigError(f"{root} is not a memory store: create it with hutch.Memory({root!r}) first.")
+        if not isinstance(target, str) or not target.startswith("/") or ".." in target.split("/"):
+            raise ConfigError(f"MemoryMount target {target!r} must be an absolute path inside the sandbox, like '/memory'.")
+        object.__setattr__(self, "store", root)
+        object.__setattr__(self, "target", target.rstrip("/") or "/")
+        object.__setattr__(self, "writable", bool(writable))
+
+    def prepare_mount(self) -> "_Lease":
+        """Mount a view for one sandbox on a private host directory (called by Sandbox.create)."""
+        from hutch.fuse._mount import mount
+        from hutch.sandbox._spec import Mount
+
+        mp = tempfile.mkdtemp(prefix="hutch-memory-")
+        try:
+            proc = mount(self.store, mp, writable=self.writable, handover=True)
+        except BaseException:
+            os.rmdir(mp)
+            raise
+        return _Lease(Mount.bind(mp, self.target, readonly=not self.writable), proc, mp)
+
+
+class _Lease:
+    def __init__(self, mount, proc, mountpoint: str):
+        self.mount = mount
+        self.proc = proc
+        self.mountpoint = mountpoint
+
+    def started(self, sandbox_id: str) -> None:
+        from hutch.fuse._mount import detach
+
+        try:
+            self.proc.stdin.write(f"sandbox {sandbox_id}\n".encode())
+            self.proc.stdin.close()
+        except OSError as e:
+            self.abort()
+            raise SandboxError(f"the memory view for sandbox {sandbox_id} died before it started ({e}); "
+                               "create the sandbox again.") from None
+        detach(self.mountpoint)  # from now on only the sandbox holds the mount: it ends with the sandbox
+        _rmdir(self.mountpoint)
+        threading.Thread(target=self.proc.wait, name="hutch-memory-view-reaper", daemon=True).start()
+
+    def abort(self) -> None:
+        from hutch.fuse._mount import detach
+
+        try:
+            self.proc.stdin.close()  # the server unmounts on EOF before its handover
+        except OSError:
+            pass
+        detach(self.mountpoint)
+        try:
+            self.proc.wait(5)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+        _rmdir(self.mountpoint)
+
+
+def _rmdir(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True) if not os.path.ismount(path) else None

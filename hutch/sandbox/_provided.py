@@ -1,0 +1,68 @@
+"""Mounts that another part of hutch provides (a memory store's view): the sandbox wing's side of the seam.
+
+The sandbox wing knows nothing of memory. A value passed in `mounts=` (or as
+`memory=`, instead of a size) that is not a `Mount` but has a
+`prepare_mount()` method is a provider: before the sandbox starts, its
+`prepare_mount()` returns a lease whose `.mount` is a plain `Mount` (a bind of
+a host path); once the sandbox runs, `lease.started(sandbox_id)` is called;
+if creating the sandbox fails, `lease.abort()`. `hutch.MemoryMount`
+(hutch/fuse) is one.
+"""
+
+from __future__ import annotations
+
+from hutch._core.errors import InvalidSpecError
+from hutch.sandbox._spec import DEFAULT_MEMORY, Mount
+
+
+def _is_provider(value) -> bool:
+    return not isinstance(value, Mount) and callable(getattr(value, "prepare_mount", None))
+
+
+class Provided:
+    """The leases of one create() call; a context manager that aborts them if the block raises."""
+
+    def __init__(self, leases):
+        self.leases = list(leases)
+
+    def started(self, sandbox_id: str) -> None:
+        for lease in self.leases:
+            lease.started(sandbox_id)
+
+    def abort(self) -> None:
+        for lease in self.leases:
+            try:
+                lease.abort()
+            except Exception:
+                pass
+
+    def __enter__(self) -> "Provided":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+def prepare(memory, mounts) -> tuple[object, tuple, Provided]:
+    """(memory limit, mounts with every provider replaced by its Mount, the leases)."""
+    items = list(mounts or ())
+    if _is_provider(memory):
+        items.append(memory)
+        memory = DEFAULT_MEMORY
+    elif memory is not None and not isinstance(memory, (int, str)):
+        raise InvalidSpecError(
+            f"memory={memory!r} is neither a size ('512M') nor a memory mount (hutch.MemoryMount(mem, '/memory')).")
+    out, leases = [], []
+    try:
+        for m in items:
+            if _is_provider(m):
+                lease = m.prepare_mount()
+                leases.append(lease)
+                out.append(lease.mount)
+            else:
+                out.append(m)
+    except BaseException:
+        Provided(leases).abort()
+        raise
+    return memory, tuple(out), Provided(leases)

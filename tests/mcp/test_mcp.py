@@ -1,0 +1,159 @@
+"""The MCP server through the official MCP Python SDK client: stdio and streamable HTTP, real store, real sandboxes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+import hutch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fuse"))
+from sandbox_support import busybox_root, private_daemon  # noqa: E402
+
+MEMORY_TOOLS = {"memory_search", "memory_get", "memory_list", "memory_put", "memory_link", "memory_history"}
+SANDBOX_TOOLS = {"sandbox_create", "sandbox_exec", "sandbox_read_file", "sandbox_write_file", "sandbox_list",
+                 "sandbox_terminate"}
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    with private_daemon() as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    return "dir:" + str(busybox_root(tmp_path_factory.mktemp("bb") / "root"))
+
+
+@pytest.fixture
+def store(tmp_path):
+    mem = hutch.Memory(tmp_path / "store")
+    acme = mem.put("orgs", "Acme", body="Acme worries about customer churn after onboarding.")
+    mem.link(mem.put("actors", "Alice Chen", body="Head of data."), "works_at", acme)
+    return mem
+
+
+def _params(store, image, daemon) -> StdioServerParameters:
+    env = {**daemon, "PATH": os.environ["PATH"]}
+    return StdioServerParameters(command=sys.executable, args=["-m", "hutch", "mcp", "--store", str(store.root),
+                                                               "--image", image], env=env)
+
+
+def _call(client, name, args):
+    async def go():
+        return await client.call_tool(name, args)
+    return go()
+
+
+async def _memory_session(client, store):
+    tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert MEMORY_TOOLS | SANDBOX_TOOLS <= set(tools)
+    assert tools["memory_search"].annotations.read_only_hint is True
+    assert tools["memory_put"].annotations.read_only_hint is False
+    assert tools["sandbox_terminate"].annotations.destructive_hint is True
+    assert "query" in tools["memory_search"].input_schema["properties"]
+    assert "Search the memory store" in tools["memory_search"].description
+
+    r = await client.call_tool("memory_search", {"q": "customer churn", "k": 3})  # alias q
+    assert not r.is_error
+    hits = r.structured_content["result"]["hits"]
+    assert hits[0]["id"] == "orgs/acme" and "bm25" in hits[0]["channels"]
+
+    r = await client.call_tool("memory_put", {"title": "Pricing decision", "entity_class": "decisions",
+                                              "body": "Move to tiered pricing.", "facts": ["decided 2026-11-20"],
+                                              "source": "chat:42"})
+    assert not r.is_error and r.structured_content["result"]["created"] is True
+    did = r.structured_content["result"]["id"]
+    r = await client.call_tool("memory_link", {"from_id": did, "relation": "decided_by", "to_id": "actors/alice-chen"})
+    assert not r.is_error
+    r = await client.call_tool("memory_get", {"entity_id": did})  # alias entity_id
+    e = r.structured_content["result"]
+    assert e["facts"] == ["decided 2026-11-20"] and e["links"] == {"decided_by": ["actors/alice-chen"]}
+    r = await client.call_tool("memory_history", {"id": did})
+    ops = [(v["op"], v["source"]) for v in r.structured_content["result"]["versions"]]
+    assert ops == [("link", "mcp"), ("put", "chat:42")]
+    assert store.get(did).body.strip().startswith("Move to tiered pricing.")
+
+    r = await client.call_tool("memory_get", {"id": "orgs/nobody"})
+    assert r.is_error and "EntityNotFoundError" in r.content[0].text and "hutch mem ls" in r.content[0].text
+    r = await client.call_tool("memory_search", {})
+    assert r.is_error and "needs a query" in r.content[0].text
+
+
+async def _sandbox_session(client, store):
+    r = await client.call_tool("sandbox_create", {"timeout": 120, "tags": {"t": "mcp-test"}})
+    assert not r.is_error, r.content
+    sid = r.structured_content["result"]["sandbox_id"]
+    try:
+        r = await client.call_tool("sandbox_exec", {"sandbox_id": sid, "command": "echo hi; echo err >&2; exit 3"})
+        out = r.structured_content["result"]
+        assert (out["exit_code"], out["stdout"], out["stderr"]) == (3, "hi\n", "err\n")
+        r = await client.call_tool("sandbox_write_file", {"id": sid, "path": "/home/user/a.txt", "content": "data"})
+        assert not r.is_error
+        r = await client.call_tool("sandbox_exec", {"id": sid, "cmd": ["cat", "/home/user/a.txt"]})
+        assert r.structured_content["result"]["stdout"] == "data"
+        r = await client.call_tool("sandbox_read_file", {"sandbox_id": sid, "path": "/home/user/a.txt"})
+        assert r.structured_content["result"]["content"] == "data"
+        r = await client.call_tool("sandbox_list", {})
+        assert sid in [s["id"] for s in r.structured_content["result"]["sandboxes"]]
+    finally:
+        r = await client.call_tool("sandbox_terminate", {"sandbox_id": sid})
+    assert not r.is_error
+    r = await client.call_tool("sandbox_exec", {"sandbox_id": sid, "command": "true"})
+    assert r.is_error
+
+
+def test_stdio_memory_and_sandboxes(store, image, daemon):
+    async def main():
+        async with Client(_params(store, image, daemon)) as client:
+            await _memory_session(client, store)
+            await _sandbox_session(client, store)
+    anyio.run(main)
+    assert hutch.Sandbox.list(tags={"t": "mcp-test"}) == [] or all(
+        s.status != "running" for s in hutch.Sandbox.list(tags={"t": "mcp-test"}))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_streamable_http(store, image, daemon, tmp_path):
+    port = _free_port()
+    log = open(tmp_path / "mcp.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "hutch", "mcp", "--store", str(store.root), "--image", image,
+                             "--http", "--port", str(port)], stdout=log, stderr=log, env={**os.environ, **daemon})
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "mcp.log").read_text()
+                time.sleep(0.1)
+
+        async def main():
+            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+                await _memory_session(client, store)
+                await _sandbox_session(client, store)
+        anyio.run(main)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
