@@ -30,12 +30,12 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from hutch._core.errors import SandboxError
 from hutch.sandbox._egress._nft import Nft
+from hutch.sandbox._egress._rtnl import Rtnl
 
 CLONE_NEWNET = 0x40000000
 NS_GET_NSTYPE = 0xB703
 SANDBOX_IF = "eth0"
 SANDBOX_TABLE = "hutch"
-RT_SCOPE_LINK = 253
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -186,6 +186,15 @@ class Plumber:
         return ipr
 
     @property
+    def rtnl(self) -> Rtnl:
+        r = getattr(self._local, "rtnl", None)
+        if r is None:
+            r = self._local.rtnl = Rtnl()
+            with self._all_lock:
+                self._all.append(r)
+        return r
+
+    @property
     def nft(self) -> Nft:
         n = getattr(self._local, "nft", None)
         if n is None:
@@ -247,7 +256,7 @@ class Plumber:
 
     def add(self, name: str, addr: str, netns_fd: int) -> None:
         """Create veth `name` (host) <-> eth0 (sandbox), addresses, routes, and both rule sets."""
-        ipr = self.ipr
+        rt = self.rtnl
         # the host rules cover the link before it exists: no window in which it is unfiltered
         self.nft.run(f'add element inet {self.table} links {{ "{name}" }}\n'
                      f'add element inet {self.table} members {{ "{name}" . {addr} }}\n')
@@ -256,27 +265,21 @@ class Plumber:
             with self._in_netns(netns_fd):
                 _write_sysctl("/proc/sys/net/ipv6/conf/all/disable_ipv6", "1")
                 _write_sysctl("/proc/sys/net/ipv6/conf/default/disable_ipv6", "1")
-            ipr.link("add", ifname=name, kind="veth", peer={"ifname": SANDBOX_IF, "net_ns_fd": netns_fd})
+            rt.batch([Rtnl.veth(name, SANDBOX_IF, netns_fd, up=False)])
             _write_sysctl(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6", "1")
-            idx = ipr.link_lookup(ifname=name)[0]
-            # a point-to-point address: the kernel adds the route to the peer itself (one
-            # netlink request fewer, each of which may wait for the rtnl lock)
-            ipr.addr("add", index=idx, local=self.gw, address=addr, prefixlen=32)
-            ipr.link("set", index=idx, state="up")
+            idx = socket.if_nametoindex(name)
+            # a point-to-point address: the kernel adds the route to the peer itself
+            rt.batch([Rtnl.addr_p2p(idx, self.gw, addr), Rtnl.link_up(idx)])
             with self._in_netns(netns_fd):
                 # rules first: the link comes up in the sandbox only once they hold
                 n = Nft()
                 self._sandbox_nft[name] = n
                 n.run(sandbox_ruleset(self.gw))
-                inner = IPRoute()
-                try:
-                    e = inner.link_lookup(ifname=SANDBOX_IF)[0]
-                    inner.addr("add", index=e, local=addr, address=self.gw, prefixlen=32)
-                    inner.link("set", index=e, state="up")
-                    lo = inner.get_links(1)
-                    if lo and not lo[0]["flags"] & 1:   # IFF_UP: the runtime usually did it already
-                        inner.link("set", index=1, state="up")
-                    inner.route("add", dst="0.0.0.0/0", gateway=self.gw, oif=e)
+                e = socket.if_nametoindex(SANDBOX_IF)    # asks the netns this thread is in
+                inner = Rtnl()
+                try:   # lo is ifindex 1 in every network namespace
+                    inner.batch([Rtnl.addr_p2p(e, addr, self.gw), Rtnl.link_up(e), Rtnl.link_up(1),
+                                 Rtnl.default_route(self.gw, e)])
                 finally:
                     inner.close()
         except Exception as e:
@@ -307,13 +310,8 @@ class Plumber:
                 pass
 
     def _del_link(self, name: str) -> None:
-        try:
-            idx = self.ipr.link_lookup(ifname=name)
-            if idx:
-                self.ipr.link("del", index=idx[0])
-        except NetlinkError as e:
-            if e.code not in (errno.ENODEV, errno.ENOENT):
-                raise
+        # gone already when the sandbox's netns was destroyed first: the kernel takes both ends
+        self.rtnl.batch([Rtnl.link_del(name)], ignore=(errno.ENODEV, errno.ENOENT))
 
     def flush_conntrack(self, addr: str) -> int:
         """Delete the host's conntrack entries whose original source is `addr`. Returns how many."""
