@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import httpx
 
@@ -214,3 +215,46 @@ def test_graceful_stop_ends_every_sandbox(tmp_path, image):
         d.stop()
         d.cleanup_cgroups()
     assert os.path.exists(tmp_path)
+
+
+def test_zygote_death_ends_its_sandboxes_and_a_new_one_takes_over(tmp_path, image):
+    d = Daemon(tmp_path / "run").start()
+    try:
+        a = Api(d.sock, d.run_dir)
+        sid = a.create(image)["id"]
+        state = host_state(d, sid)
+        zygotes = [p for p in (d.cgroup_dirs("_zygote")[0] / "cgroup.procs").read_text().split()
+                   if _parent(p) == d.proc.pid]  # not an init just cloned from it
+        assert len(zygotes) == 1
+        os.kill(int(zygotes[0]), signal.SIGKILL)
+        r = a.http.post(f"/v1/sandboxes/{sid}/wait", params={"timeout": 5})
+        assert r.json()["status"] == "failed"
+        assert wait_gone(state, 2) == []
+        deadline = time.monotonic() + 5
+        while True:  # the daemon starts a new zygote; creating works again
+            r = a.http.post("/v1/sandboxes", json={"spec": {"image": image, "detach": True}})
+            if r.status_code == 201 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert r.status_code == 201, r.text
+        a.created.append(r.json()["id"])
+        assert a.sh(r.json()["id"], "echo back")[0] == "back\n"
+        a.close()
+    finally:
+        d.stop()
+        d.cleanup_cgroups()
+
+
+def test_large_output_streams_completely(api, image):
+    sid = api.create(image)["id"]
+    t0 = time.monotonic()
+    out, err, res = api.exec(sid, "sh", "-c", "head -c 20000000 /dev/zero; echo done >&2")
+    assert len(out) == 20_000_000 and err == b"done\n" and res["returncode"] == 0
+    assert time.monotonic() - t0 < 10
+
+
+def _parent(pid: str) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return 0

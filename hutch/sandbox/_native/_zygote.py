@@ -87,6 +87,7 @@ class Zygote:
     def start(self, msg: dict) -> None:
         plan = msg["plan"]
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        gc.freeze()  # what the zygote made since: the child's collector must not touch (copy) it either
         try:
             pid = _linux.clone(_linux.CLONE_NEWPID | (_linux.CLONE_NEWUSER if plan.get("userns") else 0))
         except OSError as e:
