@@ -347,14 +347,11 @@ class Memory:
                         f"{entity_id} already exists: use update() to correct it, supersede() to record a change "
                         "from a date on, or put(..., exist_ok=True) to apply these fields to it."
                     )
-                tx.ops.pop() if tx.ops and tx.ops[-1] == ("put", "") else None
+                tx.forget_op("put")
                 return self.update(entity_id, body=body or None, add_facts=facts, source=source,
                                    tags=list(tags) or None, confidence=confidence, valid_from=valid_from,
                                    valid_to=valid_to, meta=meta)
-            if tx.ops and tx.ops[-1] == ("put", ""):
-                tx.ops[-1] = ("put", entity_id)
-            else:
-                tx.record("put", entity_id)
+            tx.name_op("put", entity_id)
             now = fmt.now_iso()
             m: dict[str, Any] = {
                 "id": entity_id, "class": cls, "title": title, "created": now, "updated": now,
@@ -419,8 +416,7 @@ class Memory:
             _check_range(vf, vt)
             text = self._edit_text(cur, updates, body=body, facts=facts, add_facts=add_facts)
             if text == cur.text:
-                if tx.ops and tx.ops[-1] == ("update", entity_id):
-                    tx.ops.pop()
+                tx.forget_op("update", entity_id)
                 return cur
             text = fmt.set_keys(text, {"updated": fmt.now_iso()}, str(cur.path))
             tx.write(cur.path, text)
@@ -520,8 +516,7 @@ class Memory:
                 lp = rdir / name
                 if os.path.islink(lp):
                     if self._target_id(lp) == f"{dcls}/{dslug}":
-                        if tx.ops and tx.ops[-1][0] == "link":
-                            tx.ops.pop()
+                        tx.forget_op("link", f"{sid} -[{relation}]-> {did}")
                         return lp
                     continue  # the name belongs to a same-slug entity of another class
                 if os.path.lexists(lp):
@@ -687,33 +682,37 @@ def _subject(tx: Transaction) -> str:
 
 def _message(op: str, subject: str, ops: list, tx: Transaction | None = None,
              author: tuple[str, str] | None = None) -> str:
-    lines = [trailer_value(subject)[:200], ""]
-    trailers = [("Op", op)]
-    if tx is not None and tx.kind:
-        trailers = [("Op", tx.kind)]
-    entities = []
+    """Commit message: a subject line, then Hutch-* trailers (each key capped, so huge batches stay small)."""
+    trailers: list[tuple[str, str]] = [("Op", tx.kind if tx is not None and tx.kind else op)]
+    entities: dict[str, None] = {}
     for o, s in ops:
         e = s.split(" -[", 1)[0] if o in ("link", "unlink") else s if o in _ENTITY_OPS else None
-        if e and e not in entities:
-            entities.append(e)
-    for e in entities[:_MAX_TRAILER_ENTITIES]:
-        trailers.append(("Entity", e))
+        if e:
+            entities.setdefault(e)
+    trailers += [("Entity", e) for e in list(entities)[:_MAX_TRAILER_ENTITIES]]
     if len(entities) > _MAX_TRAILER_ENTITIES:
         trailers.append(("Entities", str(len(entities))))
     if tx is not None:
+        extra: dict[tuple[str, str], None] = {}
         if tx.source:
-            trailers.append(("Source", tx.source))
+            extra[("Source", tx.source)] = None
         if tx.reason:
-            trailers.append(("Reason", tx.reason))
-        seen = set()
-        for k, v in tx.trailers:
-            if (k, v) not in seen and (k, v) not in trailers:
-                seen.add((k, v))
+            extra[("Reason", tx.reason)] = None
+        for kv in tx.trailers:
+            extra.setdefault(kv)
+        per_key: dict[str, int] = {}
+        for k, v in extra:
+            per_key[k] = per_key.get(k, 0) + 1
+            if per_key[k] <= _MAX_TRAILER_ENTITIES:
                 trailers.append((k, v))
+        for k, n in per_key.items():
+            if n > _MAX_TRAILER_ENTITIES:
+                trailers.append(("Omitted", f"{n - _MAX_TRAILER_ENTITIES} more {k} values"))
         if len(ops) > 1:
             counts: dict[str, int] = {}
             for o, _ in ops:
                 counts[o] = counts.get(o, 0) + 1
             trailers.append(("Ops", ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))))
-    lines += [f"{TRAILER_PREFIX}{k}: {trailer_value(v)}" for k, v in trailers[:_MAX_TRAILER_ENTITIES + 50]]
+    lines = [trailer_value(subject)[:200], ""]
+    lines += [f"{TRAILER_PREFIX}{k}: {trailer_value(v)}" for k, v in trailers]
     return "\n".join(lines) + "\n"

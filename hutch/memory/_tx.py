@@ -85,6 +85,18 @@ class Transaction:
             if v is not None:
                 self.trailers.append((k, v))
 
+    def forget_op(self, op: str, subject: str = "") -> None:
+        """Drop the last recorded op if it is (op, subject): it turned out to change nothing."""
+        if self.ops and self.ops[-1] == (op, subject):
+            self.ops.pop()
+
+    def name_op(self, op: str, subject: str) -> None:
+        """Give the last recorded (op, '') its subject, once it is known (put learns its id late)."""
+        if self.ops and self.ops[-1] == (op, ""):
+            self.ops[-1] = (op, subject)
+        else:
+            self.ops.append((op, subject))
+
     @property
     def paths(self) -> list[str]:
         return list(self._order)
