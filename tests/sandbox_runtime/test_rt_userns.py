@@ -66,13 +66,18 @@ def test_escape_probe_with_userns(uapi, image, py_mounts):
     assert {k: got[k] for k in MUST_FAIL if got[k] == 0} == {}
 
 
-def test_host_files_in_binds_are_not_root_owned_inside(uapi, image, tmp_path):
-    (tmp_path / "secret").write_text("host root only")
+def test_binds_are_idmapped_so_root_inside_owns_what_host_root_owns(uapi, userns_daemon, image, tmp_path):
+    (tmp_path / "secret").write_text("host root file")
     (tmp_path / "secret").chmod(0o600)
-    tmp_path.chmod(0o755)  # others may look in; only the file's mode protects it
+    ro = tmp_path / "ro"
+    ro.mkdir()
     sid = uapi.create(image, mounts=[{"kind": "bind", "source": str(tmp_path), "target": "/data",
-                                       "readonly": False, "size": None}])["id"]
-    out, err, res = uapi.sh(sid, "cat /data/secret 2>&1; touch /data/new 2>&1; stat -c %u /data/secret")
-    assert "Permission denied" in out and "host root only" not in out
-    assert out.strip().endswith("65534")  # host root is nobody in here
-    assert not (tmp_path / "new").exists()
+                                       "readonly": False, "size": None},
+                                      {"kind": "bind", "source": str(ro), "target": "/ro",
+                                       "readonly": True, "size": None}])["id"]
+    out, err, res = uapi.sh(sid, "cat /data/secret; echo; stat -c %u /data/secret; echo new > /data/new; "
+                                 "touch /ro/x 2>/dev/null || echo refused")
+    assert out == "host root file\n0\nrefused\n", out + err
+    assert not (ro / "x").exists()
+    assert (tmp_path / "new").read_text() == "new\n" and (tmp_path / "new").stat().st_uid == 0
+    assert [m for m in mounts_under(userns_daemon.run_dir / "layers") if "/b-" in m] == [], "bind views are dropped"

@@ -241,9 +241,19 @@ class Manager:
         try:
             self.cgroups.set_limits(sb.id, spec.limits.memory, spec.limits.pids, spec.limits.cpu)
             plan = build_plan(spec, image, sid=sb.id, scratch=str(self.scratch), cgroup_procs=[])
+            binds: list[str] = []
             if sb.userns:
                 plan["userns"], plan["lowerdirs"] = True, views
-            await self._start(sb, plan)
+                for i, m in enumerate(plan["mounts"]):
+                    # root inside owns what host root owns in a bind (else it would see only nobody's files)
+                    if m["kind"] == "bind" and (view := self.idmap.bind_view(f"{sb.id}-{i}", m["source"])):
+                        m["source"] = view
+                        binds.append(view)
+            try:
+                await self._start(sb, plan)
+            finally:
+                for view in binds:  # the sandbox's mount namespace holds its own copy by now
+                    self.idmap.drop(view)
         except BaseException as e:
             await self.end(sb, "failed")
             if isinstance(e, (SandboxError, ConfigError, NotFoundError, StateError, DaemonError)):

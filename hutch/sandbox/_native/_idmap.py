@@ -59,10 +59,7 @@ class IdMapper:
                 pass
         if self.dir.is_dir():
             for p in self.dir.iterdir():
-                try:
-                    p.rmdir()
-                except OSError:
-                    pass
+                self._remove(str(p))
 
     def start(self) -> bool:
         """Make the mapping namespace; False if this kernel cannot (then sandboxes run without one)."""
@@ -112,6 +109,36 @@ class IdMapper:
                 return None
             self.layers[path] = view
         return view
+
+    def bind_view(self, name: str, source: str) -> str | None:
+        """An idmapped view of a bind source for one sandbox (dropped once it is mounted), or None."""
+        if self.userns_fd < 0:
+            return None
+        view = str(self.dir / f"b-{name}")
+        try:
+            if os.path.isdir(source):
+                os.makedirs(view, exist_ok=True)
+            else:
+                open(view, "a").close()
+            L.idmapped_mount(source, view, self.userns_fd)
+        except OSError:  # e.g. a filesystem without idmapping (FUSE): the bind stays as it is
+            self._remove(view)
+            return None
+        return view
+
+    def drop(self, view: str) -> None:
+        try:
+            L.umount2(view, L.MNT_DETACH)
+        except OSError:
+            pass
+        self._remove(view)
+
+    @staticmethod
+    def _remove(path: str) -> None:
+        try:
+            os.rmdir(path) if os.path.isdir(path) else os.unlink(path)
+        except OSError:
+            pass
 
     def stop(self) -> None:
         for view in self.layers.values():
