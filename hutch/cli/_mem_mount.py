@@ -19,7 +19,10 @@ from hutch.cli._mem import mem
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process until unmounted (Ctrl-C unmounts).")
 @click.option("--source", metavar="TEXT", help="Provenance recorded on each write (default fuse:<mountpoint>).")
 @click.option("--log", "log_path", metavar="FILE", help="Where the background server writes its log.")
-def mount(store, mountpoint, read_only, foreground, source, log_path) -> None:
+@click.option("--cache-seconds", type=float, default=0.0, show_default=True,
+              help="How long the kernel may trust names and sizes: faster, but changes made behind the mount "
+                   "may read short for that long.")
+def mount(store, mountpoint, read_only, foreground, source, log_path, cache_seconds) -> None:
     """Mount STORE at MOUNTPOINT: entities as files, a query as a directory, profile.md.
 
     Writes become commits (source: fuse:<mountpoint>); `search/<query>/` holds
@@ -36,9 +39,10 @@ def mount(store, mountpoint, read_only, foreground, source, log_path) -> None:
     from hutch import fuse
 
     if foreground:
-        fuse.serve(store, mountpoint, writable=not read_only, source=source)
+        fuse.serve(store, mountpoint, writable=not read_only, source=source, cache_seconds=cache_seconds)
         return
-    proc = fuse.mount(store, mountpoint, writable=not read_only, source=source, log_path=log_path)
+    proc = fuse.mount(store, mountpoint, writable=not read_only, source=source, log_path=log_path,
+                      cache_seconds=cache_seconds)
     click.echo(f"mounted {os.path.abspath(store)} at {os.path.abspath(mountpoint)} (server pid {proc.pid}); "
                f"unmount with: hutch mem umount {mountpoint}")
 

@@ -52,8 +52,13 @@ def _check_mountpoint(mountpoint: Path) -> None:
 
 def serve(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: bool = True,
           source: str | None = None, ready_fd: int | None = None, handover: bool = False,
-          debug: bool = False) -> None:
-    """Mount the view of `store` at `mountpoint` and serve it until unmounted (blocks)."""
+          debug: bool = False, cache_seconds: float = 0.0) -> None:
+    """Mount the view of `store` at `mountpoint` and serve it until unmounted (blocks).
+
+    `cache_seconds`: how long the kernel may trust names and sizes it has seen. 0 (the default) is always
+    fresh; more is faster (fewer requests per open) but a file changed behind the mount may read short
+    for that long.
+    """
     from mfusepy import FUSE
 
     from hutch.fuse._fs import MemoryFS
@@ -85,7 +90,8 @@ def serve(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: 
     # or through this mount, which adds front matter), and sendfile/splice readers (busybox cat) trust the
     # size the kernel cached; a lookup on every open brings it fresh. It costs one request per path component.
     FUSE(fs, str(mountpoint), raw_fi=True, foreground=True, nothreads=False, auto_unmount=True,
-         fsname=name, subtype="hutch", attr_timeout=0, entry_timeout=0, **({"ro": True} if not writable else {}))
+         fsname=name, subtype="hutch", attr_timeout=cache_seconds, entry_timeout=cache_seconds,
+         **({"ro": True} if not writable else {}))
 
 
 def _await_handover(fs, mountpoint: Path) -> None:
@@ -108,7 +114,8 @@ def _await_handover(fs, mountpoint: Path) -> None:
 
 
 def mount(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: bool = True,
-          source: str | None = None, handover: bool = False, log_path: str | None = None) -> subprocess.Popen:
+          source: str | None = None, handover: bool = False, log_path: str | None = None,
+          cache_seconds: float = 0.0) -> subprocess.Popen:
     """Start a serving process for `store` at `mountpoint`; returns it once the mount is live.
 
     The process runs in its own session, so it outlives the caller (unless
@@ -129,6 +136,8 @@ def mount(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: 
         argv += ["--source", source]
     if handover:
         argv.append("--handover")
+    if cache_seconds:
+        argv += ["--cache-seconds", str(float(cache_seconds))]
     err = open(log_path, "ab") if log_path else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE if handover else subprocess.DEVNULL,
@@ -196,10 +205,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ready-fd", type=int)
     ap.add_argument("--handover", action="store_true")
     ap.add_argument("--debug", action="store_true")
+    ap.add_argument("--cache-seconds", type=float, default=0.0)
     a = ap.parse_args(argv)
     try:
         serve(a.store, a.mountpoint, writable=not a.read_only, source=a.source, ready_fd=a.ready_fd,
-              handover=a.handover, debug=a.debug)
+              handover=a.handover, debug=a.debug, cache_seconds=a.cache_seconds)
     except (Error, RuntimeError) as e:
         msg = str(e) if isinstance(e, Error) else (
             f"libfuse could not mount at {a.mountpoint} ({e}); check it is an empty directory and not a mount")

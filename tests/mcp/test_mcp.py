@@ -113,11 +113,27 @@ async def _sandbox_session(client, store):
     assert r.is_error
 
 
+async def _memory_in_sandbox(client, store):
+    r = await client.call_tool("sandbox_create", {"mount_memory": "rw", "timeout": 120})
+    assert not r.is_error, r.content
+    sid = r.structured_content["result"]["sandbox_id"]
+    try:
+        r = await client.call_tool("sandbox_exec", {"sandbox_id": sid, "command":
+                                                    "ls '/memory/search/customer churn/' && "
+                                                    "echo '- seen from a sandbox' >> /memory/orgs/acme.md"})
+        out = r.structured_content["result"]
+        assert out["exit_code"] == 0 and out["stdout"].splitlines()[0] == "01-orgs-acme.md", out
+        assert store.history("orgs/acme")[0].source == f"sandbox:{sid}"
+    finally:
+        await client.call_tool("sandbox_terminate", {"sandbox_id": sid})
+
+
 def test_stdio_memory_and_sandboxes(store, image, daemon):
     async def main():
         async with Client(_params(store, image, daemon)) as client:
             await _memory_session(client, store)
             await _sandbox_session(client, store)
+            await _memory_in_sandbox(client, store)
     anyio.run(main)
     assert hutch.Sandbox.list(tags={"t": "mcp-test"}) == [] or all(
         s.status != "running" for s in hutch.Sandbox.list(tags={"t": "mcp-test"}))

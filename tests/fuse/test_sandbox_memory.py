@@ -1,0 +1,78 @@
+"""Memory inside sandboxes: hutch.MemoryMount through a real daemon, real namespaces and a real FUSE view."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import hutch
+from hutch._core.errors import ConfigError
+
+from sandbox_support import busybox_root, private_daemon, views_alive
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    with private_daemon() as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    return hutch.Image.from_directory(busybox_root(tmp_path_factory.mktemp("bbroot") / "root"))
+
+
+def _settled(timeout=5.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while views_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return views_alive()
+
+
+def test_writable_memory_mount_commits_as_the_sandbox(daemon, image, store):
+    with hutch.Sandbox.create(image=image, memory=hutch.MemoryMount(store, "/memory", writable=True)) as sb:
+        r = sb.run("sh", "-c", "ls '/memory/search/customer churn/' && "
+                               "echo '- churn is highest in month two' >> /memory/orgs/acme.md && "
+                               "cat /memory/profile.md", check=True)
+        assert r.stdout.splitlines()[0] == "01-orgs-acme.md"
+        assert "3 entities" in r.stdout
+        v = store.history("orgs/acme")[0]
+        assert v.source == f"sandbox:{sb.id}" and v.op == "update"
+        assert store.get("orgs/acme").text.endswith("- churn is highest in month two\n")
+        r = sb.run("sh", "-c", "printf 'Notes on churn.\\n' > /memory/topics/churn.md && cat /memory/topics/churn.md")
+        assert r.returncode == 0 and "Notes on churn." in r.stdout
+        assert store.history("topics/churn")[0].source == f"sandbox:{sb.id}"
+        assert views_alive(), "the view should serve while the sandbox runs"
+    assert _settled() == [], "the memory view outlived its sandbox"
+
+
+def test_read_only_memory_mount_refuses_even_root(daemon, image, store):
+    n = len(store.git.log())
+    sb = hutch.Sandbox.create(image=image, mounts=[hutch.MemoryMount(store, "/mem")])
+    try:
+        r = sb.run("sh", "-c", "cat /mem/actors/alice-chen.md >/dev/null && echo read-ok; "
+                               "echo x >> /mem/actors/alice-chen.md; echo y > /mem/topics/new.md; "
+                               "rm /mem/topics/pricing.md; mkdir /mem/newclass; "
+                               "mount -o remount,rw /mem; id -u")
+        assert "read-ok" in r.stdout and r.stdout.strip().endswith("0")  # root inside
+        assert r.stderr.count("Read-only file system") >= 4
+        assert len(store.git.log()) == n
+    finally:
+        sb.terminate()
+    assert _settled() == []
+
+
+def test_a_failed_create_leaves_no_view(daemon, store):
+    with pytest.raises(hutch.Error):
+        hutch.Sandbox.create(image="dir:/nonexistent-hutch-root", memory=hutch.MemoryMount(store, "/memory"))
+    assert _settled() == []
+
+
+def test_memory_mount_validates(store, tmp_path):
+    with pytest.raises(ConfigError, match="not a memory store"):
+        hutch.MemoryMount(tmp_path, "/memory")
+    with pytest.raises(ConfigError, match="absolute path"):
+        hutch.MemoryMount(store, "memory")
+    with pytest.raises(ConfigError):
+        hutch.Sandbox.create(memory=object())
