@@ -7,7 +7,6 @@ idle timeout, lease grace), and the reaping of what a crashed predecessor left.
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import os
 import secrets
@@ -597,4 +596,4 @@ def _error(reply: dict) -> Exception:
     return cls(reply.get("message") or "the sandbox refused the call.")
 
 
-__all__ = ["ENDED", "Exec", "Manager", "Sandbox", "errno"]
+__all__ = ["ENDED", "Exec", "Manager", "Sandbox"]

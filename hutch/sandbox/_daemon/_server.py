@@ -13,7 +13,7 @@ from aiohttp import web
 
 import hutch
 from hutch._core import errors
-from hutch._core.errors import ConfigError, NetworkPolicyError, NotFoundError
+from hutch._core.errors import ConfigError, NetworkPolicyError
 from hutch.sandbox import _images
 from hutch.sandbox._daemon._manager import Manager
 from hutch.sandbox._daemon._openapi import openapi_document
@@ -423,4 +423,4 @@ async def _exit_then_drain(exited: asyncio.Future, pumps: list) -> None:
         await asyncio.wait(live, timeout=DRAIN_AFTER_EXIT)
 
 
-__all__ = ["NotFoundError", "error_response", "make_app"]
+__all__ = ["error_response", "make_app"]
