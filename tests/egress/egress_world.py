@@ -63,6 +63,7 @@ ZONE = {
     "meta.example.test": ["169.254.169.254"],
     "cgnat.example.test": ["100.64.0.1"],
     "gateway.example.test": [GW],
+    "hostaddr.example.test": [HOST_ADDR],
     "proxy.example.test": [PROXY_ADDR],
     "forbidden.test": ["203.0.113.10"],
     "evil.test": ["203.0.113.10"],

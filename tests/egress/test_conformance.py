@@ -253,7 +253,7 @@ def test_http_smuggling_shapes_never_reach_another_host(sandbox, world, raw):
 @pytest.mark.parametrize("name,addr", [
     ("local.example.test", "127.0.0.1"), ("private.example.test", "10.0.0.1"),
     ("meta.example.test", "169.254.169.254"), ("cgnat.example.test", "100.64.0.1"),
-    ("gateway.example.test", GW),
+    ("gateway.example.test", GW), ("hostaddr.example.test", HOST_ADDR),
 ])
 def test_allowed_name_resolving_to_private_addresses_is_refused(sandbox, world, name, addr):
     sb = sandbox(Network.allow(domains=["*.example.test"]))
