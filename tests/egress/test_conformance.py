@@ -565,3 +565,16 @@ def test_detach_leaves_nothing(world, sandbox):
                                       capture_output=True, text=True).stdout
     assert f"src={addr} " not in ct
     assert sb.run("ip", "-o", "link").stdout.count(":") >= 1 and "eth0" not in sb.run("ip", "-o", "link").stdout
+
+
+def test_a_second_gateway_that_cannot_start_leaves_the_first_ones_rules(world, sandbox):
+    import subprocess
+
+    from egress_world import SUBNET, GatewayThread
+    with pytest.raises(OSError):
+        GatewayThread(world.host, upstream_resolvers=["192.0.2.53"], subnet=SUBNET, table="hutch_egress_test")
+    out = subprocess.run(["ip", "netns", "exec", world.host, "nft", "list", "table", "inet", "hutch_egress_test"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "members" in out.stdout
+    sb = sandbox(ALLOW_WWW)
+    assert served(sb.curl("http://www.example.test/"))["server"] == "192.0.2.10"

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import os
 
+from hutch._core import paths
 from hutch._core.errors import NetworkPolicyError
-from hutch.sandbox._egress._gateway import Gateway
+from hutch.sandbox._egress._gateway import DEFAULT_SUBNET, DEFAULT_TABLE, Gateway
 from hutch.sandbox._spec import Network
 
 
@@ -99,5 +101,24 @@ class DaemonAttacher:
 
 
 def daemon_attacher() -> DaemonAttacher:
-    """The attacher the hutch daemon loads (see hutch.sandbox._daemon._network)."""
-    return DaemonAttacher()
+    """The attacher the hutch daemon loads (see hutch.sandbox._daemon._network).
+
+    The daemon on the default run dir uses 198.18.0.0/16 and table `hutch_egress`; a daemon on
+    another run dir (tests, private daemons) gets its own /24 in 198.19.0.0/16 and its own table,
+    chosen from the run dir, so several daemons on one host each keep a working gateway.
+    HUTCH_EGRESS_SUBNET overrides the subnet, HUTCH_EGRESS_RESOLVERS the upstream resolvers.
+    """
+    return DaemonAttacher(**gateway_settings(paths.run_dir()))
+
+
+def gateway_settings(run_dir) -> dict:
+    run = os.path.realpath(run_dir)
+    if run == os.path.realpath(paths.DEFAULT_RUN_DIR):
+        kw = {"table": DEFAULT_TABLE}
+        subnet = DEFAULT_SUBNET
+    else:
+        h = int(hashlib.sha1(run.encode()).hexdigest(), 16)
+        kw = {"table": f"{DEFAULT_TABLE}_{h % (1 << 32):08x}"}
+        subnet = f"198.19.{1 + h % 254}.0/24"
+    kw["subnet"] = os.environ.get("HUTCH_EGRESS_SUBNET") or subnet
+    return kw

@@ -175,6 +175,7 @@ class Plumber:
         # a sandbox's nft context stays open while it is attached: closing one that has
         # loaded rules costs ~10 ms (kernel side), so it is paid at removal, off the create path
         self._sandbox_nft: dict[str, Nft] = {}
+        self._installed = False
 
     @property
     def ipr(self) -> IPRoute:
@@ -209,6 +210,7 @@ class Plumber:
         _setns(host_fd)
         reaped = self.reap()
         self.nft.run(host_ruleset(self.table, self.gw, self.subnet, self.dns_port, self.proxy_port))
+        self._installed = True
         return reaped
 
     def reap(self) -> list[str]:
@@ -231,10 +233,14 @@ class Plumber:
         """Delete the given links and the host table; close every socket."""
         for n in names:
             self._del_link(n)
-        try:
-            self.nft.run(f"table inet {self.table}\ndelete table inet {self.table}\n")
-        except SandboxError:
-            pass
+        if self._installed:
+            # only a table this gateway installed: a gateway that failed to start must not
+            # delete the rules of another one that runs
+            try:
+                self.nft.run(f"table inet {self.table}\ndelete table inet {self.table}\n")
+            except SandboxError:
+                pass
+            self._installed = False
         for n in list(self._sandbox_nft.values()):
             n.close()
         self._sandbox_nft.clear()
