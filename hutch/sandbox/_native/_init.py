@@ -122,6 +122,7 @@ def _setup_root(plan: dict, trees=()) -> None:
         os.setgroups([])
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
+        L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)  # a change of uid cleared it
     for d in ("upper", "work", "root"):
         os.mkdir(d, 0o755)
     root = "root"
