@@ -38,6 +38,13 @@ def test_command_sandbox_lives_as_long_as_its_command(api, daemon, image):
     assert wait_gone(state, 2) == []
 
 
+def test_a_command_quicker_than_create_still_reports_its_exit(api, image):
+    for code in (0, 5):
+        info = api.create(image, command=["sh", "-c", f"exit {code}"])
+        r = api.http.post(f"/v1/sandboxes/{info['id']}/wait", params={"timeout": 10}).json()
+        assert (r["status"], r["returncode"]) == ("exited", code)
+
+
 def test_wait_times_out_while_running(api, image):
     info = api.create(image)
     r = api.http.post(f"/v1/sandboxes/{info['id']}/wait", params={"timeout": 0.2})

@@ -335,7 +335,8 @@ class Manager:
                 "streams": [False, False, False]})
             if not reply["ok"]:
                 raise _error(reply)
-        sb.status = "running"
+        if sb.status == "starting":  # a command may have been quicker than this line
+            sb.status = "running"
         sb.touch()
         if sb.spec.timeout:
             sb.timers.append(loop.call_later(sb.spec.timeout, self._expire, sb, "timeout"))

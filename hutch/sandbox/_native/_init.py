@@ -329,6 +329,10 @@ class Init:
             return os.posix_spawn(prog, argv, env, file_actions=actions, setsid=True,
                                   setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD))
         except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.ENOMEM):
+                raise _SpawnError("SandboxError", f"program {argv[0]!r} could not be started: the sandbox is at "
+                                                  "its pids or memory limit; end some of its processes or create it "
+                                                  "with larger limits.") from None
             cls = "NotFoundError" if e.errno == errno.ENOENT else "ConfigError"
             raise _SpawnError(cls, f"program {argv[0]!r} could not be started: {os.strerror(e.errno or 0)}; "
                                    "check it is an executable for this machine.") from None
