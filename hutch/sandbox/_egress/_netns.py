@@ -30,7 +30,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from hutch._core.errors import SandboxError
 from hutch.sandbox._egress._nft import Nft
-from hutch.sandbox._egress._rtnl import Rtnl
+from hutch.sandbox._egress._rtnl import Conntrack, Rtnl
 
 CLONE_NEWNET = 0x40000000
 NS_GET_NSTYPE = 0xB703
@@ -319,35 +319,17 @@ class Plumber:
         # gone already when the sandbox's netns was destroyed first: the kernel takes both ends
         self.rtnl.batch([Rtnl.link_del(name)], ignore=(errno.ENODEV, errno.ENOENT))
 
-    def flush_conntrack(self, addr: str) -> int:
-        """Delete the host's conntrack entries whose original source is `addr`. Returns how many."""
+    def flush_conntrack(self, addr: str) -> None:
+        """Delete the host's conntrack entries whose original source is `addr` (best effort)."""
         ct = getattr(self._local, "ct", None)
-        if ct is None:
-            try:
-                from pyroute2 import Conntrack
+        try:
+            if ct is None:
                 ct = self._local.ct = Conntrack()
-            except Exception:  # noqa: BLE001 - no nf_conntrack netlink: nothing tracked to flush
-                return 0
-            with self._all_lock:
-                self._all.append(ct)
-        return flush_conntrack(addr, ct)
-
-
-def flush_conntrack(addr: str, ct) -> int:
-    """Delete conntrack entries (through socket `ct`) whose original source is `addr`."""
-    from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
-
-    n = 0
-    try:
-        for entry in list(ct.dump_entries(tuple_orig=NFCTAttrTuple(saddr=addr))):
-            try:
-                ct.delete(entry)
-                n += 1
-            except NetlinkError:
-                pass
-    except Exception:  # noqa: BLE001 - best effort; entries also time out by themselves
-        pass
-    return n
+                with self._all_lock:
+                    self._all.append(ct)
+            ct.flush_source(addr)
+        except OSError:
+            pass   # no conntrack netlink, or an old kernel: the entries time out by themselves
 
 
 def link_name(prefix: str, addr: str) -> str:

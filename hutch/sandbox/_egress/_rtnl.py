@@ -112,3 +112,45 @@ class Rtnl:
 
 
 ENODEV = errno.ENODEV
+
+
+# --- conntrack ------------------------------------------------------------------
+
+NETLINK_NETFILTER = 12
+NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_DELETE = 1, 2
+NLA_F_NESTED = 0x8000
+CTA_TUPLE_ORIG, CTA_TUPLE_IP, CTA_IP_V4_SRC, CTA_FILTER = 1, 1, 1, 25
+CTA_FILTER_ORIG_FLAGS, CTA_FILTER_REPLY_FLAGS = 1, 2
+CTA_FILTER_F_CTA_IP_SRC = 1 << 0
+
+
+class Conntrack:
+    """Deletes conntrack entries by original source address in one kernel-filtered request."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER)
+        self.sock.bind((0, 0))
+        self.seq = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def flush_source(self, addr: str) -> None:
+        """Delete every IPv4 entry whose original source is `addr` (a no-op when there is none)."""
+        tup = _attr(CTA_TUPLE_IP | NLA_F_NESTED, _attr(CTA_IP_V4_SRC, socket.inet_aton(addr)))
+        filt = _attr(CTA_FILTER_ORIG_FLAGS, struct.pack("=I", CTA_FILTER_F_CTA_IP_SRC)) + \
+            _attr(CTA_FILTER_REPLY_FLAGS, struct.pack("=I", 0))
+        # version 1: the flush is limited to this family (and so may filter on an IPv4 tuple)
+        body = struct.pack("=BBH", socket.AF_INET, 1, 0) + _attr(CTA_TUPLE_ORIG | NLA_F_NESTED, tup) + \
+            _attr(CTA_FILTER | NLA_F_NESTED, filt)
+        self.seq += 1
+        kind = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE
+        self.sock.sendall(struct.pack("=IHHII", 16 + len(body), kind, NLM_F_REQUEST | NLM_F_ACK, self.seq, 0) + body)
+        while True:
+            data = self.sock.recv(65536)
+            length, mtype, _, seq, _ = struct.unpack_from("=IHHII", data, 0)
+            if mtype == NLMSG_ERROR and seq == self.seq:
+                code = -struct.unpack_from("=i", data, 16)[0]
+                if code and code != errno.ENOENT:
+                    raise OSError(code, f"conntrack flush: {os.strerror(code)}")
+                return
