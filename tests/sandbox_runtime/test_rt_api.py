@@ -93,3 +93,21 @@ def test_docs_name_the_daemon_entry_point():
     text = (REPO / "docs" / "api.md").read_text()
     assert "serve(socket_path=None, listen=None, token=None)" in text
     assert Path(REPO / "hutch" / "sandbox" / "_daemon" / "__init__.py").exists()
+
+
+def test_images_listed_and_ensured(api, image, tmp_path, monkeypatch):
+    r = api.http.post("/v1/images/ensure", json={"ref": image})
+    events = [__import__("json").loads(line) for line in r.text.splitlines()]
+    assert events[-1] == {"done": True, "ref": image, "id": image}
+    r = api.http.post("/v1/images/ensure", json={"ref": "no-such-image"})
+    assert r.text.splitlines()[-1].startswith('{"error": "NotFoundError"')
+    got = api.http.get("/v1/images").json()["images"]
+    assert isinstance(got, list) and all({"ref", "id", "size", "created_at"} <= set(i) for i in got)
+    # what the listing reads: each built image's image.json under the state directory
+    from hutch.sandbox._daemon._server import _built_images
+
+    monkeypatch.setenv("HUTCH_STATE_DIR", str(tmp_path))
+    (tmp_path / "images" / "debian-slim").mkdir(parents=True)
+    (tmp_path / "images" / "debian-slim" / "image.json").write_text(
+        '{"ref": "debian-slim", "id": "debian-slim-bookworm-1", "size": 123, "created_at": 1.5, "suite": "x"}')
+    assert _built_images() == [{"ref": "debian-slim", "id": "debian-slim-bookworm-1", "size": 123, "created_at": 1.5}]

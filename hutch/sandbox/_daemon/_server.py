@@ -383,8 +383,8 @@ class Handlers:
             return resp
 
     async def images(self, request):
-        lister = getattr(_images, "list_images", None)
-        items = await asyncio.get_running_loop().run_in_executor(None, lister) if callable(lister) else []
+        lister = getattr(_images, "list_images", None) or _built_images
+        items = await asyncio.get_running_loop().run_in_executor(None, lister)
         return web.json_response({"images": [i if isinstance(i, dict) else vars(i) for i in items]})
 
     # --- network ------------------------------------------------------------------------
@@ -408,6 +408,19 @@ class Handlers:
         if self.mgr.network is None:
             return web.json_response({"decisions": []})
         return web.json_response({"decisions": self.mgr.network.log(sb.id)})
+
+
+def _built_images() -> list[dict]:
+    """The images built on this host: each images_dir()/<name>/image.json."""
+    out = []
+    base = _images.images_dir() if hasattr(_images, "images_dir") else None
+    for meta in sorted(base.glob("*/image.json")) if base and base.is_dir() else ():
+        try:
+            d = json.loads(meta.read_text())
+            out.append({k: d.get(k) for k in ("ref", "id", "size", "created_at")})
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 async def _exit_then_drain(exited: asyncio.Future, pumps: list) -> None:
