@@ -174,7 +174,7 @@ class Gateway:
         _raise_nofile()
         self._host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         host_fd = self._host_fd
-        # one thread does all plumbing: setns moves only that thread, and pyroute2/nft
+        # one thread does all plumbing: setns moves only that thread, and netlink/nft
         # sockets stay bound to the namespace they were opened in
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hutch-egress",
                                         initializer=_netns._setns, initargs=(host_fd,))

@@ -25,8 +25,6 @@ import socket
 import threading
 from contextlib import contextmanager
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
 
 from hutch._core.errors import SandboxError
 from hutch.sandbox._egress._nft import Nft
@@ -178,15 +176,6 @@ class Plumber:
         self._installed = False
 
     @property
-    def ipr(self) -> IPRoute:
-        ipr = getattr(self._local, "ipr", None)
-        if ipr is None:
-            ipr = self._local.ipr = IPRoute()
-            with self._all_lock:
-                self._all.append(ipr)
-        return ipr
-
-    @property
     def rtnl(self) -> Rtnl:
         r = getattr(self._local, "rtnl", None)
         if r is None:
@@ -214,19 +203,18 @@ class Plumber:
         return reaped
 
     def reap(self) -> list[str]:
-        """Delete hv* links that carry our gateway address (left by a crashed gateway)."""
+        """Delete links of ours (name prefix and our gateway address) that a crashed gateway left."""
         out = []
-        for link in self.ipr.get_links():
-            name = link.get_attr("IFLA_IFNAME") or ""
-            if not name.startswith(self.prefix):
+        for index, address in self.rtnl.ipv4_addresses():
+            if address != self.gw:
                 continue
-            addrs = [a.get_attr("IFA_ADDRESS") for a in self.ipr.get_addr(index=link["index"], family=socket.AF_INET)]
-            if self.gw in addrs:
-                try:
-                    self.ipr.link("del", index=link["index"])
-                    out.append(name)
-                except NetlinkError:
-                    pass
+            try:
+                name = socket.if_indextoname(index)
+            except OSError:
+                continue
+            if name.startswith(self.prefix):
+                self._del_link(name)
+                out.append(name)
         return out
 
     def teardown(self, names: list[str]) -> None:
@@ -250,7 +238,7 @@ class Plumber:
             self._all.clear()
 
     def host_addresses(self) -> list[str]:
-        return [a.get_attr("IFA_ADDRESS") for a in self.ipr.get_addr(family=socket.AF_INET)]
+        return sorted({a for _, a in self.rtnl.ipv4_addresses()})
 
     @contextmanager
     def _in_netns(self, fd: int):

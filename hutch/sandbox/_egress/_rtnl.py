@@ -15,7 +15,9 @@ import struct
 
 NETLINK_ROUTE = 0
 RTM_NEWLINK, RTM_DELLINK = 16, 17
-RTM_NEWADDR = 20
+RTM_NEWADDR, RTM_GETADDR = 20, 22
+NLM_F_DUMP = 0x300
+NLMSG_DONE = 3
 RTM_NEWROUTE = 24
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
 NLMSG_ERROR = 2
@@ -76,6 +78,40 @@ class Rtnl:
                     break
         if first_error is not None:
             raise first_error
+
+    def ipv4_addresses(self) -> list[tuple[int, str]]:
+        """(ifindex, address) of every IPv4 address in this netns (IFA_LOCAL, else IFA_ADDRESS)."""
+        self.seq += 1
+        body = _IFADDR.pack(socket.AF_INET, 0, 0, 0, 0)
+        self.sock.sendall(struct.pack("=IHHII", 16 + len(body), RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP,
+                                      self.seq, 0) + body)
+        out = []
+        while True:
+            data = self.sock.recv(1 << 16)
+            off = 0
+            while off + 16 <= len(data):
+                length, kind, _, seq, _ = struct.unpack_from("=IHHII", data, off)
+                if length < 16:
+                    return out
+                if seq == self.seq:
+                    if kind == NLMSG_DONE:
+                        return out
+                    if kind == NLMSG_ERROR:
+                        code = -struct.unpack_from("=i", data, off + 16)[0]
+                        raise OSError(code, f"rtnetlink: {os.strerror(code)}")
+                    if kind == RTM_NEWADDR:
+                        family, _, _, _, index = _IFADDR.unpack_from(data, off + 16)
+                        attrs, p, end = {}, off + 16 + _IFADDR.size, off + length
+                        while p + 4 <= end:
+                            alen, atype = struct.unpack_from("=HH", data, p)
+                            if alen < 4:
+                                break
+                            attrs[atype] = data[p + 4:p + alen]
+                            p += (alen + 3) & ~3
+                        raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)
+                        if family == socket.AF_INET and raw and len(raw) == 4:
+                            out.append((index, socket.inet_ntoa(raw)))
+                off += (length + 3) & ~3
 
     # --- requests ---------------------------------------------------------------
 
