@@ -37,11 +37,9 @@ def build_server(store: str | os.PathLike | None = None, *, sandboxes: bool = Tr
     if sandboxes:
         from hutch.mcp import _sandbox_tools
 
-        mount = None
-        if mem is not None:
-            def mount(writable: bool, target: str):
-                return hutch.MemoryMount(mem, target, writable=writable)
-        _sandbox_tools.register(server, image=image, memory_mount=mount)
+        def mount(writable: bool, target: str):
+            return hutch.MemoryMount(mem, target, writable=writable)
+        _sandbox_tools.register(server, image=image, memory_mount=mount if mem is not None else None)
     return server
 
 
