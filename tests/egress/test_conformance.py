@@ -578,3 +578,25 @@ def test_a_second_gateway_that_cannot_start_leaves_the_first_ones_rules(world, s
     assert out.returncode == 0 and "members" in out.stdout
     sb = sandbox(ALLOW_WWW)
     assert served(sb.curl("http://www.example.test/"))["server"] == "192.0.2.10"
+
+
+def test_start_reaps_links_a_crashed_gateway_left(world):
+    import subprocess
+
+    from egress_world import GatewayThread, sh
+    ns = f"hutch-eg-reap-{world.tag}"
+    sh("ip", "netns", "add", ns)
+    gw = None
+    try:
+        # what a crashed gateway leaves: a link of ours carrying the gateway address, and one that is not ours
+        sh("ip", "-n", ns, "link", "add", "hvc6120902", "type", "veth", "peer", "name", "hvpeer0")
+        sh("ip", "-n", ns, "addr", "add", "198.18.9.1/32", "peer", "198.18.9.2/32", "dev", "hvc6120902")
+        sh("ip", "-n", ns, "link", "add", "other0", "type", "veth", "peer", "name", "other1")
+        sh("ip", "-n", ns, "addr", "add", "198.18.9.1/32", "dev", "other0")
+        gw = GatewayThread(ns, upstream_resolvers=["192.0.2.53"], subnet="198.18.9.0/24", table="hutch_egress_reap")
+        links = subprocess.run(["ip", "-n", ns, "-o", "link"], capture_output=True, text=True).stdout
+        assert "hvc6120902" not in links and "other0" in links
+    finally:
+        if gw is not None:
+            gw.close()
+        sh("ip", "netns", "del", ns, check=False)

@@ -185,6 +185,8 @@ class Resolver:
             q = DNSRecord.parse(data)
         except Exception:  # noqa: BLE001 - not DNS: no answer at all
             return None
+        if q.header.opcode != 0:   # only QUERY: no UPDATE, NOTIFY ... through the gateway
+            return DNSRecord(DNSHeader(id=q.header.id, qr=1, ra=1, rcode=RCODE.NOTIMP)).pack()
         if q.header.qr or len(q.questions) != 1:
             r = DNSRecord(DNSHeader(id=q.header.id, qr=1, ra=1, rcode=RCODE.FORMERR))
             return r.pack()
