@@ -47,6 +47,7 @@ def busybox_root(tmp_path_factory) -> Path:
     (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
     (root / "etc" / "group").write_text("root:x:0:\n")
     (root / "etc" / "marker").write_text("sandbox image\n")
+    (root / "etc" / "shadow").write_text("root:sandbox-shadow:0:0:99999:7:::\n")
     return root
 
 
