@@ -76,3 +76,21 @@ def test_memory_mount_validates(store, tmp_path):
         hutch.MemoryMount(store, "memory")
     with pytest.raises(ConfigError):
         hutch.Sandbox.create(memory=object())
+
+
+def test_async_sandbox_takes_a_memory_mount(daemon, image, store):
+    import asyncio
+
+    async def main():
+        sb = await hutch.AsyncSandbox.create(image=image, mounts=[hutch.MemoryMount(store, "/memory", writable=True)])
+        try:
+            r = await sb.run("sh", "-c", "echo 'from async' > /memory/topics/async-note.md && "
+                                         "cat /memory/topics/async-note.md")
+            assert r.returncode == 0 and "from async" in r.stdout
+            return sb.id
+        finally:
+            await sb.terminate()
+
+    sid = asyncio.run(main())
+    assert store.history("topics/async-note")[0].source == f"sandbox:{sid}"
+    assert _settled() == []
