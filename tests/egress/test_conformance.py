@@ -600,3 +600,52 @@ def test_start_reaps_links_a_crashed_gateway_left(world):
         if gw is not None:
             gw.close()
         sh("ip", "netns", "del", ns, check=False)
+
+
+def test_client_hello_dribbled_byte_by_byte_still_works(sandbox, world):
+    sb = sandbox(ALLOW_WWW)
+    r = sb.py(pyclient(f"""
+        import socket, ssl, time
+        ctx = ssl.create_default_context(cafile={str(world.ca)!r})
+        inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ctx.wrap_bio(inc, out, server_hostname="www.example.test")
+        s = socket.create_connection(("www.example.test", 443), timeout=5)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        first = True
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                data = out.read()
+                if first:   # the ClientHello, one byte per segment
+                    for i in range(len(data)):
+                        s.send(data[i:i + 1])
+                        time.sleep(0.001)
+                    first = False
+                else:
+                    s.sendall(data)
+                inc.write(s.recv(65536))
+        s.sendall(out.read())
+        tls.write(b"GET /dribble HTTP/1.1\\r\\nHost: www.example.test\\r\\nConnection: close\\r\\n\\r\\n")
+        s.sendall(out.read())
+        body = b""
+        while True:
+            try:
+                body += tls.read(65536)
+                continue
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLZeroReturnError:
+                break
+            if b"\\r\\n\\r\\n" in body and body.endswith(b"}}"):
+                break
+            d = s.recv(65536)
+            if not d:
+                break
+            inc.write(d)
+        print(body.split(b"\\r\\n\\r\\n", 1)[1].decode())
+    """))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["server"] == "192.0.2.10" and got["path"] == "/dribble" and got["tls"]
