@@ -338,6 +338,7 @@ def main():
     N, NC, ROUNDS, IDLE = (20, 50, 1, 100) if q else (100, 50, 3, 500)
 
     setup_peers()
+    load0 = os.getloadavg()[0]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))   # 500 leases + pooled connections
     run_dir = Path(tempfile.mkdtemp(prefix="hutch-bench-"))
@@ -390,7 +391,9 @@ def main():
              "exec": "exec of `true` in a running sandbox", "terminate": "terminate until every resource is gone"}
     lines = [
         f"Machine: {os.cpu_count()} cores, {os.uname().release}; image `{a.image}` ({root}); "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}{' (quick run)' if q else ''}.",
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}{' (quick run)' if q else ''}; "
+        f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (other work shares the "
+        "machine: compare the ratios, which come from peers run side by side, more than absolute figures).",
         "",
         "| ms, p50 / p99 | hutch | bwrap | hutch/bwrap | podman | hutch/podman |",
         "|---|---|---|---|---|---|",
