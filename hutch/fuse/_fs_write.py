@@ -188,14 +188,19 @@ class WriteOps:
             self._forget_kernel_cache("/" + entity_id + ".md")
 
     def _forget_kernel_cache(self, path: str) -> None:
-        """Make the kernel drop what it cached of `path` (its size, its pages): the committed file differs
-        from what was written (front matter added) and sendfile/splice readers trust the cached size."""
+        """Make the kernel drop the pages and attributes it cached of `path`: the committed file may
+        differ from what was written (front matter added). (A sendfile/splice reader trusts the size the
+        kernel holds until the next lookup; with the default cache_seconds=0 every open looks it up.)"""
+        lib = mfusepy._libfuse
         try:
-            ctx = mfusepy._libfuse.fuse_get_context()
+            if not getattr(lib, "_hutch_typed", False):
+                lib.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+                lib._hutch_typed = True
+            ctx = lib.fuse_get_context()
             if ctx and ctx.contents.fuse:
-                mfusepy._libfuse.fuse_invalidate_path(ctypes.c_void_p(ctx.contents.fuse), path.encode())
-        except (AttributeError, OSError):
-            pass
+                lib.fuse_invalidate_path(ctx.contents.fuse, path.encode())
+        except (AttributeError, OSError, ctypes.ArgumentError) as e:
+            log.debug("could not invalidate the kernel's cache of %s: %s", path, e)
 
     def flush(self, path, fi):
         h = self._handles.get(fi.fh)
