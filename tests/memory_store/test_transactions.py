@@ -109,3 +109,22 @@ def test_big_transaction_commits_files_links_and_removals_exactly(mem, store_dir
     assert mem.git.run("ls-tree", "-r", "HEAD", "--", "notes/n7.links") == ""
     assert mem.git.ok("fsck", "--no-dangling")
     assert mem.check().errors == []
+
+
+def test_git_failure_rolls_the_files_back(mem, store_dir):
+    """If the commit fails (here: another tool holds git's index lock), the files are restored."""
+    mem.put("actors", "Keep", body="original\n")
+    original = (store_dir / "actors" / "keep.md").read_bytes()
+    lock = store_dir / ".git" / "index.lock"
+    lock.write_text("")
+    try:
+        with pytest.raises(hutch.MemoryStoreError, match="index.lock"):
+            mem.update("actors/keep", body="changed\n")
+        with pytest.raises(hutch.MemoryStoreError):
+            mem.put("actors", "Other")
+    finally:
+        lock.unlink()
+    assert (store_dir / "actors" / "keep.md").read_bytes() == original
+    assert not (store_dir / "actors" / "other.md").exists()
+    assert mem.git.run("status", "--porcelain") == ""
+    mem.put("actors", "Other")  # and the store works again
