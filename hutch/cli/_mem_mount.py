@@ -39,7 +39,13 @@ def mount(store, mountpoint, read_only, foreground, source, log_path, cache_seco
     from hutch import fuse
 
     if foreground:
-        fuse.serve(store, mountpoint, writable=not read_only, source=source, cache_seconds=cache_seconds)
+        try:
+            fuse.serve(store, mountpoint, writable=not read_only, source=source, cache_seconds=cache_seconds)
+        except RuntimeError as e:
+            from hutch._core.errors import MemoryStoreError
+
+            raise MemoryStoreError(f"libfuse could not mount at {mountpoint} ({e}); check that it is an empty "
+                                   "directory and not already a mount point.") from None
         return
     proc = fuse.mount(store, mountpoint, writable=not read_only, source=source, log_path=log_path,
                       cache_seconds=cache_seconds)

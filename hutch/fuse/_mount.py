@@ -70,7 +70,10 @@ def serve(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: 
     mem = Memory(store, create=False)
     fs = MemoryFS(mem, writable=writable, source=source or f"fuse:{mountpoint}")
 
+    live = threading.Event()
+
     def ready():
+        live.set()
         if ready_fd is not None:
             try:
                 os.write(ready_fd, _READY)
@@ -89,9 +92,14 @@ def serve(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: 
     # entry_timeout=0, attr_timeout=0: a file may change behind the kernel's back (a commit through the API,
     # or through this mount, which adds front matter), and sendfile/splice readers (busybox cat) trust the
     # size the kernel cached; a lookup on every open brings it fresh. It costs one request per path component.
-    FUSE(fs, str(mountpoint), raw_fi=True, foreground=True, nothreads=False, auto_unmount=True,
-         fsname=name, subtype="hutch", attr_timeout=cache_seconds, entry_timeout=cache_seconds,
-         **({"ro": True} if not writable else {}))
+    try:
+        FUSE(fs, str(mountpoint), raw_fi=True, foreground=True, nothreads=False, auto_unmount=True,
+             fsname=name, subtype="hutch", attr_timeout=cache_seconds, entry_timeout=cache_seconds,
+             **({"ro": True} if not writable else {}))
+    except RuntimeError:
+        if not live.is_set():
+            raise  # never mounted: main() reports why
+        # libfuse reports the signal that ended a live mount (SIGTERM, Ctrl-C) as an error: it is a clean stop
 
 
 def _await_handover(fs, mountpoint: Path) -> None:

@@ -106,3 +106,22 @@ def test_bad_mount_arguments(store, tmp_path):
     with pytest.raises(MemoryStoreError, match="no memory store"):
         fuse.mount(tmp_path / "nostore", tmp_path / "mp")
     assert not os.path.ismount(tmp_path / "mp")
+
+
+def test_foreground_mount_unmounts_on_sigterm(store, tmp_path):
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    proc = subprocess.Popen([*HUTCH, "mem", "mount", "--foreground", "--read-only", str(store.root), str(mp)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert _until(lambda: _in_mountinfo(mp), 30), proc.stderr.read() if proc.poll() is not None else "no mount"
+        assert "actors" in os.listdir(mp)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        assert not _in_mountinfo(mp)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if _in_mountinfo(mp):
+            subprocess.run(["fusermount3", "-u", "-z", str(mp)])
