@@ -75,7 +75,7 @@ class Memory:
                     "or Memory(path) (create=True)."
                 )
             self.root.mkdir(parents=True, exist_ok=True)
-        if not self.git.is_repo() or not self.git.has_head():
+        if not self.git.is_repo() or not self._ignores_derived() or not self.git.has_head():
             self._init_repo()
 
     def __repr__(self) -> str:
@@ -85,11 +85,18 @@ class Memory:
     def path(self) -> Path:
         return self.root
 
+    def _ignores_derived(self) -> bool:
+        try:
+            return f"/{DERIVED_DIR}/" in (self.root / ".gitignore").read_text().splitlines()
+        except (FileNotFoundError, UnicodeDecodeError):
+            return False
+
     def _init_repo(self) -> None:
+        """Make the directory a store: a git repository whose .gitignore excludes .hutch/, committed."""
         with self._lock:
             if not self.git.is_repo():
                 self.git.init()
-            if self.git.has_head():
+            if self.git.has_head() and self._ignores_derived():
                 return
             gi = self.root / ".gitignore"
             text = gi.read_text() if gi.exists() else ""

@@ -74,3 +74,18 @@ def test_store_works_without_any_git_config(store_dir, monkeypatch, tmp_path):
     out = subprocess.run(["git", "-C", str(store_dir), "log", "-1", "--format=%an <%ae>|%cn"],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == "Agent Smith <smith@example.org>|Agent Smith"
+
+
+def test_an_existing_git_repository_becomes_a_store(store_dir):
+    store_dir.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(store_dir)], check=True)
+    (store_dir / "README.md").write_text("mine\n")
+    subprocess.run(["git", "-C", str(store_dir), "add", "README.md"], check=True)
+    subprocess.run(["git", "-C", str(store_dir), "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qm", "r"],
+                   check=True)
+    mem = hutch.Memory(store_dir)
+    mem.put("actors", "A")
+    assert "/.hutch/" in (store_dir / ".gitignore").read_text().splitlines()
+    assert mem.git.run("status", "--porcelain") == ""  # .hutch/ (the lock) is ignored
+    assert (store_dir / "README.md").read_text() == "mine\n"
+    assert git_log(store_dir) == ["put actors/a", "init store", "r"]
