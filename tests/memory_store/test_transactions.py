@@ -128,3 +128,36 @@ def test_git_failure_rolls_the_files_back(mem, store_dir):
     assert not (store_dir / "actors" / "other.md").exists()
     assert mem.git.run("status", "--porcelain") == ""
     mem.put("actors", "Other")  # and the store works again
+
+
+def _tx_writer(path, w, batches, size):
+    mem = hutch.Memory(path)
+    for b in range(batches):
+        with mem.transaction(f"writer {w} batch {b}"):
+            for i in range(size):
+                mem.put("notes", f"w{w} b{b} i{i}")
+
+
+def test_concurrent_transactions_interleave_whole(store_dir):
+    hutch.Memory(store_dir)
+    n, batches, size = 3, 5, 4
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_tx_writer, args=(str(store_dir), w, batches, size)) for w in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(120)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, 9)
+                p.join()
+    mem = hutch.Memory(store_dir)
+    assert len(mem.ls("notes")) == n * batches * size
+    log = mem.git.log()
+    assert len(log) == 1 + n * batches
+    for c in log[:-1]:  # every commit holds exactly one whole batch of one writer
+        w, b = c.subject.split()[1], c.subject.split()[3]
+        assert c.trailers["Hutch-Entity"] == [f"notes/w{w}-b{b}-i{i}" for i in range(size)]
