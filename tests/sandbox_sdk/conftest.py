@@ -15,12 +15,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import pytest
+from sdk_support import RUN_TAG
 
-RUN_TAG = {"suite": f"sdk-{uuid.uuid4().hex[:8]}"}
 BUSYBOX = shutil.which("busybox")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import hutch
-from conftest import RUN_TAG
+from sdk_support import RUN_TAG
 
 
 def _free_port() -> int:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import hutch
-from conftest import RUN_TAG
+from sdk_support import RUN_TAG
 
 ENDED = {"exited", "terminated", "timeout", "idle_timeout", "oom", "failed"}
 

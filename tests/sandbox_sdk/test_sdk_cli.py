@@ -8,7 +8,7 @@ import sys
 import time
 
 import hutch
-from conftest import RUN_TAG
+from sdk_support import RUN_TAG
 
 
 def hutch_cli(*args, **kw):
