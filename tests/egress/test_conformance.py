@@ -649,3 +649,18 @@ def test_client_hello_dribbled_byte_by_byte_still_works(sandbox, world):
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["server"] == "192.0.2.10" and got["path"] == "/dribble" and got["tls"]
+
+
+def test_open_reaches_public_names_and_addresses_but_nothing_private(sandbox, world):
+    sb = sandbox(Network.open())
+    assert served(sb.curl("https://other.example.test/"))["server"] == "203.0.113.10"
+    assert served(sb.curl("http://198.51.100.10/"))["server"] == "198.51.100.10"
+    mark = world.mark()
+    for url in ("http://10.0.0.1/", "http://169.254.169.254/", "http://private.example.test/",
+                "http://meta.example.test/"):
+        assert sb.curl(url).returncode != 0, url
+    # a public address is open by itself: the name sent along does not steer it anywhere else
+    got = served(sb.curl("--resolve", "meta.example.test:80:203.0.113.10", "http://meta.example.test/"))
+    assert got["server"] == "203.0.113.10"
+    reached = {e.get("local") for e in world.events_since(mark) if e["kind"] in ("tcp", "http")}
+    assert reached == {"203.0.113.10"}, reached

@@ -123,6 +123,13 @@ def test_sdk_sandbox_gets_its_policy_and_can_change_it(daemon, world, busybox_ro
         assert "eth0" not in sb.run("cat", "/proc/net/dev").stdout
         with pytest.raises(hutch.NetworkPolicyError):
             sb.set_network(Network.from_dict({"mode": "allow", "domains": ["bad name"]}))
+        # the daemon validates what arrives over HTTP just as strictly, naming the entry
+        from hutch.sandbox import _client
+        for bad, needle in (({"mode": "allow", "domains": ["bad name"]}, "bad name"),
+                            ({"mode": "allow", "cidrs": ["10.0.0.0/33"]}, "10.0.0.0/33"),
+                            ({"mode": "wide"}, "wide")):
+            with pytest.raises(hutch.NetworkPolicyError, match=needle):
+                _client.default_client().json("PUT", f"/v1/sandboxes/{sb.id}/network", json={"network": bad})
     finally:
         sb.terminate()
     assert wait_gone(world, before)
