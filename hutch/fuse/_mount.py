@@ -95,7 +95,10 @@ def serve(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: 
     try:
         FUSE(fs, str(mountpoint), raw_fi=True, foreground=True, nothreads=False, auto_unmount=True,
              fsname=name, subtype="hutch", attr_timeout=cache_seconds, entry_timeout=cache_seconds,
-             **({"ro": True} if not writable else {}))
+             **({"ro": True} if not writable else {}),
+             # a sandbox in a user namespace (HUTCH_USERNS=1) is not uid 0 to the kernel: let it in; its host
+             # mount point is a 0700 directory of root's, detached at once, so nobody else can reach it
+             **({"allow_other": True} if handover else {}))
     except RuntimeError:
         if not live.is_set():
             raise  # never mounted: main() reports why

@@ -36,15 +36,17 @@ def busybox_root(root: Path) -> Path:
 
 
 @contextmanager
-def private_daemon():
-    """Start `hutch serve` on a private socket, point this process's SDK at it; yields its env."""
+def private_daemon(**daemon_env: str):
+    """Start `hutch serve` on a private socket, point this process's SDK at it; yields its env.
+
+    `daemon_env` is extra environment for the daemon only (e.g. HUTCH_USERNS="1")."""
     run_dir = Path(tempfile.mkdtemp(prefix="hutch-fuse-run-"))
     sock = run_dir / "hutch.sock"
     env_over = {"HUTCH_RUN_DIR": str(run_dir), "HUTCH_SOCKET": str(sock)}
     saved = {k: os.environ.get(k) for k in ("HUTCH_RUN_DIR", "HUTCH_SOCKET", "HUTCH_URL", "HUTCH_TOKEN")}
     log = run_dir / "daemon.log"
     with open(log, "ab") as lf:
-        proc = subprocess.Popen([sys.executable, "-m", "hutch", "serve"], env={**os.environ, **env_over},
+        proc = subprocess.Popen([sys.executable, "-m", "hutch", "serve"], env={**os.environ, **env_over, **daemon_env},
                                 stdin=subprocess.DEVNULL, stdout=lf, stderr=lf, start_new_session=True)
     try:
         from hutch.sandbox._client import Endpoint, _ping
