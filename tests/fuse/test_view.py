@@ -6,7 +6,6 @@ import errno
 import os
 import subprocess
 
-import pytest
 
 import hutch
 
