@@ -14,7 +14,6 @@ import time
 import pytest
 
 from hutch import Network
-from hutch.sandbox._egress import _netns
 
 from egress_world import GW, HOST_ADDR, HOST_SERVICE_PORT
 

@@ -1,14 +1,15 @@
 """Host and sandbox network plumbing: veths over netlink, rules as nftables transactions.
 
-Everything here is blocking and runs on the gateway's worker thread. To work
-inside a sandbox's network namespace the thread enters it with setns(2)
+Everything here is blocking and runs on the gateway's worker threads. To work
+inside a sandbox's network namespace a thread enters it with setns(2)
 (which moves only the calling thread) and always returns to the host's.
 
-Host side (table `inet <table>`): packets from hv* interfaces must be IPv4
-with the source address that interface was given (anti-spoofing), TCP not
-addressed to the gateway is redirected to the proxy, and the only local
-ports they may reach are the resolver's and the proxy's. Nothing from or to
-hv* is forwarded, whatever ip_forward says.
+Host side (table `inet <table>`, rules bound to this gateway's links through
+the sets `links` and `members`): packets from a sandbox link must be IPv4
+with the source address that link was given (anti-spoofing), TCP not
+addressed to the host or the link subnet is redirected to the proxy, and the
+only local ports they may reach are the resolver's and the proxy's. Nothing
+from or to a sandbox link is forwarded, whatever ip_forward says.
 
 Sandbox side (table `inet hutch` in its netns): IPv6 off, and out of the
 netns only DNS to the gateway and TCP through eth0 (which the host redirects).
@@ -19,12 +20,10 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import ipaddress
 import os
 import socket
 import threading
 from contextlib import contextmanager
-
 
 from hutch._core.errors import SandboxError
 from hutch.sandbox._egress._nft import Nft
@@ -324,6 +323,3 @@ def link_name(prefix: str, addr: str) -> str:
     """hv + the sandbox address in hex: unique per netns even with several gateways."""
     return prefix + socket.inet_aton(addr).hex()
 
-
-def ip_in(addr: str, subnet: str) -> bool:
-    return ipaddress.ip_address(addr) in ipaddress.ip_network(subnet)

@@ -147,7 +147,6 @@ class Rtnl:
         return RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, body
 
 
-ENODEV = errno.ENODEV
 
 
 # --- conntrack ------------------------------------------------------------------
