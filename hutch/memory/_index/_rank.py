@@ -27,6 +27,13 @@ CONTEXT_WEIGHT = 0.3
 #: FTS5 rows read per lexical channel (BM25 ranks beyond this add nothing to a top-k list).
 LEXICAL_LIMIT = 2000
 RRF_K = 60
+#: A query word found in more than this share of units is dropped from the lexical query: its BM25 weight
+#: (idf) is near zero, and scoring every unit that contains it is what makes FTS5 slow at scale.
+MAX_DF_SHARE = 0.2
+#: A capitalised word that is part of more titles than this is not taken as naming any of them.
+MAX_NAME_SHARERS = 20
+#: Below this many units every word is kept (shares are meaningless in tiny stores).
+MIN_UNITS_FOR_DF = 200
 
 
 class Snapshot:
@@ -42,13 +49,15 @@ class Snapshot:
         self.alive = np.zeros(0, bool)
         self.has_vec = np.zeros(0, bool)
         self.V = np.zeros((0, dim), np.float32)
-        self.speaker: list[str | None] = []
+        self.speaker = np.zeros(0, np.int64)  # code of the normalised speaker name, -1 for none
+        self.speaker_code: dict[str, int] = {}
         self.anchor: list[str | None] = []
         self.hash: list[str] = []
         self.upos: dict[int, int] = {}
         # entities
         self.ne = 0
         self.eid_pos: dict[int, int] = {}
+        self.pos_of_id: dict[str, int] = {}
         self.entity_id: list[str] = []
         self.ecls: list[str] = []
         self.e_alive = np.zeros(0, bool)
@@ -61,7 +70,8 @@ class Snapshot:
         if need <= self.cap:
             return
         cap = max(need, 2 * self.cap, 1024)
-        for name, fill in (("uid", 0), ("epos", 0), ("alive", False), ("has_vec", False), ("is_turn", False)):
+        for name, fill in (("uid", 0), ("epos", 0), ("alive", False), ("has_vec", False), ("is_turn", False),
+                           ("speaker", -1)):
             old = getattr(self, name)
             new = np.full(cap, fill, dtype=old.dtype)
             new[:len(old)] = old
@@ -91,6 +101,7 @@ class Snapshot:
                 pos = self.ne
                 self._grow_entities(pos + 1)
                 self.eid_pos[eid] = pos
+                self.pos_of_id[entity_id] = pos
                 self.entity_id.append(entity_id)
                 self.ecls.append(cls)
                 self.ne += 1
@@ -122,7 +133,8 @@ class Snapshot:
             self.epos[p] = self.eid_pos[eid]
             self.alive[p] = True
             self.is_turn[p] = anchor is not None and speaker is not None
-            self.speaker.append(_units.norm_title(speaker) if speaker else None)
+            self.speaker[p] = self.speaker_code.setdefault(_units.norm_title(speaker), len(self.speaker_code)) \
+                if speaker else -1
             self.anchor.append(anchor)
             self.hash.append(h)
             if vec is not None and len(vec) == 4 * self.dim:
@@ -151,6 +163,20 @@ class Snapshot:
                     for p in by_hash[h]:
                         self.V[p] = np.frombuffer(vec, np.float32)
                         self.has_vec[p] = True
+
+    def segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(alive positions, start of each entity's run among them, entity position of each run).
+
+        An entity's units are always appended together and die together, so its alive units are
+        one contiguous run: per-entity maxima are one `reduceat`, not a scatter. Cached per change."""
+        key = (self.n, self.gen, len(self.upos))
+        if getattr(self, "_seg_key", None) != key:
+            ap = np.flatnonzero(self.alive[:self.n])
+            e = self.epos[ap]
+            starts = np.flatnonzero(np.r_[True, e[1:] != e[:-1]]) if len(ap) else np.zeros(0, np.int64)
+            self._seg = (ap, starts, e[starts] if len(ap) else np.zeros(0, np.int64))
+            self._seg_key = key
+        return self._seg
 
     def dense_ready(self) -> bool:
         n = self.n
@@ -184,7 +210,8 @@ def maxnorm(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def ranks_of(x: np.ndarray, mask: np.ndarray, positions) -> list[int]:
     """1-based rank of each position among the masked candidates by x (ties share the better rank)."""
     xs = x[mask]
-    return [int((xs > x[p]).sum()) + 1 for p in positions]
+    vals = x[np.asarray(positions, dtype=np.int64)]
+    return [int(r) + 1 for r in (xs[None, :] > vals[:, None]).sum(1)]
 
 
 @dataclass(frozen=True)

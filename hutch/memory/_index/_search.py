@@ -108,6 +108,8 @@ class SearchIndex:
         self.idx = IndexDB(self.root, self.provider)
         self.snap: _rank.Snapshot | None = None
         self.last_sync: SyncStats | None = None
+        self._df: dict[str, int] = {}  # word -> units containing it (approximate; reset when the store grows 10%)
+        self._df_n = 0
 
     # ------------------------------------------------------------ keeping fresh
 
@@ -182,6 +184,22 @@ class SearchIndex:
             self.refresh()
             return self._search(query, k, classes, since_t, until_t, as_of_t, expand, fusion)
 
+    def _lexical_terms(self, query: str) -> list[str]:
+        """The query's content words minus those too common to discriminate (see _rank.MAX_DF_SHARE)."""
+        words = _units.terms(query)
+        n = len(self.snap.upos)
+        if n < _rank.MIN_UNITS_FOR_DF or not words:
+            return words
+        if abs(n - self._df_n) > 0.1 * max(self._df_n, 1):
+            self._df, self._df_n = {}, n
+        db = self.idx.db
+        for w in words:
+            if w not in self._df:
+                self._df[w] = db.execute("select count(*) from units_fts where units_fts match ?",
+                                         (_units.fts_query([w]),)).fetchone()[0]
+        # If every word is that common, the lexical channels have nothing to say: dense and the rest answer.
+        return [w for w in words if self._df[w] <= _rank.MAX_DF_SHARE * n]
+
     def _mask(self, classes, since_t, until_t, as_of_t) -> np.ndarray:
         s = self.snap
         n = s.n
@@ -217,13 +235,14 @@ class SearchIndex:
             return []
         channels: list[_rank.Channel] = []
         upos, eidpos = s.upos, s.eid_pos
-        fq = _units.fts_query(query)
+        fq = _units.fts_query(self._lexical_terms(query))
         # lexical, per unit
         lex = np.zeros(n)
         if fq:
+            bm = f"bm25(units_fts, 1.0, {_rank.CONTEXT_WEIGHT})"
             for uid, score in db.execute(
-                    f"select rowid, -bm25(units_fts, 1.0, {_rank.CONTEXT_WEIGHT}) from units_fts "
-                    f"where units_fts match ? order by rank limit {_rank.LEXICAL_LIMIT}", (fq,)):
+                    f"select rowid, -{bm} from units_fts where units_fts match ? order by {bm} "
+                    f"limit {_rank.LEXICAL_LIMIT}", (fq,)):
                 p = upos.get(uid)
                 if p is not None:
                     lex[p] = score
@@ -249,7 +268,7 @@ class SearchIndex:
         if fq:
             elex = np.zeros(ne)
             for eid, score in db.execute(
-                    f"select rowid, -bm25(ent_fts) from ent_fts where ent_fts match ? order by rank "
+                    f"select rowid, -bm25(ent_fts) from ent_fts where ent_fts match ? order by bm25(ent_fts) "
                     f"limit {_rank.LEXICAL_LIMIT}", (fq,)):
                 p = eidpos.get(eid)
                 if p is not None:
@@ -258,10 +277,16 @@ class SearchIndex:
             emask[s.epos[:n][mask]] = True
             ent += _rank.maxnorm(elex, emask)
         if dense_on:
-            edense = np.full(ne, -1.0)
-            np.maximum.at(edense, s.epos[:n][mask], dense[mask])
-            emask = edense > -1.0
-            ent += _rank.minmax(np.where(emask, edense, 0.0), emask)
+            ap, starts, seg_e = s.segments()
+            if len(ap):
+                vals = np.where(mask[ap], dense[ap], -np.inf)
+                seg_max = np.maximum.reduceat(vals, starts)
+                edense = np.zeros(ne)
+                emask = np.zeros(ne, bool)
+                ok = np.isfinite(seg_max)
+                edense[seg_e[ok]] = seg_max[ok]
+                emask[seg_e[ok]] = True
+                ent += _rank.minmax(edense, emask)
         unit_ent = ent[s.epos[:n]]
         channels.append(_rank.Channel("entity", unit_ent, unit_ent > 0))
         if mentioned:
@@ -277,14 +302,18 @@ class SearchIndex:
                 channels.append(_rank.Channel("time", tin.astype(np.float64), tin))
         score = _rank.fuse(channels, mask, fusion)
         top = _rank.top_k(score, mask, k)
+        per_channel = {}
+        for ch in channels:
+            found = [p for p in top if ch.present[p]]
+            if found:
+                per_channel[ch.name] = dict(zip(found, _rank.ranks_of(ch.scores, mask & ch.present, found)))
         hits = []
         for p in top:
             chans = {}
             for ch in channels:
-                if ch.present[p] and mask[p]:
-                    cand = mask & ch.present
+                if p in per_channel.get(ch.name, ()):
                     chans[ch.name] = MappingProxyType({
-                        "rank": _rank.ranks_of(ch.scores, cand, [p])[0], "score": round(float(ch.scores[p]), 6)})
+                        "rank": per_channel[ch.name][p], "score": round(float(ch.scores[p]), 6)})
             hits.append(Hit(s.entity_id[s.epos[p]], round(float(score[p]), 6), MappingProxyType(chans),
                             s.anchor[p], self.store))
         if expand:
@@ -297,10 +326,17 @@ class SearchIndex:
         caps = _units.capitalised(query)
         if not grams and not caps:
             return set(), []
-        rows = self.idx.db.execute(
-            f"select t.norm, f.entity_id, f.title from titles t join files f on f.eid = t.eid "
-            f"where (t.partial = 0 and t.norm in ({','.join('?' * len(grams))})) "
-            f"or (t.partial = 1 and t.norm in ({','.join('?' * len(caps))}))", grams + caps).fetchall()
+        db = self.idx.db
+        q = "select t.norm, f.entity_id, f.title from titles t join files f on f.eid = t.eid where t.partial = ? and t.norm in ({})"
+        rows = db.execute(q.format(",".join("?" * len(grams))), [0, *grams]).fetchall() if grams else []
+        if caps:
+            # a first name shared by many entities names none of them
+            common = {r[0] for r in db.execute(
+                f"select norm from titles where partial = 1 and norm in ({','.join('?' * len(caps))}) "
+                f"group by norm having count(*) > {_rank.MAX_NAME_SHARERS}", caps)}
+            caps = [c for c in caps if c not in common]
+            if caps:
+                rows += db.execute(q.format(",".join("?" * len(caps))), [1, *caps]).fetchall()
         names = {r[0] for r in rows} | {_units.norm_title(r[2] or "") for r in rows}
         return {r[1] for r in rows}, sorted(n for n in names if n)
 
@@ -315,8 +351,10 @@ class SearchIndex:
             q = ",".join("?" * len(chunk))
             related.update(r[0] for r in self.idx.db.execute(f"select src from links where dst in ({q})", chunk))
             related.update(r[0] for r in self.idx.db.execute(f"select dst from links where src in ({q})", chunk))
-        ent_ok = np.array([e in related for e in s.entity_id], bool) if s.ne else np.zeros(0, bool)
-        spoke = np.array([sp in names if sp else False for sp in s.speaker], bool)
+        ent_ok = np.zeros(s.ne, bool)
+        ent_ok[[s.pos_of_id[e] for e in related if e in s.pos_of_id]] = True
+        codes = [s.speaker_code[nm] for nm in names if nm in s.speaker_code]
+        spoke = np.isin(s.speaker[:n], codes) if codes else np.zeros(n, bool)
         turn = s.is_turn[:n]
         return np.where(turn, spoke, ent_ok[s.epos[:n]])
 

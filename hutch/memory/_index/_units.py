@@ -163,9 +163,9 @@ def terms(query: str) -> list[str]:
     return list(seen)
 
 
-def fts_query(query: str) -> str | None:
+def fts_query(query: str | list[str]) -> str | None:
     """An FTS5 MATCH expression: any of the content words (BM25 ranks by how many and how rare)."""
-    ts = terms(query)
+    ts = terms(query) if isinstance(query, str) else query
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in ts) if ts else None
 
 
