@@ -663,3 +663,32 @@ def test_open_reaches_public_names_and_addresses_but_nothing_private(sandbox, wo
     assert got["server"] == "203.0.113.10"
     reached = {e.get("local") for e in world.events_since(mark) if e["kind"] in ("tcp", "http")}
     assert reached == {"203.0.113.10"}, reached
+
+
+def test_other_machines_cannot_use_the_gateway(world, sandbox):
+    import subprocess
+    import sys
+
+    sandbox(ALLOW_WWW)   # so that the gateway address exists on a link
+    # a machine on the "internet" side that routes the link subnet through the host
+    subprocess.run(["ip", "-n", world.inet, "route", "add", "198.18.0.0/24", "via", HOST_ADDR, "dev", "inet0",
+                    "onlink"], check=True)
+    try:
+        code = pyclient(f"""
+            import socket
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
+            u.sendto(b"\\\\x12\\\\x34\\\\x01\\\\x00\\\\x00\\\\x01\\\\x00\\\\x00\\\\x00\\\\x00\\\\x00\\\\x00\\\\x03www\\\\x07example\\\\x04test\\\\x00\\\\x00\\\\x01\\\\x00\\\\x01", ("{GW}", 53))
+            try:
+                u.recv(512); print("dns answered")
+            except OSError:
+                print("dns silent")
+            try:
+                socket.create_connection(("{GW}", 15001), timeout=2); print("proxy reached")
+            except OSError:
+                print("proxy unreachable")
+        """)
+        r = subprocess.run(["ip", "netns", "exec", world.inet, sys.executable, "-c", code], capture_output=True,
+                           text=True, timeout=20)
+        assert r.stdout.split("\n")[:2] == ["dns silent", "proxy unreachable"], r.stdout + r.stderr
+    finally:
+        subprocess.run(["ip", "-n", world.inet, "route", "del", "198.18.0.0/24"], check=False)

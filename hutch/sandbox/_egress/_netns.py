@@ -99,6 +99,8 @@ table inet {SANDBOX_TABLE} {{
 
 def host_ruleset(table: str, gw: str, subnet: str, dns_port: int, proxy_port: int) -> str:
     # Rules match this gateway's own links (set `links`), so two gateways in one netns keep apart.
+    # Nothing but its links (and the host itself) may send from or to the link subnet: another
+    # machine routing to the gateway address through this host must not reach the resolver or proxy.
     # TCP to the host's own addresses and to other sandboxes is never redirected: it falls
     # to the input/forward chains below and is dropped before any socket sees it.
     dns_redirect = ""
@@ -115,6 +117,8 @@ table inet {table} {{
     type filter hook prerouting priority raw; policy accept;
     iifname @links meta nfproto != ipv4 drop
     iifname @links iifname . ip saddr != @members drop
+    iifname != "lo" iifname != @links ip saddr {subnet} drop
+    iifname != "lo" iifname != @links ip daddr {subnet} drop
   }}
   chain pre_nat {{
     type nat hook prerouting priority dstnat; policy accept;
