@@ -45,7 +45,7 @@ def write_resolv_conf(pid: int, nameserver: str) -> bool:
             os.close(fd)
         return True
     except OSError as e:
-        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ELOOP):
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ELOOP, errno.EEXIST):
             return False
         raise
     finally:
