@@ -68,7 +68,7 @@ class Api:
 
 
 def split_frames(data: bytes) -> tuple[bytes, bytes, dict]:
-    out, err, exit_ = b"", b"", None
+    out, err, exit_ = bytearray(), bytearray(), None
     i = 0
     while i < len(data):
         kind, n = struct.unpack(">BI", data[i:i + 5])
@@ -81,7 +81,7 @@ def split_frames(data: bytes) -> tuple[bytes, bytes, dict]:
         elif kind == 3:
             exit_ = json.loads(payload)
     assert exit_ is not None, "the exec stream ended without an exit frame"
-    return out, err, exit_
+    return bytes(out), bytes(err), exit_
 
 
 class Daemon:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import secrets
 import signal
@@ -11,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from hutch._core.errors import ConfigError, NotFoundError, SandboxError, StateError
 from hutch.sandbox._native._runtime import Channel, exec_env
+
+PIPE_SIZE = 1 << 20
 
 if TYPE_CHECKING:  # pragma: no cover
     from hutch.sandbox._daemon._manager import Sandbox
@@ -56,6 +59,11 @@ class Calls:
         sb.touch()
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        for fd in (out_r, err_r):  # bigger pipes: fewer, larger reads and frames for bulky output
+            try:
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+            except OSError:
+                pass
         in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (None, None)
         eid = secrets.token_hex(6)
         loop = asyncio.get_running_loop()

@@ -24,6 +24,7 @@ STDOUT, STDERR, EXIT = 1, 2, 3
 DRAIN_AFTER_EXIT = 0.2   # seconds to keep reading output a background child may still hold open
 LEASE_POLL = 1.0         # fallback check of a lease's connection (disconnects also cancel the handler)
 CHUNK = 1 << 16
+OUTPUT_CHUNK = 1 << 20   # an exec's output is read (and framed) in pieces up to this size
 
 _STATUS = [
     (errors.NotFoundError, 404), (errors.ConfigError, 400), (errors.StateError, 409),
@@ -199,19 +200,19 @@ class Handlers:
                                        body.get("timeout"), bool(body.get("stdin")))
         loop = asyncio.get_running_loop()
         transports = []
+        pipes = [os.fdopen(fd, "rb", buffering=0) for fd in (ex.out_r, ex.err_r)]
         try:
             readers = []
-            for fd in (ex.out_r, ex.err_r):
-                reader = asyncio.StreamReader(limit=CHUNK)
-                tr, _ = await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r),
-                                                     os.fdopen(fd, "rb", buffering=0))
+            for pipe in pipes:
+                reader = asyncio.StreamReader(limit=OUTPUT_CHUNK)
+                tr, _ = await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r), pipe)
                 transports.append(tr)
                 readers.append(reader)
             resp = web.StreamResponse(headers={"Content-Type": FRAMES, "X-Hutch-Exec-Id": ex.eid})
             await resp.prepare(request)
 
             async def pump(reader, kind):
-                while chunk := await reader.read(CHUNK):
+                while chunk := await reader.read(OUTPUT_CHUNK):
                     await resp.write(_frame(kind, chunk))
 
             pumps = [asyncio.ensure_future(pump(readers[0], STDOUT)), asyncio.ensure_future(pump(readers[1], STDERR))]
@@ -232,6 +233,8 @@ class Handlers:
                 await self.mgr.exec_kill(sb, ex, signal.SIGKILL, "killed")
             for tr in transports:
                 tr.close()
+            for pipe in pipes[len(transports):]:  # never handed to a transport
+                pipe.close()
             if ex.stdin_w is not None:
                 try:
                     os.close(ex.stdin_w)
