@@ -48,12 +48,14 @@ def busybox_root():
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def daemon(world):
+@pytest.fixture(scope="module", params=["plain", "userns"])
+def daemon(world, request):
+    """The daemon, once as it runs by default and once with sandboxes in user namespaces."""
     run_dir = Path(tempfile.mkdtemp(prefix="hutch-egress-run-"))
     sock = run_dir / "hutch.sock"
     env = dict(os.environ, HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(sock),
-               HUTCH_EGRESS_RESOLVERS="192.0.2.53", HUTCH_EGRESS_SUBNET="198.18.1.0/24")
+               HUTCH_EGRESS_RESOLVERS="192.0.2.53", HUTCH_EGRESS_SUBNET="198.18.1.0/24",
+               HUTCH_USERNS="1" if request.param == "userns" else "0")
     saved = {k: os.environ.get(k) for k in ("HUTCH_RUN_DIR", "HUTCH_SOCKET", "HUTCH_URL", "HUTCH_TOKEN")}
     log = open(run_dir / "daemon.log", "ab")
     # nsenter, not `ip netns exec`: the latter remounts /sys and would hide the cgroup controllers

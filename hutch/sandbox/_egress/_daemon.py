@@ -10,6 +10,7 @@ network; it gets a veth only while its policy is not `none`.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import hashlib
 import os
@@ -19,13 +20,44 @@ from hutch._core.errors import NetworkPolicyError
 from hutch.sandbox._egress._gateway import DEFAULT_SUBNET, DEFAULT_TABLE, Gateway
 from hutch.sandbox._spec import Network
 
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _root_of(pid: int, kind: str) -> int:
+    """The host id that is id 0 inside the sandbox's user namespace (0 when it has none)."""
+    try:
+        with open(f"/proc/{pid}/{kind}_map") as f:
+            for line in f:
+                inside, outside, _ = (int(x) for x in line.split())
+                if inside == 0:
+                    return outside
+    except (OSError, ValueError):
+        pass
+    return 0
+
 
 def write_resolv_conf(pid: int, nameserver: str) -> bool:
     """Point the sandbox's /etc/resolv.conf at the gateway. False when its root does not allow it.
 
     Opened relative to /proc/PID/root without following symlinks, so a hostile image
-    (say /etc/resolv.conf -> /etc/shadow) cannot make the host write its own files.
+    (say /etc/resolv.conf -> /etc/shadow) cannot make the host write its own files. In a
+    sandbox with a user namespace the file is made as the host id of its root (setfsuid,
+    which moves only this thread), as its idmapped root requires.
     """
+    uid, gid = _root_of(pid, "uid"), _root_of(pid, "gid")
+    old_uid = old_gid = None
+    if uid or gid:
+        old_gid = _libc.setfsgid(gid)
+        old_uid = _libc.setfsuid(uid)
+    try:
+        return _write_resolv_conf(pid, nameserver)
+    finally:
+        if old_uid is not None:
+            _libc.setfsuid(old_uid)
+            _libc.setfsgid(old_gid)
+
+
+def _write_resolv_conf(pid: int, nameserver: str) -> bool:
     try:
         etc = os.open(f"/proc/{pid}/root/etc", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -45,7 +77,8 @@ def write_resolv_conf(pid: int, nameserver: str) -> bool:
             os.close(fd)
         return True
     except OSError as e:
-        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ELOOP, errno.EEXIST):
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ELOOP, errno.EEXIST,
+                       errno.EOVERFLOW):
             return False
         raise
     finally:
