@@ -7,6 +7,7 @@ idle timeout, lease grace), and the reaping of what a crashed predecessor left.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import secrets
@@ -31,7 +32,7 @@ from hutch.sandbox._daemon._network import NetworkAttacher
 from hutch.sandbox._native._cgroups import ZYGOTE_LEAF, Cgroups
 from hutch.sandbox._native._idmap import IdMapper, write_maps
 from hutch.sandbox._native._runtime import Channel, Zygote, bind_trees, build_plan, exec_env
-from hutch.sandbox._spec import SandboxSpec
+from hutch.sandbox._spec import DEFAULT_WORKDIR, SandboxSpec
 
 # Opt-in for now: root in the sandbox becomes host uid HOST_ID_BASE (see _native/_idmap.py).
 USERNS = os.environ.get("HUTCH_USERNS") == "1"
@@ -207,6 +208,8 @@ class Manager(Calls):
         if spec.limits.memory < 8 * 1024**2:
             raise InvalidSpecError(f"memory={spec.limits.memory} bytes is too small; give at least '8M'.")
         image = _images.resolve_image(spec.image)
+        if spec.workdir == DEFAULT_WORKDIR and image.workdir and image.workdir != spec.workdir:
+            spec = dataclasses.replace(spec, workdir=image.workdir)   # the image's workdir, unless one was given
         build_plan(spec, image, sid="check", scratch=str(self.scratch), cgroup_procs=[])  # bad mounts fail here
         views = [self.idmap.layer(str(d)) for d in image.lowerdirs]
         userns = all(views)  # else (idmapping off, or a layer on a filesystem that cannot) without one
@@ -375,6 +378,7 @@ class Manager(Calls):
         if not busy and left <= 0:
             self._expire(sb, "idle_timeout")
         else:
+            sb.timers = [t for t in sb.timers if not t.cancelled() and t.when() > time.monotonic()]
             sb.timers.append(asyncio.get_running_loop().call_later(max(left, 0.05) if not busy else idle,
                                                                    self._check_idle, sb))
 
