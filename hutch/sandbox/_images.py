@@ -3,7 +3,7 @@
 An image reference is a string:
 - "debian-slim" (the default image: debootstrap minbase bookworm + python3-minimal, built once and cached),
 - "dir:/abs/path" (a prepared root directory, `hutch.Image.from_directory(path)`),
-- later, content-addressed layer ids for built images and snapshots.
+- "image:<64 hex>" (a built image or a snapshot: a node of the layer store, hutch/sandbox/_layers.py).
 
 `resolve_image(ref)` returns the layers of a cached image (fast, never builds);
 `ensure_image(ref, progress)` builds what is missing first, reporting progress events.
@@ -25,6 +25,7 @@ from typing import Callable
 from hutch._core import paths
 from hutch._core.atomic import atomic_write
 from hutch._core.errors import ImageError, NotFoundError
+from hutch.sandbox import _layers
 
 DEBIAN_SLIM = "debian-slim"
 DEBIAN_SUITE = "bookworm"
@@ -79,7 +80,41 @@ def resolve_image(ref: str) -> ResolvedImage:
                 "(Sandbox.create or POST /v1/images/ensure)."
             ) from None
         return ResolvedImage(ref=ref, id=meta["id"], lowerdirs=(d / "rootfs",), env=IMAGE_ENV, workdir=IMAGE_WORKDIR)
+    if ref.startswith(_layers.PREFIX):
+        return _resolve_layered(ref)
     raise NotFoundError(f"image {ref!r} is not known here; use hutch.Image.debian_slim() or hutch.Image.from_directory(path).")
+
+
+def _resolve_layered(ref: str) -> ResolvedImage:
+    """A built image or snapshot: its layers (top first) over its base's, env and workdir merged bottom-up."""
+    nid = _layers.node_id_of(ref)
+    if nid is None:
+        raise NotFoundError(f"image {ref!r} is not an image id; it must be 'image:' and 64 hex digits.")
+    nodes, base_ref = _layers.chain(nid)
+    base = resolve_image(base_ref)
+    env = dict(base.env)
+    workdir = base.workdir
+    for node in reversed(nodes):
+        env.update(node.get("env") or {})
+        workdir = node.get("workdir") or workdir
+    layers = tuple(_layers.layer_fs(n["layer"]) for n in nodes if n.get("layer"))
+    return ResolvedImage(ref=ref, id=nid, lowerdirs=layers + base.lowerdirs, env=tuple(env.items()), workdir=workdir)
+
+
+def list_images() -> list[dict]:
+    """The default image if built, then every built image and snapshot in the layer store."""
+    out = []
+    try:
+        meta = json.loads((images_dir() / DEBIAN_SLIM / _META).read_text())
+        out.append({"ref": DEBIAN_SLIM, "id": meta.get("id"), "kind": "base", "name": DEBIAN_SLIM,
+                    "size": meta.get("size"), "created_at": meta.get("created_at"), "parent": None})
+    except (OSError, ValueError):
+        pass
+    for n in _layers.list_nodes():
+        out.append({"ref": n["ref"], "id": n["id"], "kind": n.get("kind"), "name": n.get("name"),
+                    "size": _layers.layer_size(n.get("layer")), "created_at": n.get("created_at"),
+                    "parent": n.get("parent"), "pinned": n.get("pinned"), "description": n.get("description")})
+    return out
 
 
 def ensure_image(ref: str, progress: ProgressFn | None = None) -> ResolvedImage:
@@ -204,4 +239,4 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-__all__ = ["ImageError", "ResolvedImage", "ensure_image", "images_dir", "resolve_image"]
+__all__ = ["ImageError", "ResolvedImage", "ensure_image", "images_dir", "list_images", "resolve_image"]

@@ -113,13 +113,18 @@ _SCHEMAS = {
 }
 
 
+from hutch.sandbox._daemon._store import OPERATIONS as _STORE_OPERATIONS  # noqa: E402 - snapshots, images, volumes
+
+OPERATIONS.update(_STORE_OPERATIONS)
+
+
 def openapi_document(app=None) -> dict:
     """The OpenAPI 3.0 document for every route above."""
     paths: dict[str, dict] = {}
     for (method, path), op in OPERATIONS.items():
         op = {**op, "operationId": f"{method}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '').replace('.', '_')}"}
         params = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
-                  for n in ("id", "eid") if "{" + n + "}" in path]
+                  for n in ("id", "eid", "key", "name") if "{" + n + "}" in path]
         if params:
             op["parameters"] = params + op.get("parameters", [])
         op.setdefault("responses", {})["default"] = _ERR

@@ -17,6 +17,7 @@ from hutch._core.errors import ConfigError, NetworkPolicyError
 from hutch.sandbox import _images
 from hutch.sandbox._daemon._manager import Manager
 from hutch.sandbox._daemon._openapi import openapi_document
+from hutch.sandbox._daemon._store import add_routes as add_store_routes
 from hutch.sandbox._spec import Network, SandboxSpec
 
 FRAMES = "application/x-hutch-frames"
@@ -96,6 +97,7 @@ def make_app(mgr: Manager, token: str | None = None) -> web.Application:
     r.add_get("/v1/images", h.images)
     r.add_put("/v1/sandboxes/{id}/network", h.set_network)
     r.add_get("/v1/sandboxes/{id}/network/log", h.network_log)
+    add_store_routes(r, mgr)   # snapshots, image store, volumes (_store.py)
     return app
 
 

@@ -25,6 +25,7 @@ PROC_READONLY = ("bus", "fs", "irq", "sys")
 SYS_MASK_DIRS = ("firmware", "devices/virtual/powercap")
 DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
 NODEV = L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC
+_UPPER = -1   # O_PATH fd of the overlay's writable layer
 
 
 def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=()) -> int:
@@ -125,6 +126,8 @@ def _setup_root(plan: dict, trees=()) -> None:
         L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)  # a change of uid cleared it
     for d in ("upper", "work", "root"):
         os.mkdir(d, 0o755)
+    global _UPPER  # kept for snapshots (op_upper): after pivot_root no path reaches it
+    _UPPER = os.open("upper", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     root = "root"
     L.mount("overlay", root, "overlay", L.MS_NOSUID | L.MS_NODEV,
             f"lowerdir={':'.join(lowers)},upperdir=upper,workdir=work")
@@ -193,6 +196,10 @@ def _lockdown(seccomp: bytes) -> None:
     # no_new_privs first: no later execve (setuid, file capabilities) can gain privileges,
     # and it lets the seccomp filter load without CAP_SYS_ADMIN.
     L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
+    # Not dumpable: processes of the sandbox (same uid, no capabilities, like the init) may not
+    # ptrace it, read its memory or take its descriptors (its socket to the daemon) via /proc/1/fd
+    # or pidfd_getfd. The commands it starts are dumpable again after their execve.
+    L.prctl(L.PR_SET_DUMPABLE, 0)
     L.drop_all_capabilities()
     L.load_seccomp(seccomp)
 
@@ -388,6 +395,10 @@ class Init:
         except FileNotFoundError:
             pass
         return {"rid": msg["rid"], "ok": True}
+
+    def op_upper(self, msg, fds):
+        """An fd of the writable layer, for the daemon to copy into a snapshot layer."""
+        return {"rid": msg["rid"], "ok": True, "_fds": [os.dup(_UPPER)]}
 
     def op_stat(self, msg, fds):
         return {"rid": msg["rid"], "ok": True, "entry": _entry(msg["path"], os.lstat(msg["path"]))}

@@ -186,6 +186,11 @@ def build_plan(spec, image, *, sid: str, scratch: str, cgroup_procs: list[str]) 
             mounts.append({"kind": "bind", "source": m.source, "target": m.target, "readonly": m.readonly})
         elif m.kind == "tmpfs":
             mounts.append({"kind": "tmpfs", "target": m.target, "size": m.size})
+        elif m.kind == "volume":   # a named volume is a bind of its directory (NotFoundError names the fix)
+            from hutch.sandbox._volumes import data_dir
+
+            mounts.append({"kind": "bind", "source": str(data_dir(m.source)), "target": m.target,
+                           "readonly": m.readonly})
         else:
             raise InvalidSpecError(f"mount kind {m.kind!r} is not supported by the native runtime yet; "
                                    "use Mount.bind or Mount.tmpfs.")
