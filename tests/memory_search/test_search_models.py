@@ -135,3 +135,17 @@ def test_provider_arguments_are_checked():
         MiniLMProvider(max_tokens=4)
     with pytest.raises(hutch.ConfigError, match="does not exist"):
         MiniLMProvider("/nonexistent/model.onnx")
+
+
+def test_endpoint_down_from_the_start_keeps_lexical_search(store_dir, fake_server):
+    """The provider cannot even say its dimension: no vector space is chosen, words still answer."""
+    fake_server.fail = True
+    mem = hutch.Memory(store_dir, embedder=OpenAIEmbeddings(fake_server.url, "fake-embed-1"))
+    mem.put("notes", "Kayak", body="paddle river kayak trip")
+    hits = mem.search("kayak", k=1)
+    assert hits[0].entity_id == "notes/kayak" and "dense" not in hits[0].channels
+    assert not mem.doctor().ok and "503" in mem.doctor().embed_error
+    fake_server.fail = False
+    assert "dense" in mem.search("kayak", k=1)[0].channels
+    assert mem.doctor().ok and mem.doctor().dim == 64
+    mem.index.close()

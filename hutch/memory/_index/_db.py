@@ -91,6 +91,7 @@ class IndexDB:
         self._files: dict[str, tuple] | None = None  # entity_id -> (eid, mtime_ns, size, hash, linkstamp)
         self._gen_seen: str | None = None
         self.embed_error: str | None = None  # the last failure of the embedder on the query path
+        self._model_ok = False
         self.watcher = None  # _watch.Watcher once a full scan has been done (None: scan every time)
         self.watch_error: str | None = None
 
@@ -110,6 +111,11 @@ class IndexDB:
             self.db = self._connect()
         self._check_model()
         return self.db
+
+    @property
+    def model_known(self) -> bool:
+        """False while the provider cannot say who it is (an endpoint down): the dense channel stays off."""
+        return self._model_ok
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
@@ -208,7 +214,13 @@ class IndexDB:
 
     def _check_model(self) -> None:
         """A provider other than the one the vectors were made with: drop the vectors (a new space)."""
-        name, rev, dim = self.model_identity()
+        try:
+            name, rev, dim = self.model_identity()
+        except SearchIndexError as e:
+            self._model_ok = False
+            self.embed_error = str(e)
+            return
+        self._model_ok = True
         old = (self.meta("model_name"), self.meta("model_revision"), self.meta("model_dim"))
         if old == (name, rev, str(dim)):
             return
@@ -314,7 +326,11 @@ class IndexDB:
                     self.watcher.broken = True  # the drained events are lost: scan everything next time
                 raise
             self._gen_seen = self.generation()
+        if not self._model_ok:
+            self._check_model()  # the provider may be reachable again
         try:
+            if not self._model_ok:
+                raise SearchIndexError(self.embed_error or "The embedding provider cannot say which model it is.")
             self.embed_missing(stats, budget=embed_budget)
         except SearchIndexError as e:
             if embed_budget is None:

@@ -132,8 +132,9 @@ class SearchIndex:
         stale_snapshot = self.snap is None or self.snap.gen != before
         stats, removed, added = self.idx.sync(embed_budget=embed_budget)
         db = self.idx.db
-        if stale_snapshot:
-            snap = _rank.Snapshot(int(self.provider.dim))
+        dim = int(self.provider.dim) if self.idx.model_known else int(self.idx.meta("model_dim") or 0)
+        if stale_snapshot or self.snap.dim != dim:
+            snap = _rank.Snapshot(dim)
             snap.load_entities(db, None)
             snap.add_units(db, None)
             self.snap = snap
@@ -250,7 +251,7 @@ class SearchIndex:
         # mentions: entities named in the question
         mentioned, titles = self._mentions(query)
         # dense, per unit
-        dense_on = s.dense_ready()
+        dense_on = self.idx.model_known and s.dense_ready()
         dense = np.zeros(n)
         if dense_on:
             qtext = _units.strip_mentions(query, titles) if titles else query
@@ -429,7 +430,9 @@ class SearchIndex:
                 stale.append(entity_id)
         extra = sorted(e for e in rows if e not in files)
         unreadable = sorted(e for e, r in rows.items() if r[4])
-        name, rev, dim = self.idx.model_identity()
+        name, rev, dim = (self.idx.model_identity() if self.idx.model_known else
+                          (self.idx.meta("model_name") or "?", self.idx.meta("model_revision") or "?",
+                           int(self.idx.meta("model_dim") or 0)))
         units = db.execute("select count(*) from units").fetchone()[0]
         vectors = db.execute("select count(*) from vectors").fetchone()[0]
         pending = db.execute("select count(distinct u.dense_hash) from units u left join vectors v "
