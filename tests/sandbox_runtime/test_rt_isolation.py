@@ -44,6 +44,21 @@ PROBE = textwrap.dedent("""
     out["chroot"] = sc(161, b"/tmp")
     out["mknod"] = 0 if libc.mknod(b"/tmp/sda", 0o60600, os.makedev(8, 0)) == 0 else ctypes.get_errno()
     out["sethostname"] = 0 if libc.sethostname(b"x", 1) == 0 else ctypes.get_errno()
+    pidfd = sc(434, 1, 0)  # pidfd_open(1): allowed; taking the init's socket through it is not
+    fd1 = libc.syscall(434, 1, 0)
+    out["pidfd_getfd_init"] = sc(438, fd1, 3, 0) if fd1 >= 0 else 0
+    out["proc_1_fd"] = 1  # the init's descriptors: neither opened nor even named through /proc
+    for n in range(64):
+        try:
+            os.close(os.open(f"/proc/1/fd/{n}", os.O_RDONLY))
+            out["proc_1_fd"] = 0
+        except OSError:
+            pass
+        try:
+            os.readlink(f"/proc/1/fd/{n}")
+            out["proc_1_fd"] = 0
+        except OSError:
+            pass
     pid = os.fork()
     if pid == 0:
         os._exit(0)
@@ -60,7 +75,7 @@ PROBE = textwrap.dedent("""
 MUST_FAIL = ["mount", "umount", "unshare_user", "unshare_net", "clone_newns", "ptrace_traceme", "init_module",
              "finit_module", "delete_module", "kexec_load", "bpf", "perf_event_open", "keyctl", "add_key", "setns",
              "pivot_root", "reboot", "swapon", "userfaultfd", "io_uring_setup", "open_by_handle_at", "chroot",
-             "mknod", "sethostname", "proc_sys_write"]
+             "mknod", "sethostname", "proc_sys_write", "pidfd_getfd_init", "proc_1_fd"]
 
 
 @pytest.fixture
