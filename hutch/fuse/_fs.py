@@ -30,7 +30,7 @@ from mfusepy import Operations
 
 from hutch._core.errors import ConfigError, MemoryStoreError
 from hutch.fuse import _view
-from hutch.fuse._fs_write import WriteOps, _err, _Handle
+from hutch.fuse._fs_write import WriteOps, _err, _Handle, read_file
 from hutch.memory import _format as fmt
 
 log = logging.getLogger("hutch.fuse")
@@ -188,11 +188,7 @@ class MemoryFS(WriteOps, Operations):
             eid = self._hit_files(query).get(parts[2])
             if eid is None:
                 raise _err(errno.ENOENT)
-            try:
-                with open(os.path.join(self.root, eid + ".md"), "rb") as f:
-                    return f.read()
-            except FileNotFoundError:
-                raise _err(errno.ENOENT) from None
+            return read_file(os.path.join(self.root, eid + ".md"))
         if parts[0] == _view.AS_OF_DIR and len(parts) == 4:
             eid = self._entity_id(parts[2:])
             if eid is None:

@@ -35,6 +35,19 @@ def _err(code: int) -> FuseOSError:
     return FuseOSError(code)
 
 
+def read_file(path: str) -> bytes:
+    """The bytes of a regular file of the store, never through a symlink (one planted in a class
+    directory could otherwise lead out of the store)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise _err(errno.ENOENT) from None
+    except OSError as e:
+        raise _err(errno.EACCES if e.errno == errno.ELOOP else (e.errno or errno.EIO)) from None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
 def errno_of(e: BaseException) -> int:
     """The errno a store error maps to."""
     if isinstance(e, FuseOSError):
@@ -89,11 +102,9 @@ class WriteOps:
                 h.data.clear()
             fi.fh = self._new_handle(h)
             return 0
-        try:
-            with open(self._real(path), "rb") as f:
-                data = bytearray(b"" if flags & os.O_TRUNC else f.read())
-        except FileNotFoundError:
-            raise _err(errno.ENOENT) from None
+        data = bytearray(b"" if flags & os.O_TRUNC else read_file(self._real(path)))
+        if flags & os.O_TRUNC and not os.path.lexists(self._real(path)):
+            raise _err(errno.ENOENT)
         h = _Handle("buf", path, data=data, entity_id=eid, dirty=bool(flags & os.O_TRUNC),
                     append=bool(flags & os.O_APPEND))
         with self._lock:
@@ -161,11 +172,7 @@ class WriteOps:
         eid = self._entity_id(parts) if self._store_path_ok(parts) else None
         if eid is None:
             raise _err(errno.EACCES if parts and parts[0] not in _view.RESERVED else errno.EROFS)
-        try:
-            with open(self._real(path), "rb") as f:
-                data = f.read()[:length]
-        except FileNotFoundError:
-            raise _err(errno.ENOENT) from None
+        data = read_file(self._real(path))[:length]
         self._commit(eid, data.ljust(length, b"\0"))
         return 0
 
