@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
 import struct
 import sys
@@ -106,6 +107,11 @@ async def main(cfg):
                             n -= len(chunk)
                             await writer.drain()
                         continue
+                    if path.startswith("/reset"):   # the server resets the connection
+                        sock = writer.get_extra_info("socket")
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        writer.transport.abort()
+                        return
                     if path.startswith("/slow"):
                         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
                         for _ in range(600):

@@ -692,3 +692,22 @@ def test_other_machines_cannot_use_the_gateway(world, sandbox):
         assert r.stdout.split("\n")[:2] == ["dns silent", "proxy unreachable"], r.stdout + r.stderr
     finally:
         subprocess.run(["ip", "-n", world.inet, "route", "del", "198.18.0.0/24"], check=False)
+
+
+def test_a_server_reset_reaches_the_client_at_once(sandbox):
+    sb = sandbox(ALLOW_WWW)
+    r = sb.py(pyclient("""
+        import socket, time
+        s = socket.create_connection(("www.example.test", 80), timeout=5)
+        s.sendall(b"GET /reset HTTP/1.1\\r\\nHost: www.example.test\\r\\n\\r\\n")
+        t = time.monotonic()
+        try:
+            print("eof" if not s.recv(100) else "data", end=" ")
+        except ConnectionResetError:
+            print("reset", end=" ")
+        except socket.timeout:
+            print("hung", end=" ")
+        print(round(time.monotonic() - t, 1))
+    """))
+    verdict, seconds = r.stdout.split()
+    assert verdict in ("reset", "eof") and float(seconds) < 2, r.stdout + r.stderr

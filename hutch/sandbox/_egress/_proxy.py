@@ -334,6 +334,13 @@ class Proxy:
             await loop.sock_sendall(conn.upstream, first)
         down = loop.create_task(conn.splice(conn.upstream, conn.client))
         conn.tasks.append(down)
+
+        def down_done(t: asyncio.Task) -> None:
+            # the server side broke (reset, error): pass it on now, not at the client's next write
+            if not t.cancelled() and t.exception() is not None:
+                conn.close(reset=True)
+
+        down.add_done_callback(down_done)
         try:
             if stream is not None:
                 try:
