@@ -74,6 +74,7 @@ class Transaction:
         self._order: list[str] = []
         self._dirs: set[str] = set()
         self._made: set[Path] = set()
+        self._created: list[Path] = []  # directories this transaction made, parents first
         #: a grouped transaction syncs once with syncfs() before its commit instead of fsyncing every file
         self.bulk = False
 
@@ -127,7 +128,13 @@ class Transaction:
 
     def _mkdir(self, d: Path) -> None:
         if d not in self._made:
+            missing = []
+            p = d
+            while p != self.root and not p.exists():
+                missing.append(p)
+                p = p.parent
             d.mkdir(parents=True, exist_ok=True)
+            self._created.extend(reversed(missing))
             self._made.add(d)
 
     def write(self, path: Path, text: str) -> None:
@@ -203,6 +210,11 @@ class Transaction:
                     _prune_empty(path.parent, self.root)
             except OSError:
                 continue
+        for d in reversed(self._created):  # leave no empty directory behind
+            try:
+                d.rmdir()
+            except OSError:
+                pass
         self.sync_dirs()
 
 

@@ -34,10 +34,12 @@ def test_failed_transaction_leaves_files_and_git_exactly_as_before(mem, store_di
             mem.put("actors", "New One")
             mem.update("actors/keep", body="changed\n")
             mem.link("actors/keep", "knows", "actors/new-one")
+            mem.put("brand_new_class", "Thing")
             raise RuntimeError("boom")
     assert (store_dir / "actors" / "keep.md").read_bytes() == original
     assert not (store_dir / "actors" / "new-one.md").exists()
     assert not (store_dir / "actors" / "keep.links").exists()
+    assert not (store_dir / "brand_new_class").exists()
     assert commits(mem) == before
     assert mem.git.run("status", "--porcelain") == ""
 
