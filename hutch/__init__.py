@@ -58,6 +58,7 @@ _LAZY = {
     "OpenAIEmbeddings": "hutch.memory._index._embed",
     "Process": "hutch.sandbox._process",
     "Sandbox": "hutch.sandbox.sandbox",
+    "Volume": "hutch.sandbox.volume",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,6 +72,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hutch.sandbox.aio import AsyncSandbox
     from hutch.sandbox.image import Image
     from hutch.sandbox.sandbox import Sandbox
+    from hutch.sandbox.volume import Volume
 
 
 def __getattr__(name: str):

@@ -50,7 +50,13 @@ class SandboxError(Error):
 
 
 class ImageError(SandboxError):
-    """An image could not be found or built."""
+    """An image could not be found or built. A failed build step carries `step`, `output`, `returncode`."""
+
+    def __init__(self, message: str, *, step: str | None = None, output: str = "", returncode: int | None = None):
+        super().__init__(message)
+        self.step = step
+        self.output = output
+        self.returncode = returncode
 
 
 class ExecError(SandboxError):

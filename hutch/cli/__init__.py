@@ -20,6 +20,8 @@ _COMMANDS: list[tuple[str, str]] = [
     ("hutch.cli._sandbox", "run"),
     ("hutch.cli._sandbox", "sandbox"),
     ("hutch.cli._sandbox", "serve"),
+    ("hutch.cli._image", "image"),
+    ("hutch.cli._volume", "volume"),
     ("hutch.cli._mem", "mem"),
     ("hutch.cli._mcp", "mcp"),
 ]

@@ -318,6 +318,8 @@ def list_nodes() -> list[dict]:
 def find(key: str) -> dict:
     """A node by full id, `image:` ref, unique id prefix (>= 6 digits) or name."""
     key = key[len(PREFIX):] if key.startswith(PREFIX) else key
+    if _ID_RE.match(key) and (nodes_dir() / f"{key}.json").exists():
+        return get_node(key)   # the common case, without listing the store
     nodes = list_nodes()
     named = [n for n in nodes if n.get("name") == key]
     if named:

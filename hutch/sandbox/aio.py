@@ -44,6 +44,9 @@ class AsyncSandbox:
                      workdir: str = DEFAULT_WORKDIR, env: "dict | None" = None, tags: "dict | None" = None,
                      name: "str | None" = None, network=None, detach: bool = False) -> "AsyncSandbox":
         """Start a sandbox and return it once it runs (see `hutch.Sandbox.create`)."""
+        image = Image.of(image)
+        if image.steps:   # an Image defined in Python: build what is not cached yet (with progress)
+            image = await asyncio.to_thread(image.build)
         memory, mounts, provided = _provided.prepare(memory, mounts)  # e.g. hutch.MemoryMount
         with provided:
             spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
@@ -132,6 +135,11 @@ class AsyncSandbox:
         if not isinstance(network, Network):
             raise InvalidSpecError(f"network={network!r} is not a Network; use hutch.Network.none(), .allow(...) or .open().")
         await self._client.json("PUT", f"/v1/sandboxes/{self.id}/network", json={"network": network.to_dict()})
+
+    async def snapshot_filesystem(self, *, name: "str | None" = None) -> Image:
+        """Freeze everything the sandbox has written into a new image (see `hutch.Sandbox.snapshot_filesystem`)."""
+        d = await self._client.json("POST", f"/v1/sandboxes/{self.id}/snapshot", json={"name": name} if name else {})
+        return Image(d["ref"])
 
     async def network_log(self) -> "list[dict]":
         """Every egress decision for this sandbox, oldest first.

@@ -118,6 +118,9 @@ class Sandbox:
 
         Example: `hutch.Sandbox.create(memory="1G", mounts=[hutch.Mount.bind("./data", "/data")])`
         """
+        image = Image.of(image)
+        if image.steps:   # an Image defined in Python: build what is not cached yet (with progress)
+            image = image.build()
         memory, mounts, provided = _provided.prepare(memory, mounts)  # e.g. hutch.MemoryMount
         with provided:
             spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
@@ -203,6 +206,17 @@ class Sandbox:
         if not isinstance(network, Network):
             raise InvalidSpecError(f"network={network!r} is not a Network; use hutch.Network.none(), .allow(...) or .open().")
         self._client.json("PUT", f"/v1/sandboxes/{self.id}/network", json={"network": network.to_dict()})
+
+    def snapshot_filesystem(self, *, name: "str | None" = None) -> Image:
+        """Freeze everything the sandbox has written (deletions included) into a new image and return it.
+
+        `Sandbox.create(image=snap)` starts from this sandbox's image plus its writes. Snapshots are
+        content-addressed (the same writes are stored once), survive daemon restarts, are kept by
+        `hutch image prune`, and move between hosts with `snap.export(path)` / `hutch.Image.import_(path)`.
+        Files written while the snapshot is taken may be caught half-written: snapshot a quiet sandbox.
+        """
+        d = self._client.json("POST", f"/v1/sandboxes/{self.id}/snapshot", json={"name": name} if name else {})
+        return Image(d["ref"])
 
     def network_log(self) -> "list[dict]":
         """Every egress decision for this sandbox, oldest first.

@@ -1,0 +1,104 @@
+"""Fixtures of the image suite: a private daemon with a private state dir (its own layer store and
+volumes), a busybox root as the base image, and sandboxes that are always cleaned up."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from img_support import RUN_TAG, make_busybox_root, start_daemon, stop_daemon
+
+_ENV = ("HUTCH_RUN_DIR", "HUTCH_SOCKET", "HUTCH_URL", "HUTCH_TOKEN", "HUTCH_STATE_DIR")
+
+
+class Daemon:
+    """The suite's daemon; `restart()` stops it and starts a new one on the same dirs."""
+
+    def __init__(self, run_dir: Path, state_dir: Path):
+        self.run_dir, self.state_dir = run_dir, state_dir
+        self.proc = start_daemon(run_dir)
+
+    def restart(self) -> None:
+        stop_daemon(self.proc)
+        self.proc = start_daemon(self.run_dir)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            import hutch
+
+            try:
+                for sb in hutch.Sandbox.list(tags=RUN_TAG):
+                    sb.terminate()
+            finally:
+                stop_daemon(self.proc)
+
+
+@pytest.fixture(scope="session")
+def daemon():
+    run_dir = Path(tempfile.mkdtemp(prefix="hutch-img-run-"))
+    state_dir = Path(tempfile.mkdtemp(prefix="hutch-img-state-"))
+    saved = {k: os.environ.get(k) for k in _ENV}
+    os.environ.update(HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(run_dir / "hutch.sock"),
+                      HUTCH_STATE_DIR=str(state_dir))
+    os.environ.pop("HUTCH_URL", None)
+    os.environ.pop("HUTCH_TOKEN", None)
+    d = None
+    try:
+        d = Daemon(run_dir, state_dir)
+        yield d
+    finally:
+        try:
+            if d is not None:
+                d.stop()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def busybox_root():
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.fail("busybox is not installed; run scripts/setup.sh (busybox-static is in scripts/debian-packages.txt).")
+    tmp = Path(tempfile.mkdtemp(prefix="hutch-img-root-"))
+    try:
+        yield make_busybox_root(tmp / "root", busybox)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def base(daemon, busybox_root):
+    import hutch
+
+    return hutch.Image.from_directory(busybox_root)
+
+
+@pytest.fixture
+def make_sandbox(daemon, busybox_root):
+    """make_sandbox(**create_kwargs) -> a Sandbox tagged for this run, terminated when the test ends."""
+    import hutch
+
+    made = []
+
+    def make(*command, **kw):
+        kw.setdefault("image", hutch.Image.from_directory(busybox_root))
+        kw.setdefault("timeout", 120)
+        kw["tags"] = {**RUN_TAG, **(kw.get("tags") or {})}
+        sb = hutch.Sandbox.create(*command, **kw)
+        made.append(sb)
+        return sb
+
+    try:
+        yield make
+    finally:
+        for sb in made:
+            sb.terminate()
