@@ -511,14 +511,14 @@ class Memory:
         sid, did = _id_of(src), _id_of(dst)
         scls, sslug, spath = self._paths(sid)
         dcls, dslug, dpath = self._paths(did)
-        for eid, p in ((sid, spath), (did, dpath)):
-            if not p.is_file():
-                raise EntityNotFoundError(
-                    f"Cannot link {sid} -[{relation}]-> {did}: {eid} does not exist. Create it with put() first."
-                )
         rdir = self._links_dir(scls, sslug) / relation
         target = f"../../../{dcls}/{dslug}.md"
         with self._op("link", f"{sid} -[{relation}]-> {did}", source=source) as tx:
+            for eid, p in ((sid, spath), (did, dpath)):  # checked under the lock: no writer can forget them now
+                if not p.is_file() or p.is_symlink():
+                    raise EntityNotFoundError(
+                        f"Cannot link {sid} -[{relation}]-> {did}: {eid} does not exist. Create it with put() first."
+                    )
             for name in (f"{dslug}.md", f"{dcls}--{dslug}.md"):
                 lp = rdir / name
                 if os.path.islink(lp):
