@@ -185,14 +185,14 @@ def main() -> None:
         finally:
             t = time.perf_counter()
             fuse.umount(mnt, lazy=True)
-            proc.wait(10)
+            proc.wait(120)  # a user-namespace sandbox started meanwhile may hold a copy of the mount a while
             print(f"umount: {(time.perf_counter() - t) * 1e3:.0f} ms until the server exited")
         proc = fuse.mount(mem.root, mnt, cache_seconds=1.0)
         try:
             bench_cat(mnt, mem, a.runs, ", --cache-seconds 1")
         finally:
             fuse.umount(mnt, lazy=True)
-            proc.wait(10)
+            proc.wait(120)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def image(tmp_path_factory):
     return hutch.Image.from_directory(busybox_root(tmp_path_factory.mktemp("bbroot") / "root"))
 
 
-def _settled(timeout=5.0) -> list[str]:
+def _settled(timeout=15.0) -> list[str]:
     deadline = time.monotonic() + timeout
     while views_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
