@@ -185,7 +185,7 @@ def main() -> None:
         finally:
             t = time.perf_counter()
             fuse.umount(mnt, lazy=True)
-            proc.wait(120)  # a user-namespace sandbox started meanwhile may hold a copy of the mount a while
+            proc.wait(120)  # generous: once seen to take >10 s while other suites ran (cause not found)
             print(f"umount: {(time.perf_counter() - t) * 1e3:.0f} ms until the server exited")
         proc = fuse.mount(mem.root, mnt, cache_seconds=1.0)
         try:
