@@ -170,19 +170,20 @@ def write(name: str, path: str, chunks, mode: int = 0o644) -> int:
 
 
 def _mkdirs(name: str, parent: str) -> int:
+    """Open `parent` in the volume, making missing directories; each step resolves in the volume's root."""
     fd = _open(name, "/", os.O_RDONLY | os.O_DIRECTORY)
+    done = ""
     for part in [p for p in parent.split("/") if p]:
+        done = f"{done}/{part}"
         try:
             os.mkdir(part, 0o755, dir_fd=fd)
         except FileExistsError:
-            pass
-        try:
-            nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-        except OSError as e:
+            pass   # a directory, or a symlink that _open resolves inside the volume
+        except BaseException:
             os.close(fd)
-            raise _file_error(e.errno or 0, name, parent) from None
+            raise
         os.close(fd)
-        fd = nfd
+        fd = _open(name, done, os.O_RDONLY | os.O_DIRECTORY)
     return fd
 
 
