@@ -1,9 +1,11 @@
 """Suite-wide guard: a sandbox runtime must leave nothing behind.
 
 At the end of the session, look for mounts, cgroups, network namespaces and
-veths that carry hutch's names. Under CI (CI=true) a leftover fails the run;
-on a developer machine, where other suites may be running at the same time,
-it is reported as a warning.
+veths that carry hutch's names and were not there when the session started
+(what a crashed earlier run left is not this run's fault, and the daemon's
+reaper owns it). Under CI (CI=true) a new leftover fails the run; on a
+developer machine, where other suites may be running at the same time, it is
+reported as a warning.
 """
 
 from __future__ import annotations
@@ -53,8 +55,15 @@ def leftovers() -> list[str]:
     return found
 
 
+_BASELINE: set[str] = set()
+
+
+def pytest_sessionstart(session):
+    _BASELINE.update(leftovers())
+
+
 def pytest_sessionfinish(session, exitstatus):
-    left = leftovers()
+    left = [x for x in leftovers() if x not in _BASELINE]
     if not left:
         return
     msg = "resources left behind by the test session:\n  " + "\n  ".join(left)
