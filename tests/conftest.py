@@ -35,9 +35,7 @@ def leftovers() -> list[str]:
                     for q in [p, *[c for c in p.iterdir() if c.is_dir()]]:
                         if "hutch" in q.name.lower():
                             # the parent hutch/ directory itself may stay; its children may not
-                            kids = [c.name for c in q.iterdir() if c.is_dir()]
-                            if kids:
-                                found.append(f"cgroup: {q} has {kids}")
+                            found.extend(f"cgroup: {c}" for c in q.iterdir() if c.is_dir())
             except OSError:
                 continue
     try:
