@@ -50,7 +50,7 @@ def leftovers() -> list[str]:
                 found.append(f"netns: {line.split()[0]}")
     except (OSError, subprocess.SubprocessError):
         pass
-    return found
+    return sorted(set(found))
 
 
 _BASELINE: set[str] = set()
