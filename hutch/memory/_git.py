@@ -119,16 +119,27 @@ class Git:
         self.run("update-ref", "-m", f"commit: {subject}", "HEAD", sha, parent or "0" * 40)
         return sha
 
-    def commit_bulk(self, paths: list[str], message: str, author: tuple[str, str]) -> str | None:
+    def blob_stream(self) -> "BlobStream":
+        """A running `git fast-import` that takes blobs while a transaction writes (see commit_bulk)."""
+        return BlobStream(self)
+
+    def commit_bulk(self, paths: list[str], message: str, author: tuple[str, str],
+                    stream: "BlobStream | None" = None) -> str | None:
         """Commit many paths at once: blobs go into one pack through `git fast-import`, not loose files.
 
-        The index is updated from the same blob ids, so `git status` stays
-        clean. Falls back to `commit()` on a detached HEAD or an unborn branch.
+        With a `stream`, blobs already sent while writing are referenced by
+        mark (their final content, unless the file changed since); the rest
+        are sent inline now. Then the same paths are staged, so the index
+        matches and keeps stat data. Falls back to `commit()` on a detached
+        HEAD or an unborn branch.
         """
         branch = self.run("symbolic-ref", "-q", "HEAD", check=False).strip()
         if not branch or not self.has_head():
+            if stream is not None:
+                stream.abort()
             return self.commit(paths, message, author)
         parent = self.run("rev-parse", "HEAD").strip()
+        marks = stream.marks if stream is not None else {}
         body: list[bytes] = []
         for rel in paths:
             full = self.root / rel
@@ -139,6 +150,10 @@ class Git:
                 with open(full, "rb") as f:
                     data = f.read()
                 mode = b"100755" if os.access(full, os.X_OK) else b"100644"
+                sent = marks.get(rel)
+                if sent is not None and sent[1] == len(data) and sent[2] == hash(data):
+                    body.append(b"M " + mode + b" :%d " % sent[0] + bpath + b"\n")
+                    continue
             else:
                 body.append(b"D " + bpath + b"\n")
                 continue
@@ -148,7 +163,11 @@ class Git:
         msg = message.encode()
         head = [b"commit " + branch.encode() + b"\n", b"author " + who + b"\n", b"committer " + who + b"\n",
                 b"data %d\n" % len(msg) + msg + b"\n", b"from " + parent.encode() + b"\n"]
-        self.run("fast-import", "--quiet", "--done", input=b"".join(head + body) + b"\ndone\n")
+        stream_in = b"".join(head + body) + b"\ndone\n"
+        if stream is not None:
+            stream.finish(stream_in)
+        else:
+            self.run("fast-import", "--quiet", "--done", input=stream_in)
         new = self.run("rev-parse", "HEAD").strip()
         if self.run("rev-parse", f"{new}^{{tree}}") == self.run("rev-parse", f"{parent}^{{tree}}"):
             self.run("update-ref", branch, parent, new)  # nothing changed: drop the empty commit
@@ -201,6 +220,66 @@ class Git:
                 mode, _type, obj = meta.split()
                 rows.append((mode, obj, p))
         return rows
+
+
+class BlobStream:
+    """`git fast-import` fed blob by blob while a big transaction writes, so packing overlaps writing.
+
+    Nothing is referenced until `finish()` sends the commit; `abort()` (on
+    rollback) ends the process without updating any ref (its objects are
+    unreachable and harmless).
+    """
+
+    def __init__(self, git: Git):
+        import tempfile
+
+        self._err = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen(
+            ["git", "-C", str(git.root), *_CONFIG, "fast-import", "--quiet", "--done"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self._err,
+            env={**os.environ, "LC_ALL": "C"},
+        )
+        self.marks: dict[str, tuple[int, int, int]] = {}  # path -> (mark, length, hash of bytes)
+        self._next = 1
+
+    def add(self, rel: str, data: bytes) -> None:
+        """Send one blob now; remember it as the content of `rel`."""
+        mark = self._next
+        self._next += 1
+        self._proc.stdin.write(b"blob\nmark :%d\ndata %d\n" % (mark, len(data)) + data + b"\n")
+        self.marks[rel] = (mark, len(data), hash(data))
+
+    def finish(self, rest: bytes) -> None:
+        """Send the commit (and `done`), wait, and raise MemoryStoreError if fast-import failed."""
+        try:
+            self._proc.stdin.write(rest)
+            self._proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        rc = self._proc.wait()
+        if rc != 0:
+            self._err.seek(0)
+            raise MemoryStoreError(
+                f"git fast-import failed (exit {rc}): {self._err.read().decode(errors='replace').strip()}. "
+                "Check the store's git repository with 'git status'."
+            )
+        self._err.close()
+
+    def abort(self) -> None:
+        """End the process without committing anything (its blobs stay unreachable until git gc)."""
+        if self._proc.returncode is None:
+            try:
+                # a clean `done` with no commit: no ref changes, no crash report, no temp pack left behind
+                self._proc.stdin.write(b"done\n")
+                self._proc.stdin.close()
+            except (OSError, ValueError):
+                pass
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()  # our own child, by its Popen handle
+                self._proc.wait()
+        self._err.close()
 
 
 def _nul_list(paths: list[str]) -> bytes:

@@ -289,6 +289,7 @@ class Memory:
         with self._op(None, None, message=message, source=source, reason=reason) as tx:
             if self._tx is tx and not tx.ops:
                 tx.bulk = True
+                tx.stream_factory = self.git.blob_stream
             yield tx
 
     @contextmanager
@@ -312,8 +313,9 @@ class Memory:
                 if paths:
                     msg = _message(op or "transaction", message or _subject(tx), tx.ops, tx, self.author)
                     try:
-                        if len(paths) > _BULK_PATHS:
-                            self.git.commit_bulk(paths, msg, self.author)
+                        if len(paths) > _BULK_PATHS or tx.stream is not None:
+                            self.git.commit_bulk(paths, msg, self.author, tx.stream)
+                            tx.stream = None
                         else:
                             self.git.commit(paths, msg, self.author)
                     except BaseException:

@@ -77,6 +77,9 @@ class Transaction:
         self._created: list[Path] = []  # directories this transaction made, parents first
         #: a grouped transaction syncs once with syncfs() before its commit instead of fsyncing every file
         self.bulk = False
+        #: in a grouped transaction, a git fast-import that receives each file's bytes as they are written
+        self.stream = None
+        self.stream_factory = None
 
     # ------------------------------------------------------------ recording
 
@@ -141,8 +144,12 @@ class Transaction:
         self._save(path)
         self._mkdir(path.parent)
         # directory fsyncs are batched: sync() runs once per touched directory (or one syncfs) before the commit
-        atomic_write(path, text.encode("utf-8", errors="surrogateescape"), fsync_dir=False,
-                     fsync_file=not self.bulk)
+        data = text.encode("utf-8", errors="surrogateescape")
+        atomic_write(path, data, fsync_dir=False, fsync_file=not self.bulk)
+        if self.bulk and self.stream_factory is not None:
+            if self.stream is None:
+                self.stream = self.stream_factory()
+            self.stream.add(self._rel(path), data)
 
     def symlink(self, path: Path, target: str) -> None:
         self._save(path)
@@ -194,6 +201,9 @@ class Transaction:
 
     def rollback(self) -> None:
         """Put every touched path back as it was before the transaction."""
+        if self.stream is not None:
+            self.stream.abort()
+            self.stream = None
         for rel in reversed(self._order):
             kind, data = self._backup[rel]
             path = self.root / rel

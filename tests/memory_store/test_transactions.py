@@ -18,7 +18,10 @@ def test_transaction_is_one_commit(mem):
         for name in ["A", "B", "C"]:
             mem.put("actors", name)
         mem.link("actors/a", "knows", "actors/b")
+        mem.update("actors/a", add_facts=["written twice in one transaction"])
     assert commits(mem) == before + 1
+    assert mem.git.run("status", "--porcelain") == "" and mem.git.run("diff", "HEAD", "--stat") == ""
+    assert "written twice" in mem.git.show("HEAD", "actors/a.md")
     c = mem.git.log(limit=1)[0]
     assert c.subject == "import people"
     assert c.trailers["Hutch-Entity"] == ["actors/a", "actors/b", "actors/c"]
@@ -41,6 +44,8 @@ def test_failed_transaction_leaves_files_and_git_exactly_as_before(mem, store_di
     assert not (store_dir / "actors" / "keep.links").exists()
     assert not (store_dir / "brand_new_class").exists()
     assert commits(mem) == before
+    git_dir = store_dir / ".git"
+    assert not list(git_dir.glob("fast_import_crash*")) and not list(git_dir.glob("objects/pack/tmp_*"))
     assert mem.git.run("status", "--porcelain") == ""
 
 
