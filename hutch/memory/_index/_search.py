@@ -23,6 +23,17 @@ from hutch.memory._index._db import IndexDB, SyncStats
 from hutch.memory._index._embed import default_provider
 
 _FUSIONS = ("weighted", "rrf")
+_POOL = None
+
+
+def _pool():
+    """One worker thread for the dense channel of a query (created on first use)."""
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hutch-embed")
+    return _POOL
 
 
 @dataclass(frozen=True)
@@ -236,6 +247,14 @@ class SearchIndex:
             return []
         channels: list[_rank.Channel] = []
         upos, eidpos = s.upos, s.eid_pos
+        # mentions first: the dense query is the question without the names it mentions
+        mentioned, titles = self._mentions(query)
+        dense_on = self.idx.model_known and s.dense_ready()
+        future = None
+        if dense_on:
+            # Embedding and the matrix product release the GIL: they overlap the FTS5 queries below.
+            qtext = _units.strip_mentions(query, titles) if titles else query
+            future = _pool().submit(self._dense_scores, qtext, n)
         fq = _units.fts_query(self._lexical_terms(query))
         # lexical, per unit
         lex = np.zeros(n)
@@ -248,32 +267,28 @@ class SearchIndex:
                 if p is not None:
                     lex[p] = score
         channels.append(_rank.Channel("bm25", lex, lex > 0))
-        # mentions: entities named in the question
-        mentioned, titles = self._mentions(query)
-        # dense, per unit
-        dense_on = self.idx.model_known and s.dense_ready()
-        dense = np.zeros(n)
-        if dense_on:
-            qtext = _units.strip_mentions(query, titles) if titles else query
-            try:
-                qv = self.provider.embed([qtext])[0].astype(np.float32)
-            except SearchIndexError as e:
-                self.idx.embed_error = str(e)
-                dense_on = False
-        if dense_on:
-            dense = s.V[:n] @ qv
-            channels.append(_rank.Channel("dense", dense.astype(np.float64), mask.copy(), zero_based=False))
-        # entity level: BM25 over the whole entity + its best unit's dense score
+        # entity level, lexical part (the dense part needs the dense scores)
         ne = s.ne
-        ent = np.zeros(ne)
+        elex = np.zeros(ne)
         if fq:
-            elex = np.zeros(ne)
             for eid, score in db.execute(
                     f"select rowid, -bm25(ent_fts) from ent_fts where ent_fts match ? order by bm25(ent_fts) "
                     f"limit {_rank.LEXICAL_LIMIT}", (fq,)):
                 p = eidpos.get(eid)
                 if p is not None:
                     elex[p] = score
+        dense = np.zeros(n)
+        if future is not None:
+            try:
+                dense = future.result()
+            except SearchIndexError as e:
+                self.idx.embed_error = str(e)
+                dense_on = False
+        if dense_on:
+            channels.append(_rank.Channel("dense", dense, mask.copy(), zero_based=False))
+        # entity level: BM25 over the whole entity + its best unit's dense score
+        ent = np.zeros(ne)
+        if fq:
             emask = np.zeros(ne, bool)
             emask[s.epos[:n][mask]] = True
             ent += _rank.maxnorm(elex, emask)
@@ -320,6 +335,10 @@ class SearchIndex:
         if expand:
             hits += self._expand(hits, expand, mask, classes)
         return hits
+
+    def _dense_scores(self, qtext: str, n: int) -> np.ndarray:
+        qv = self.provider.embed([qtext])[0].astype(np.float32)
+        return (self.snap.V[:n] @ qv).astype(np.float64)
 
     def _mentions(self, query: str) -> tuple[set[str], list[str]]:
         """(ids of entities the query names, the names as written and in full)."""
