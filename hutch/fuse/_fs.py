@@ -328,6 +328,9 @@ class MemoryFS(WriteOps, Operations):
         fi.fh = self._new_handle(_Handle("fd", path, fd=fd))
         if hasattr(fi, "noflush"):
             fi.noflush = 1  # a reader's close() needs no FLUSH round trip (FOPEN_NOFLUSH)
+        # Keep the pages read before: the lookup that preceded this open refreshed size and mtime, and a
+        # changed mtime makes the kernel drop them (auto_inval_data), so only unchanged bytes are reused.
+        fi.keep_cache = 1
         return 0
 
     def read(self, path, size, offset, fi):

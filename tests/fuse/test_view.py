@@ -154,3 +154,19 @@ def test_as_of_shows_the_past_and_profile_is_live(mounted):
 def test_hutch_memory_reads_what_the_mount_wrote_at_once(mounted):
     _write(mounted.p("orgs", "globex.md"), "Globex buys widgets.\n")
     assert hutch.Memory(mounted.mem.root).get("orgs/globex").title == "globex"
+
+
+def test_reads_are_fresh_after_changes_behind_the_mount(mounted):
+    """A file read through the mount, then changed through the API (same size, and longer), reads new at once."""
+    mem = mounted.mem
+    p = mounted.p("orgs", "acme.md")
+    for body in ("Acme worries about customer churn: clients cancel after onboardinG.",   # same size
+                 "Acme has a much longer story now. " * 20):
+        with open(p) as f:
+            before = f.read()
+        mem.update("orgs/acme", body=body)
+        with open(p) as f:
+            after = f.read()
+        assert after != before and after == (mem.root / "orgs" / "acme.md").read_text()
+        r = subprocess.run(["busybox", "cat", p], capture_output=True, text=True)  # sendfile reader
+        assert r.stdout == after
