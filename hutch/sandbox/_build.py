@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hutch._core.errors import ImageError, NotFoundError
 from hutch.sandbox import _client
-from hutch.sandbox._spec import Network
+from hutch.sandbox._spec import BUILD_CAPABILITIES, Network, SandboxSpec
 
 #: Names an apt step may reach. Env: HUTCH_APT_HOSTS (comma-separated).
 APT_HOSTS = ("deb.debian.org", "security.debian.org")
@@ -217,9 +217,14 @@ def _run_step(client, step, parent: str, key: str, desc: str, progress: Progress
 def _in_sandbox(client, step, parent, key, desc, progress, where, argvs, network, node=None, env=None) -> dict:
     from hutch.sandbox.sandbox import Sandbox
 
-    sb = Sandbox.create(image=parent, network=network, timeout=STEP_TIMEOUT, memory=STEP_MEMORY,
-                        disk=STEP_DISK, cpu=float(os.cpu_count() or 1), tags={"hutch-build": key[:12]})
+    # The build capabilities (chown, setuid ...: apt, dpkg and useradd need them) are not on
+    # Sandbox.create: only build steps get them, so the spec is posted here.
+    spec = SandboxSpec.build((), image=parent, network=network, timeout=STEP_TIMEOUT, memory=STEP_MEMORY,
+                             disk=STEP_DISK, cpu=float(os.cpu_count() or 1), tags={"hutch-build": key[:12]},
+                             capabilities=BUILD_CAPABILITIES)
+    sb = Sandbox(client, client.json("POST", "/v1/sandboxes", json={"spec": spec.to_dict()}))
     try:
+        _client.hold_lease(client.ep, sb.id)
         if step.kind == "copy":
             for local, remote, mode in _copy_entries(step):
                 if local:

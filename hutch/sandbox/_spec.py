@@ -23,6 +23,8 @@ DEFAULT_PIDS = 512
 DEFAULT_DISK = 1024**3           # bytes of writable layer
 DEFAULT_CPU = 1.0
 DEFAULT_WORKDIR = "/home/user"
+#: The capabilities a sandbox may keep (image build steps: apt, dpkg, useradd need them); none by default.
+BUILD_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE", "SETGID", "SETUID")
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB]?)?\s*$")
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -233,12 +235,13 @@ class SandboxSpec:
     tags: tuple[tuple[str, str], ...] = ()
     name: str | None = None
     detach: bool = False
+    capabilities: tuple[str, ...] = ()   # kept capabilities, a subset of BUILD_CAPABILITIES; image builds only
 
     @classmethod
     def build(cls, command=(), *, image=DEFAULT_IMAGE, mounts=(), network=None, memory=DEFAULT_MEMORY,
               cpu=DEFAULT_CPU, pids=DEFAULT_PIDS, disk=DEFAULT_DISK, timeout=DEFAULT_TIMEOUT,
               idle_timeout=None, workdir=DEFAULT_WORKDIR, env=None, tags=None, name=None,
-              detach=False) -> "SandboxSpec":
+              detach=False, capabilities=()) -> "SandboxSpec":
         """Validate user arguments into a spec; every error names the argument and the fix."""
         argv = tuple(command)
         for a in argv:
@@ -262,6 +265,9 @@ class SandboxSpec:
             if not k or "=" in k or "\0" in k:
                 raise InvalidSpecError(f"env name {k!r} is not a valid environment variable name.")
         tgs = _str_pairs(tags, "tags")
+        caps = tuple(sorted(set(capabilities or ())))
+        if not set(caps) <= set(BUILD_CAPABILITIES):
+            raise InvalidSpecError(f"capabilities={list(caps)!r}: a sandbox may keep only {list(BUILD_CAPABILITIES)}.")
         if name is not None and (not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name)):
             raise InvalidSpecError(f"name={name!r} must be 1-63 letters, digits, '_', '.', '-', starting with a letter or digit.")
         return cls(
@@ -269,6 +275,7 @@ class SandboxSpec:
             limits=Limits.of(memory=memory, cpu=cpu, pids=pids, disk=disk),
             timeout=_timeout(timeout, "timeout"), idle_timeout=_timeout(idle_timeout, "idle_timeout"),
             workdir=_abs_path(workdir, "workdir"), env=envs, tags=tgs, name=name, detach=bool(detach),
+            capabilities=caps,
         )
 
     def to_dict(self) -> dict:
@@ -290,6 +297,7 @@ class SandboxSpec:
                 tags=tuple(tuple(p) for p in d.get("tags", ())),
                 name=d.get("name"),
                 detach=bool(d.get("detach", False)),
+                capabilities=tuple(d.get("capabilities", ())),
             )
         except TypeError as e:
             raise InvalidSpecError(f"sandbox spec is malformed: {e}. Send the JSON that SandboxSpec.to_dict() makes.") from e

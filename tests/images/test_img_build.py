@@ -116,3 +116,18 @@ def test_steps_run_without_network_by_default(base):
     with pytest.raises(hutch.ImageError) as ei:
         bad.build(quiet=True)
     assert "no-network" in ei.value.output
+
+
+def test_build_steps_keep_a_few_capabilities_and_sandboxes_none(base, make_sandbox):
+    built = base.run_commands("mkdir /home/agent && chown 1000:1000 /home/agent && "
+                              "grep CapEff /proc/self/status > /etc/build-caps").build(quiet=True)
+    sb = make_sandbox(image=built)
+    out = sb.run("sh", "-c", "stat -c %u:%g /home/agent; cat /etc/build-caps; grep CapEff /proc/self/status; "
+                             "chown 0:0 /home/agent || echo refused", check=True).stdout.split("\n")
+    assert out[0] == "1000:1000"
+    assert out[1].split()[1] == "00000000000004fb"   # CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID NET_BIND
+    assert out[2].split()[1] == "0000000000000000" and "refused" in out[3]
+    with pytest.raises(hutch.InvalidSpecError, match="may keep only"):
+        from hutch.sandbox._spec import SandboxSpec
+
+        SandboxSpec.build(capabilities=["SYS_ADMIN"])

@@ -474,7 +474,7 @@ def _revalidate(spec: SandboxSpec) -> SandboxSpec:
         spec.command, image=spec.image, mounts=spec.mounts, network=spec.network, memory=spec.limits.memory,
         cpu=spec.limits.cpu, pids=spec.limits.pids, disk=spec.limits.disk, timeout=spec.timeout,
         idle_timeout=spec.idle_timeout, workdir=spec.workdir, env=dict(spec.env), tags=dict(spec.tags),
-        name=spec.name, detach=spec.detach)
+        name=spec.name, detach=spec.detach, capabilities=spec.capabilities)
 
 
 __all__ = ["ENDED", "Manager", "Sandbox"]

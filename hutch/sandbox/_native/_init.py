@@ -52,7 +52,7 @@ def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=()) -> int:
         _setup_root(plan, trees)
         for fd in trees:
             os.close(fd)
-        _lockdown(seccomp)
+        _lockdown(seccomp, plan.get("caps") or ())
     except Exception as e:  # report why, then die: the daemon tears the rest down
         try:
             _wire.send(ctl, {"op": "failed", "message": f"{type(e).__name__}: {e}"})
@@ -192,7 +192,7 @@ def _setup_root(plan: dict, trees=()) -> None:
     os.makedirs(plan["workdir"], exist_ok=True)
 
 
-def _lockdown(seccomp: bytes) -> None:
+def _lockdown(seccomp: bytes, caps=()) -> None:
     # no_new_privs first: no later execve (setuid, file capabilities) can gain privileges,
     # and it lets the seccomp filter load without CAP_SYS_ADMIN.
     L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
@@ -200,7 +200,10 @@ def _lockdown(seccomp: bytes) -> None:
     # ptrace it, read its memory or take its descriptors (its socket to the daemon) via /proc/1/fd
     # or pidfd_getfd. The commands it starts are dumpable again after their execve.
     L.prctl(L.PR_SET_DUMPABLE, 0)
-    L.drop_all_capabilities()
+    if caps:   # an image build step (SandboxSpec.capabilities): a Docker-like subset, never admin ones
+        L.limit_capabilities(caps)
+    else:
+        L.drop_all_capabilities()
     L.load_seccomp(seccomp)
 
 

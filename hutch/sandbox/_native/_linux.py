@@ -59,6 +59,9 @@ PR_CAP_AMBIENT_CLEAR_ALL = 4
 # SECBIT_NOROOT | _LOCKED, SECBIT_NO_SETUID_FIXUP | _LOCKED, SECBIT_KEEP_CAPS_LOCKED,
 # SECBIT_NO_CAP_AMBIENT_RAISE | _LOCKED: uid 0 never regains capabilities on execve.
 SECUREBITS_LOCKED_DOWN = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+# With kept capabilities (image build steps): NOROOT and NO_SETUID_FIXUP locked *off* (uid 0 gets the
+# kept set on execve, a change to another uid drops it), KEEP_CAPS and ambient raising locked off.
+SECUREBITS_KEPT = 0x02 | 0x08 | 0x20 | 0x40 | 0x80
 
 SECCOMP_SET_MODE_FILTER = 1
 
@@ -159,6 +162,23 @@ def drop_all_capabilities() -> None:
     prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED_DOWN)
     hdr = struct.pack("II", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
     data = bytes(24)  # two {effective, permitted, inheritable} u32 triples, all zero
+    _check(_libc.syscall(NR_CAPSET, hdr, data), "capset")
+
+
+def limit_capabilities(keep) -> None:
+    """Keep only the capabilities numbered in `keep` (bounding, permitted, effective); no ambient or
+    inheritable ones. Under no_new_privs, uid 0 gets exactly these on execve, never more."""
+    keep = set(keep)
+    last = int(open("/proc/sys/kernel/cap_last_cap").read())
+    for cap in range(last + 1):
+        if cap not in keep:
+            prctl(PR_CAPBSET_DROP, cap)
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    prctl(PR_SET_SECUREBITS, SECUREBITS_KEPT)
+    mask = sum(1 << c for c in keep)
+    lo, hi = mask & 0xFFFFFFFF, mask >> 32
+    hdr = struct.pack("II", 0x20080522, 0)
+    data = struct.pack("IIIIII", lo, lo, 0, hi, hi, 0)  # {effective, permitted, inheritable} x 2
     _check(_libc.syscall(NR_CAPSET, hdr, data), "capset")
 
 

@@ -17,6 +17,9 @@ from hutch.sandbox._native import _wire
 from hutch.sandbox._native._seccomp import build_filter
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Capability numbers (linux/capability.h) of the names SandboxSpec.capabilities may hold.
+CAPABILITIES = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6, "SETUID": 7,
+                "NET_BIND_SERVICE": 10}
 SHM_SIZE = 64 * 1024**2
 
 
@@ -203,6 +206,7 @@ def build_plan(spec, image, *, sid: str, scratch: str, cgroup_procs: list[str]) 
         "hostname": spec.name or f"hutch-{sid}",
         "workdir": spec.workdir,
         "cgroup_procs": cgroup_procs,
+        "caps": [CAPABILITIES[c] for c in spec.capabilities],
     }
 
 
