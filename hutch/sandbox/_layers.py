@@ -57,10 +57,17 @@ def nodes_dir() -> Path:
 def store_lock():
     """One writer at a time across threads and processes (commit vs rm/prune)."""
     d = layers_dir()
-    d.mkdir(parents=True, exist_ok=True)
+    private_dir(d)
     with _lock, open(d / ".lock", "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
+
+
+def private_dir(path: Path) -> None:
+    """0700: layers hold what sandboxes wrote (setuid-root files among it); no host user may reach them."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if stat.S_IMODE(path.stat().st_mode) != 0o700:
+        os.chmod(path, 0o700)
 
 
 # --- walking a tree: digest and (optionally) copy ---------------------------------------------
@@ -201,7 +208,7 @@ def commit_tree(src_fd: int, uid_shift: int = 0) -> tuple[str, dict]:
 
     An identical layer already stored is reused (the copy is dropped)."""
     base = layers_dir()
-    base.mkdir(parents=True, exist_ok=True)
+    private_dir(base)
     tmp = Path(tempfile.mkdtemp(prefix=_TMP, dir=base))
     try:
         (tmp / "fs").mkdir()
@@ -436,7 +443,7 @@ def _through_symlink(root: Path, parts) -> bool:
 def import_(fileobj) -> dict:
     """Read a tar made by export(); every layer is verified against its digest before it is stored."""
     base = layers_dir()
-    base.mkdir(parents=True, exist_ok=True)
+    private_dir(base)
     work = Path(tempfile.mkdtemp(prefix=_TMP, dir=base))
     try:
         manifest = None

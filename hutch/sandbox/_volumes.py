@@ -55,13 +55,19 @@ def data_dir(name: str) -> Path:
 
 def create(name: str, *, exist_ok: bool = True) -> dict:
     d = volumes_dir() / check_name(name)
-    volumes_dir().mkdir(parents=True, exist_ok=True)
+    _private_dir(volumes_dir())
     try:
         d.mkdir(mode=0o755)
     except FileExistsError:
         if not exist_ok:
             raise ConfigError(f"volume {name!r} exists already; use it, or remove it first.") from None
     return info(name)
+
+
+def _private_dir(path: Path) -> None:
+    """0700: a sandbox (root inside) can leave a setuid-root file in a volume; no host user may reach it."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
 
 
 def info(name: str) -> dict:

@@ -87,3 +87,16 @@ def test_volume_errors_and_cli(make_sandbox):
     r = runner.invoke(cli, ["volume", "rm", "cli-test"])
     assert r.exit_code == 0 and "removed" in r.output
     assert "cli-test" not in runner.invoke(cli, ["volume", "ls"]).output
+
+
+def test_setuid_files_from_sandboxes_stay_out_of_host_users_reach(make_sandbox, daemon):
+    vol = hutch.Volume.from_name("suid-test", create=True)
+    try:
+        sb = make_sandbox(mounts=[hutch.Mount.volume(vol, "/data")])
+        sb.run("sh", "-c", "cp /bin/busybox /data/sh && chmod 4755 /data/sh && cp /data/sh /root/sh", check=True)
+        sb.snapshot_filesystem()
+        assert (daemon.state_dir / "volumes" / "suid-test" / "sh").stat().st_mode & 0o4000
+        for d in (daemon.state_dir / "volumes", daemon.state_dir / "layers"):
+            assert d.stat().st_mode & 0o777 == 0o700, d
+    finally:
+        hutch.Volume.delete("suid-test", force=True)

@@ -153,7 +153,7 @@ class StoreRoutes:
             os.unlink(tmp)
 
     async def import_(self, request):
-        _layers.layers_dir().mkdir(parents=True, exist_ok=True)
+        _layers.private_dir(_layers.layers_dir())
         fd, tmp = tempfile.mkstemp(prefix=".tmp-import-", dir=_layers.layers_dir())
         try:
             with os.fdopen(fd, "wb") as f:
