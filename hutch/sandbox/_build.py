@@ -206,6 +206,8 @@ def _run_step(client, step, parent: str, key: str, desc: str, progress: Progress
             hosts.append(u.hostname)
             ports.add(u.port or (443 if u.scheme == "https" else 80))
             argv += ["--index-url", a["index_url"]]
+            if u.scheme == "http":   # the user named a plain-HTTP index: pip would ignore it otherwise
+                argv += ["--trusted-host", u.hostname]
         net = Network.allow(domains=hosts, ports=sorted(ports))
         return _in_sandbox(client, step, parent, key, desc, progress, where, [argv + a["packages"]], net,
                            env={"PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_ROOT_USER_ACTION": "ignore"})

@@ -1,0 +1,192 @@
+"""pip_install through the egress gateway to a fake package index: the step reaches the index's
+name and nothing else. Everything runs among network namespaces this module creates (the fake
+internet of tests/egress on 192.0.2.0/24); no packet reaches a real address.
+
+The base image is a tiny root with the host's Python and pip (hard links, no copies).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "egress"))
+import egress_world  # noqa: E402  (skips this module without root, iproute2 or libnftables)
+from img_support import make_busybox_root, stop_daemon  # noqa: E402
+
+import hutch  # noqa: E402
+
+INDEX_ADDR = "192.0.2.80"
+INDEX_NAME = "pypi.example.test"
+OTHER_NAME = "files.example.test"    # in the fake zone too, but no step here is allowed to reach it
+_ENV = ("HUTCH_RUN_DIR", "HUTCH_SOCKET", "HUTCH_STATE_DIR", "HUTCH_URL", "HUTCH_TOKEN")
+
+_SERVER = r"""
+import http.server, json, sys, time
+root, addr, log = sys.argv[1], sys.argv[2], sys.argv[3]
+class H(http.server.SimpleHTTPRequestHandler):
+    def __init__(self, *a, **k): super().__init__(*a, directory=root, **k)
+    def log_message(self, fmt, *args):
+        with open(log, "a") as f: f.write(json.dumps({"path": self.path, "host": self.headers.get("Host")}) + "\n")
+s = http.server.ThreadingHTTPServer((addr, 80), H)
+print("ready", flush=True)
+s.serve_forever()
+"""
+
+
+def _wheel(dest: Path) -> str:
+    name = "hutchdemo-1.0-py3-none-any.whl"
+    files = {"hutchdemo.py": b"VALUE = 42\n",
+             "hutchdemo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: hutchdemo\nVersion: 1.0\n",
+             "hutchdemo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: hutch-test\nRoot-Is-Purelib: true\n"
+                                              b"Tag: py3-none-any\n"}
+    record = ""
+    for n, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record += f"{n},sha256={digest},{len(data)}\n"
+    record += "hutchdemo-1.0.dist-info/RECORD,,\n"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for n, data in files.items():
+            z.writestr(n, data)
+        z.writestr("hutchdemo-1.0.dist-info/RECORD", record)
+    (dest / name).write_bytes(buf.getvalue())
+    return name
+
+
+def _index(root: Path) -> None:
+    (root / "packages").mkdir(parents=True)
+    whl = _wheel(root / "packages")
+    sha = hashlib.sha256((root / "packages" / whl).read_bytes()).hexdigest()
+    for pkg, host in (("hutchdemo", INDEX_NAME), ("elsewhere", OTHER_NAME)):
+        d = root / "simple" / pkg
+        d.mkdir(parents=True)
+        target = whl if pkg == "hutchdemo" else whl.replace("hutchdemo", "elsewhere")
+        if pkg == "elsewhere":
+            shutil.copy(root / "packages" / whl, root / "packages" / target)
+        d.joinpath("index.html").write_text(
+            f'<html><body><a href="http://{host}/packages/{target}#sha256={sha}">{target}</a></body></html>')
+
+
+def _python_root(root: Path) -> Path:
+    """busybox + the host's python3.11 and pip, hard-linked (the lower dir is never written)."""
+    make_busybox_root(root, shutil.which("busybox"))
+    usr = root / "usr"
+    for rel in ("lib/python3.11", "lib/x86_64-linux-gnu"):
+        (usr / rel).parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-al", f"/usr/{rel}", str(usr / rel)], check=True)
+    (usr / "lib/python3/dist-packages").mkdir(parents=True)
+    subprocess.run(["cp", "-al", "/usr/lib/python3/dist-packages/pip", str(usr / "lib/python3/dist-packages/pip")],
+                   check=True)
+    (usr / "lib64").mkdir()
+    os.symlink("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", usr / "lib64/ld-linux-x86-64.so.2")
+    os.symlink("usr/lib", root / "lib")
+    os.symlink("usr/lib64", root / "lib64")
+    os.link("/usr/bin/python3.11", root / "bin" / "python3")
+    return root
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """The fake internet plus an index on pypi.example.test, a daemon in its host netns, a python root."""
+    if shutil.which("busybox") is None or not os.path.exists("/usr/bin/python3.11") or \
+            not os.path.isdir("/usr/lib/python3/dist-packages/pip"):
+        pytest.skip("needs busybox-static and Debian's python3.11 with python3-pip")
+    tmp = tmp_path_factory.mktemp("registry")
+    egress_world.ZONE.update({INDEX_NAME: [INDEX_ADDR], OTHER_NAME: [INDEX_ADDR]})
+    world = egress_world.World(tmp)
+    run_dir = Path(tempfile.mkdtemp(prefix="hutch-img-reg-run-"))
+    state = Path(tempfile.mkdtemp(prefix="hutch-img-reg-state-"))
+    saved = {k: os.environ.get(k) for k in _ENV}
+    proc = None
+    try:
+        world.up()
+        egress_world.sh("ip", "-n", world.inet, "addr", "add", f"{INDEX_ADDR}/32", "dev", "inet0")
+        _index(tmp / "index")
+        hits = tmp / "index-hits.jsonl"
+        hits.touch()
+        world.spawn(world.inet, sys.executable, "-c", _SERVER, str(tmp / "index"), INDEX_ADDR, str(hits))
+        sock = run_dir / "hutch.sock"
+        env = dict(os.environ, HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(sock), HUTCH_STATE_DIR=str(state),
+                   HUTCH_EGRESS_RESOLVERS=egress_world.DNS_ADDR)
+        log = open(run_dir / "daemon.log", "ab")
+        # nsenter, not `ip netns exec`: the latter remounts /sys and would hide the cgroup controllers
+        proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{world.host}", sys.executable, "-m", "hutch", "serve"],
+                                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not sock.exists():
+            pytest.fail(f"the daemon did not start: {(run_dir / 'daemon.log').read_text()[-2000:]}")
+        os.environ.update(HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(sock), HUTCH_STATE_DIR=str(state))
+        os.environ.pop("HUTCH_URL", None)
+        os.environ.pop("HUTCH_TOKEN", None)
+        root = _python_root(tmp / "pyroot")
+        yield {"base": hutch.Image.from_directory(root), "hits": hits, "world": world}
+    finally:
+        try:
+            if proc is not None:
+                stop_daemon(proc)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            for name in (INDEX_NAME, OTHER_NAME):
+                egress_world.ZONE.pop(name, None)
+            world.down()
+            shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(state, ignore_errors=True)
+
+
+def _hits(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_pip_install_from_a_fake_index_reaches_only_the_index(registry):
+    base, hits = registry["base"], registry["hits"]
+    image = base.pip_install("hutchdemo==1.0", index_url=f"http://{INDEX_NAME}/simple")
+    built = image.build(quiet=True)
+    assert any(h["path"].startswith("/packages/hutchdemo") for h in _hits(hits))
+    sb = hutch.Sandbox.create(image=built, timeout=60)
+    try:
+        r = sb.run("python3", "-c", "import hutchdemo; print(hutchdemo.VALUE)", check=True)
+        assert r.stdout == "42\n"
+        # the sandbox made from the image has no network at all
+        r = sb.run("python3", "-c", f"import socket; socket.create_connection(('{INDEX_ADDR}', 80), 2)")
+        assert r.returncode != 0
+    finally:
+        sb.terminate()
+    # cached: the index is not asked again
+    n = len(_hits(hits))
+    assert image.build(quiet=True).ref == built.ref and len(_hits(hits)) == n
+
+
+def test_a_pip_step_cannot_reach_a_name_it_was_not_given(registry):
+    base, hits = registry["base"], registry["hits"]
+    n = len(_hits(hits))
+    # the index page points at files.example.test: in DNS, but not a name this step may reach
+    with pytest.raises(hutch.ImageError) as ei:
+        base.pip_install("elsewhere", index_url=f"http://{INDEX_NAME}/simple").build(quiet=True)
+    assert "elsewhere" in ei.value.output
+    got = _hits(hits)[n:]
+    assert [h["path"] for h in got] == ["/simple/elsewhere/"]   # the index page, never the wheel
+    # a run step has no network: the index is unreachable, by name and by address
+    with pytest.raises(hutch.ImageError) as ei:
+        base.run_commands(f"wget -q -T 2 -O- http://{INDEX_NAME}/simple/ || wget -q -T 2 -O- http://{INDEX_ADDR}/ "
+                          "|| (echo unreachable; exit 9)").build(quiet=True)
+    assert "unreachable" in ei.value.output and len(_hits(hits)) == n + 1
