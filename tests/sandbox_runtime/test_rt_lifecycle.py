@@ -265,3 +265,19 @@ def _parent(pid: str) -> int:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (FileNotFoundError, ProcessLookupError):
         return 0
+
+
+def test_a_client_that_hangs_up_takes_its_command_along(api, image):
+    sid = api.create(image)["id"]
+    other = httpx.Client(transport=httpx.HTTPTransport(uds=str(api.sock)), base_url="http://hutch", timeout=10)
+    with other.stream("POST", f"/v1/sandboxes/{sid}/exec", json={"argv": ["sleep", "37"]}) as r:
+        assert r.status_code == 200
+        assert api.sh(sid, "ps -o args | grep -c '^sleep 37'")[0].strip() == "1"
+    other.close()  # the connection goes; the daemon kills the command's process group
+    deadline = time.monotonic() + 3
+    while True:
+        out, _, _ = api.sh(sid, "ps -o args | grep -c '^sleep 37' || true")
+        if out.strip() == "0" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert out.strip() == "0"
