@@ -154,11 +154,18 @@ def main() -> None:
         out["query_ms"] = {"p50": statistics.median(lat), "p99": pct(lat, 99),
                            "peer_bm25_p50": statistics.median(peer)}
 
-        edit, same = [], []
+        edit, same, reidx, idle = [], [], [], []
         for j in range(30):
             i = rng.randrange(args.n)
             p = store / "notes" / f"n{i}.md"
             p.write_text(p.read_text().replace("\n---\n", f"\n---\nEdited: zeppelin{j}marker.\n", 1))
+            t = time.perf_counter()
+            mem.index.refresh()  # re-index exactly that file (inotify named it)
+            reidx.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            mem.index.refresh()  # nothing changed
+            idle.append((time.perf_counter() - t) * 1000)
+            p.write_text(p.read_text().replace(f"zeppelin{j}marker", f"zeppelin{j}marker again"))
             t = time.perf_counter()
             hits = mem.search(f"zeppelin{j}marker", k=3)
             edit.append((time.perf_counter() - t) * 1000)
@@ -166,7 +173,10 @@ def main() -> None:
             t = time.perf_counter()
             mem.search(f"zeppelin{j}marker", k=3)
             same.append((time.perf_counter() - t) * 1000)
+        row("re-index one changed file", reidx, idle)
         row("search after editing one file", edit, same)
+        out["reindex_one_ms"] = {"p50": statistics.median(reidx), "p99": pct(reidx, 99),
+                                 "no_change_p50": statistics.median(idle)}
         out["one_file_ms"] = {"p50": statistics.median(edit), "p99": pct(edit, 99),
                               "unchanged_p50": statistics.median(same)}
 
