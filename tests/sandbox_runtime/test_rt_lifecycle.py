@@ -120,9 +120,9 @@ def test_no_lease_means_terminated_after_the_grace(api, daemon, image):
 
 CLIENT = textwrap.dedent("""
     import socket, sys, httpx
-    sock, image = sys.argv[1], sys.argv[2]
+    sock, image, detach = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     c = httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://hutch")
-    info = c.post("/v1/sandboxes", json={"spec": {"image": image, "timeout": 120}}).json()
+    info = c.post("/v1/sandboxes", json={"spec": {"image": image, "timeout": 120, "detach": detach}}).json()
     lease = socket.socket(socket.AF_UNIX)
     lease.connect(sock)
     lease.sendall(f"GET /v1/sandboxes/{info['id']}/lease HTTP/1.1\\r\\nHost: hutch\\r\\n\\r\\n".encode())
@@ -133,7 +133,7 @@ CLIENT = textwrap.dedent("""
 
 
 def test_client_kill9_ends_its_sandbox(api, daemon, image):
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, str(daemon.sock), image],
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, str(daemon.sock), image, "0"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         sid = client.stdout.readline().strip()
@@ -145,6 +145,23 @@ def test_client_kill9_ends_its_sandbox(api, daemon, image):
         t0 = time.monotonic()
         assert wait_gone(state, 2.0) == []
         assert api.info(sid)["status"] == "terminated", f"after {time.monotonic() - t0:.2f} s"
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+
+
+def test_a_detached_sandbox_outlives_its_client(api, daemon, image):
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, str(daemon.sock), image, "1"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        sid = client.stdout.readline().strip()
+        api.created.append(sid)  # the fixture terminates it
+        client.kill()
+        client.wait()
+        time.sleep(1.0)
+        assert api.info(sid)["status"] == "running"
+        assert api.sh(sid, "echo still here")[0] == "still here\n"
     finally:
         if client.poll() is None:
             client.kill()
