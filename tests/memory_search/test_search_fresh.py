@@ -151,3 +151,21 @@ def test_without_notifications_a_full_scan_still_sees_changes(mem, store_dir):
     (store_dir / "notes" / "pet.md").write_text("---\ntitle: Pet\n---\nThe hamster runs.\n")
     assert "hamster" in mem.search("hamster", k=1)[0].text
     assert mem.index.idx.watcher is not None and not mem.index.idx.watcher.broken  # watching again
+
+
+def test_git_checkout_that_removes_and_restores_a_whole_class(mem, store_dir):
+    mem.put("notes", "Keep", body="an ordinary note")
+    mem.search("ordinary")  # from here on the index follows notifications
+    first = git(store_dir, "rev-parse", "HEAD").strip()
+    mem.put("decisions", "Adopt Rust", body="We adopt Rust for the parser.")
+    mem.link("decisions/adopt-rust", "about", "notes/keep")
+    assert [h.entity_id for h in mem.search("rust parser", k=1)] == ["decisions/adopt-rust"]
+    git(store_dir, "checkout", "-q", first)
+    assert not (store_dir / "decisions").exists()
+    assert "decisions/adopt-rust" not in [h.entity_id for h in mem.search("rust parser", k=5)]
+    assert [h.entity_id for h in mem.search("ordinary", k=1, expand=1)] == ["notes/keep"]
+    git(store_dir, "checkout", "-q", "-")
+    assert [h.entity_id for h in mem.search("rust parser", k=1)] == ["decisions/adopt-rust"]
+    wide = [h.entity_id for h in mem.search("ordinary note", k=1, expand=1)]
+    assert wide == ["notes/keep", "decisions/adopt-rust"]
+    assert mem.doctor().ok

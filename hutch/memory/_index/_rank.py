@@ -15,7 +15,6 @@ The alternative fusion, reciprocal rank fusion, is kept for comparison (`fusion=
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -252,7 +251,3 @@ def top_k(score: np.ndarray, mask: np.ndarray, k: int) -> list[int]:
         part = np.arange(len(cand))
     part = part[np.lexsort((cand[part], -s[part]))]
     return [int(cand[i]) for i in part]
-
-
-def isfinite_or_none(x: float) -> float | None:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
