@@ -34,7 +34,7 @@ import hutch  # noqa: E402
 from hutch._core.atomic import atomic_write  # noqa: E402
 from hutch.memory import _format as fmt  # noqa: E402
 
-LOCOMO = Path(os.environ.get("HUTCH_LOCOMO_DIR", "/work/shared/data/locomo-dev"))
+LOCOMO = Path(os.environ.get("HUTCH_LOCOMO_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev"))
 
 
 def pct(xs: list[float], p: float) -> float:

@@ -73,7 +73,7 @@ def memory_demo() -> None:
             print(f"  history: {v.op:<9} valid {v.valid_from} .. {v.valid_to}  source={v.source}")
         link_dir = mem.root / "actors" / "alice-chen.links" / "works_at"
         print("  on disk:", " ".join(f"{n} -> {os.readlink(link_dir / n)}" for n in os.listdir(link_dir)))
-        conv = Path(os.environ.get("HUTCH_LOCOMO_DIR", "/work/shared/data/locomo-dev")) / "conv-26.json"
+        conv = Path(os.environ.get("HUTCH_LOCOMO_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev")) / "conv-26.json"
         if conv.exists():
             t0 = time.perf_counter()
             r = mem.ingest_conversation(conv)

@@ -8,7 +8,7 @@ import pytest
 
 import hutch
 
-DATA = Path(os.environ.get("HUTCH_LOCOMO_DIR", "/work/shared/data/locomo-dev"))
+DATA = Path(os.environ.get("HUTCH_LOCOMO_DIR", Path(__file__).resolve().parents[3] / "shared" / "data" / "locomo-dev"))
 CONV = DATA / "conv-26.json"
 needs_data = pytest.mark.skipif(not CONV.exists(), reason=f"{CONV} is not on this machine")
 
