@@ -142,7 +142,10 @@ class MemoryFS(WriteOps, Operations):
     def _hits(self, query: str):
         def run():
             with self._search_lock:
-                return list(self.mem.search(query, k=_view.SEARCH_K))
+                t = time.perf_counter()
+                hits = list(self.mem.search(query, k=_view.SEARCH_K))
+                log.debug("search %r: %d hits in %.1f ms", query, len(hits), (time.perf_counter() - t) * 1e3)
+                return hits
         try:
             return self._cached(("search", query), run)
         except ConfigError:
