@@ -69,13 +69,16 @@ def test_a_failed_create_leaves_no_view(daemon, store):
     assert _settled() == []
 
 
-def test_memory_mount_validates(store, tmp_path):
+def test_memory_mount_validates(store, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="not a memory store"):
         hutch.MemoryMount(tmp_path, "/memory")
     with pytest.raises(ConfigError, match="absolute path"):
         hutch.MemoryMount(store, "memory")
     with pytest.raises(ConfigError):
         hutch.Sandbox.create(memory=object())
+    monkeypatch.setenv("HUTCH_URL", "http://127.0.0.1:9")
+    with pytest.raises(ConfigError, match="on this host"):
+        hutch.Sandbox.create(memory=hutch.MemoryMount(store, "/memory"))
 
 
 def test_async_sandbox_takes_a_memory_mount(daemon, image, store):
