@@ -32,6 +32,7 @@ import hutch  # noqa: E402
 INDEX_ADDR = "192.0.2.80"
 INDEX_NAME = "pypi.example.test"
 OTHER_NAME = "files.example.test"    # in the fake zone too, but no step here is allowed to reach it
+DEB_NAME = "deb.example.test"        # the fake Debian archive (same server, under /debian)
 _ENV = ("HUTCH_RUN_DIR", "HUTCH_SOCKET", "HUTCH_STATE_DIR", "HUTCH_URL", "HUTCH_TOKEN")
 
 _SERVER = r"""
@@ -106,7 +107,7 @@ def registry(tmp_path_factory):
             not os.path.isdir("/usr/lib/python3/dist-packages/pip"):
         pytest.skip("needs busybox-static and Debian's python3.11 with python3-pip")
     tmp = tmp_path_factory.mktemp("registry")
-    egress_world.ZONE.update({INDEX_NAME: [INDEX_ADDR], OTHER_NAME: [INDEX_ADDR]})
+    egress_world.ZONE.update({INDEX_NAME: [INDEX_ADDR], OTHER_NAME: [INDEX_ADDR], DEB_NAME: [INDEX_ADDR]})
     world = egress_world.World(tmp)
     run_dir = Path(tempfile.mkdtemp(prefix="hutch-img-reg-run-"))
     state = Path(tempfile.mkdtemp(prefix="hutch-img-reg-state-"))
@@ -135,7 +136,7 @@ def registry(tmp_path_factory):
         os.environ.pop("HUTCH_URL", None)
         os.environ.pop("HUTCH_TOKEN", None)
         root = _python_root(tmp / "pyroot")
-        yield {"base": hutch.Image.from_directory(root), "hits": hits, "world": world}
+        yield {"base": hutch.Image.from_directory(root), "hits": hits, "world": world, "index_root": tmp / "index"}
     finally:
         try:
             if proc is not None:
@@ -146,7 +147,7 @@ def registry(tmp_path_factory):
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-            for name in (INDEX_NAME, OTHER_NAME):
+            for name in (INDEX_NAME, OTHER_NAME, DEB_NAME):
                 egress_world.ZONE.pop(name, None)
             world.down()
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -190,3 +191,85 @@ def test_a_pip_step_cannot_reach_a_name_it_was_not_given(registry):
         base.run_commands(f"wget -q -T 2 -O- http://{INDEX_NAME}/simple/ || wget -q -T 2 -O- http://{INDEX_ADDR}/ "
                           "|| (echo unreachable; exit 9)").build(quiet=True)
     assert "unreachable" in ei.value.output and len(_hits(hits)) == n + 1
+
+
+def _apt_root(root: Path) -> Path:
+    """busybox + the host's apt and dpkg (hard-linked), an empty dpkg database, sources on the fake archive."""
+    make_busybox_root(root, shutil.which("busybox"))
+    usr = root / "usr"
+    for rel in ("lib/x86_64-linux-gnu", "lib/apt", "share/dpkg"):
+        (usr / rel).parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-al", f"/usr/{rel}", str(usr / rel)], check=True)
+    (usr / "lib64").mkdir()
+    os.symlink("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", usr / "lib64/ld-linux-x86-64.so.2")
+    os.symlink("usr/lib", root / "lib")
+    os.symlink("usr/lib64", root / "lib64")
+    for prog in ("apt-get", "apt-config", "dpkg", "dpkg-deb", "dpkg-query", "dpkg-split", "dpkg-trigger", "tar"):
+        (root / "bin" / prog).unlink(missing_ok=True)
+        os.link(f"/usr/bin/{prog}", root / "bin" / prog)
+    for prog in ("ldconfig", "ldconfig.real", "start-stop-daemon"):
+        if os.path.exists(f"/sbin/{prog}"):
+            (root / "bin" / prog).unlink(missing_ok=True)
+            os.link(os.path.realpath(f"/sbin/{prog}"), root / "bin" / prog)
+    for d in ("etc/apt/apt.conf.d", "etc/apt/sources.list.d", "etc/apt/preferences.d", "etc/dpkg/dpkg.cfg.d",
+              "var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers", "var/cache/apt/archives/partial",
+              "var/lib/apt/lists/partial", "var/log/apt"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for f in ("var/lib/dpkg/status", "var/lib/dpkg/available"):
+        (root / f).touch()
+    (root / "var/lib/dpkg/arch").write_text("amd64\n")
+    (root / "etc/apt/sources.list").write_text(f"deb [trusted=yes] http://{DEB_NAME}/debian ./\n")
+    with open(root / "etc/passwd", "a") as f:
+        f.write("_apt:x:42:65534::/nonexistent:/bin/false\n")
+    (root / "etc/group").write_text("root:x:0:\nnogroup:x:65534:\n")
+    return root
+
+
+def _archive(root: Path) -> None:
+    """A flat Debian archive: one package, its Packages and an unsigned Release (sources say trusted=yes)."""
+    pkg = root / "build" / "hutch-hello"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    (pkg / "usr/share/hutch-hello").mkdir(parents=True)
+    (pkg / "usr/share/hutch-hello/hello.txt").write_text("hello from a fake archive\n")
+    (pkg / "DEBIAN/control").write_text("Package: hutch-hello\nVersion: 1.0\nArchitecture: all\n"
+                                        "Maintainer: hutch tests <tests@example.test>\nDescription: a test package\n")
+    out = root / "debian"
+    out.mkdir(parents=True)
+    deb = out / "hutch-hello_1.0_all.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(pkg), str(deb)], check=True,
+                   capture_output=True)
+    data = deb.read_bytes()
+    packages = ("Package: hutch-hello\nVersion: 1.0\nArchitecture: all\nMaintainer: hutch tests <tests@example.test>\n"
+                f"Filename: ./{deb.name}\nSize: {len(data)}\nSHA256: {hashlib.sha256(data).hexdigest()}\n"
+                "Description: a test package\n\n")
+    (out / "Packages").write_text(packages)
+    date = time.strftime("%a, %d %b %Y %H:%M:%S UTC", time.gmtime(time.time() - 3600))
+    (out / "Release").write_text(f"Origin: hutch-test\nLabel: hutch-test\nSuite: stable\nCodename: hutch\nDate: {date}\n"
+                                 f"Architectures: all amd64\nSHA256:\n {hashlib.sha256(packages.encode()).hexdigest()} "
+                                 f"{len(packages)} Packages\n")
+    shutil.rmtree(root / "build")
+
+
+def test_apt_install_from_a_fake_archive_reaches_only_the_archive(registry, tmp_path, monkeypatch):
+    hits = registry["hits"]
+    _archive(registry["index_root"])
+    monkeypatch.setenv("HUTCH_APT_HOSTS", DEB_NAME)
+    base = hutch.Image.from_directory(_apt_root(tmp_path / "aptroot"))
+    n = len(_hits(hits))
+    built = base.apt_install("hutch-hello").build(quiet=True)
+    paths = [h["path"] for h in _hits(hits)[n:]]
+    assert "/debian/./hutch-hello_1.0_all.deb" in paths and all(h["host"] == DEB_NAME for h in _hits(hits)[n:])
+    sb = hutch.Sandbox.create(image=built, timeout=60)
+    try:
+        r = sb.run("sh", "-c", "cat /usr/share/hutch-hello/hello.txt; dpkg-query -W hutch-hello; "
+                               "ls /var/lib/apt/lists | grep -c example || true", check=True)
+        assert r.stdout.split("\n")[:3] == ["hello from a fake archive", "hutch-hello\t1.0", "0"]
+    finally:
+        sb.terminate()
+    # with the default names (the real Debian archive's), an apt step may not reach the fake archive's name
+    monkeypatch.delenv("HUTCH_APT_HOSTS")
+    n = len(_hits(hits))
+    with pytest.raises(hutch.ImageError) as ei:
+        base.apt_install("hutch-hello=1.0").build(quiet=True)
+    assert "Unable to locate package" in ei.value.output and DEB_NAME in ei.value.output
+    assert len(_hits(hits)) == n
