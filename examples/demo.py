@@ -88,9 +88,33 @@ def memory_demo() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def memory_in_sandbox_demo() -> None:
+    """Both wings together: a sandbox lists a query directory of a store and writes a note to it."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    print("== memory inside a sandbox (the FUSE view, docs/fuse.md)")
+    root = Path(tempfile.mkdtemp(prefix="hutch-demo-mnt-"))
+    try:
+        mem = hutch.Memory(root / "agent-memory")
+        mem.put("orgs", "Acme", body="Acme worries about customer churn: clients cancel after onboarding.")
+        mem.put("topics", "Churn", body="Why customers leave.")
+        with hutch.Sandbox.create(memory=hutch.MemoryMount(mem, "/memory", writable=True), tags={"demo": "1"}) as sb:
+            r = sb.run("sh", "-c", "ls '/memory/search/customer churn/' && "
+                                   "echo '- onboarding is the main cause' >> /memory/topics/churn.md", check=True)
+            print("  in the sandbox, ls '/memory/search/customer churn/':", r.stdout.split())
+            v = mem.history("topics/churn")[0]
+            last = mem.get("topics/churn").body.strip().splitlines()[-1]
+            print(f"  on the host, topics/churn: {v.op} committed by {v.source}, ending {last!r}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     sandbox_demo()
     memory_demo()
+    memory_in_sandbox_demo()
 
 
 if __name__ == "__main__":
