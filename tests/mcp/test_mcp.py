@@ -173,3 +173,9 @@ def test_streamable_http(store, image, daemon, tmp_path):
             proc.kill()
             proc.wait()
         log.close()
+
+
+def test_http_refuses_a_non_loopback_address_without_allow_remote():
+    r = subprocess.run([sys.executable, "-m", "hutch", "mcp", "--http", "--host", "0.0.0.0", "--no-sandboxes"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no authentication" in r.stderr and "--allow-remote" in r.stderr
