@@ -36,8 +36,9 @@ class Daemon:
                 stop_daemon(self.proc)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def daemon():
+    """A private daemon per module: the environment it sets must not outlive this directory's tests."""
     run_dir = Path(tempfile.mkdtemp(prefix="hutch-img-run-"))
     state_dir = Path(tempfile.mkdtemp(prefix="hutch-img-state-"))
     saved = {k: os.environ.get(k) for k in _ENV}
