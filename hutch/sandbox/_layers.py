@@ -159,16 +159,21 @@ class _Walker:
             out = None
             if self.dst is not None:
                 out = os.open(self.dst / rel.lstrip("/"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            hashing = None
             try:
-                buf = bytearray(_CHUNK)
-                view = memoryview(buf)
-                while n := os.readv(fd, [buf]):
-                    fh.update(view[:n])
+                # hashlib and os.write both release the GIL: chunk i is hashed in the pool thread
+                # while it is written here (and chunk i+1 read), so a copy costs about max(hash, write)
+                while data := os.read(fd, _CHUNK):
+                    if hashing is not None:
+                        hashing.result()
+                    hashing = _pool().submit(fh.update, data) if out is not None else fh.update(data)
                     if out is not None:
-                        w = 0
-                        while w < n:
-                            w += os.write(out, view[w:n])
-                    self.size += n
+                        view = memoryview(data)
+                        while view:
+                            view = view[os.write(out, view):]
+                    self.size += len(data)
+                if hashing is not None:
+                    hashing.result()
             finally:
                 if out is not None:
                     os.close(out)
@@ -177,6 +182,18 @@ class _Walker:
                 self._meta(self.dst / rel.lstrip("/"), st)
         finally:
             os.close(fd)
+
+
+_hasher = None
+
+
+def _pool():
+    global _hasher
+    if _hasher is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _hasher = ThreadPoolExecutor(1, thread_name_prefix="hutch-layer-hash")
+    return _hasher
 
 
 def _getxattr(fd: int, name: str) -> bytes | None:

@@ -131,3 +131,24 @@ def test_build_steps_keep_a_few_capabilities_and_sandboxes_none(base, make_sandb
         from hutch.sandbox._spec import SandboxSpec
 
         SandboxSpec.build(capabilities=["SYS_ADMIN"])
+
+
+def test_cli_image_build_names_the_image(busybox_root, daemon, tmp_path):
+    from click.testing import CliRunner
+
+    from hutch.cli import cli
+
+    f = tmp_path / "images.py"
+    f.write_text("import hutch\n"
+                 f"agent_image = hutch.Image.from_directory({str(busybox_root)!r}).run_commands('echo cli > /cli')\n"
+                 "not_an_image = 3\n")
+    runner = CliRunner()
+    r = runner.invoke(cli, ["image", "build", f"{f}:agent_image"])
+    assert r.exit_code == 0, r.output
+    ref = r.output.strip().splitlines()[-1]
+    assert ref.startswith("image:") and hutch.Image.from_name("agent_image").ref == ref
+    assert "agent_image" in runner.invoke(cli, ["image", "ls"]).output
+    r = runner.invoke(cli, ["image", "build", f"{f}:not_an_image"])
+    assert r.exit_code == 2 and "not a hutch.Image" in r.output
+    r = runner.invoke(cli, ["image", "build", "images.py"])
+    assert r.exit_code == 2 and "FILE:NAME" in r.output
