@@ -103,12 +103,19 @@ def test_copy_local_dir_and_async_create_builds(base, tmp_path, daemon):
     async def main():
         sb = await hutch.AsyncSandbox.create(image=image, tags=RUN_TAG, timeout=60)
         try:
-            r = await sb.run("sh", "-c", "cat /opt/tools/a.txt /opt/tools/sub/b.txt; echo $K", check=True)
-            return r.stdout
+            r = await sb.run("sh", "-c", "cat /opt/tools/a.txt /opt/tools/sub/b.txt; echo $K; echo s > /snap",
+                             check=True)
+            snap = await sb.snapshot_filesystem()
+            sb2 = await hutch.AsyncSandbox.create(image=snap, tags=RUN_TAG, timeout=60)
+            try:
+                r2 = await sb2.run("cat", "/snap", "/opt/tools/a.txt", check=True)
+            finally:
+                await sb2.terminate()
+            return r.stdout + r2.stdout
         finally:
             await sb.terminate()
 
-    assert asyncio.run(main()) == "ABv\n"
+    assert asyncio.run(main()) == "ABv\ns\nA"
 
 
 def test_steps_run_without_network_by_default(base):
