@@ -10,7 +10,7 @@ import tempfile
 from aiohttp import web
 
 from hutch._core.errors import ConfigError, StateError
-from hutch.sandbox import _images, _layers, _volumes
+from hutch.sandbox import _archive, _images, _layers, _volumes
 from hutch.sandbox._daemon._calls import _error
 from hutch.sandbox._native._idmap import HOST_ID_BASE
 
@@ -140,7 +140,7 @@ class StoreRoutes:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-export-", dir=_layers.layers_dir())
         try:
             with os.fdopen(fd, "wb") as f:
-                await _run(_layers.export, key, f)
+                await _run(_archive.export, key, f)
             resp = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
             resp.content_length = os.path.getsize(tmp)
             await resp.prepare(request)
@@ -160,7 +160,7 @@ class StoreRoutes:
                 async for chunk in request.content.iter_chunked(CHUNK):
                     f.write(chunk)
             with open(tmp, "rb") as f:
-                result = await _run(_layers.import_, f)
+                result = await _run(_archive.import_, f)
             return web.json_response(result, status=201)
         finally:
             os.unlink(tmp)
