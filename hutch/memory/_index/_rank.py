@@ -116,29 +116,50 @@ class Snapshot:
                 self.e_alive[pos] = False
 
     def add_units(self, db, uids: list[int] | None) -> None:
-        q = ("select u.uid, u.eid, u.anchor, u.speaker, u.dense_hash, v.vec from units u "
-             "left join vectors v on v.dense_hash = u.dense_hash")
-        rows = db.execute(q + " order by u.uid").fetchall() if uids is None else [
+        """Append units (all of them when `uids` is None) with their vectors, in uid order.
+
+        Vectors are read once per distinct text and gathered with numpy: a per-row loop over
+        100,000 blobs took seconds on a process's first query."""
+        q = "select uid, eid, anchor, speaker, dense_hash from units"
+        rows = db.execute(q + " order by uid").fetchall() if uids is None else sorted(
             r for chunk in _chunks(sorted(uids)) for r in db.execute(
-                q + f" where u.uid in ({','.join('?' * len(chunk))})", chunk)]
-        self._grow(self.n + len(rows))
-        for uid, eid, anchor, speaker, h, vec in rows:
-            if uid in self.upos or eid not in self.eid_pos:
-                continue
-            p = self.n
-            self.n += 1
-            self.upos[uid] = p
-            self.uid[p] = uid
-            self.epos[p] = self.eid_pos[eid]
-            self.alive[p] = True
-            self.is_turn[p] = anchor is not None and speaker is not None
-            self.speaker[p] = self.speaker_code.setdefault(_units.norm_title(speaker), len(self.speaker_code)) \
-                if speaker else -1
-            self.anchor.append(anchor)
-            self.hash.append(h)
-            if vec is not None and len(vec) == 4 * self.dim:
-                self.V[p] = np.frombuffer(vec, np.float32)
-                self.has_vec[p] = True
+                q + f" where uid in ({','.join('?' * len(chunk))})", chunk))
+        rows = [r for r in rows if r[0] not in self.upos and r[1] in self.eid_pos]
+        if not rows:
+            return
+        start, m = self.n, len(rows)
+        self._grow(start + m)
+        sl = slice(start, start + m)
+        uid_l, eid_l, anchor_l, speaker_l, hash_l = (list(c) for c in zip(*rows))
+        self.uid[sl] = uid_l
+        self.epos[sl] = [self.eid_pos[e] for e in eid_l]
+        self.alive[sl] = True
+        self.is_turn[sl] = [a is not None and sp is not None for a, sp in zip(anchor_l, speaker_l)]
+        codes = self.speaker_code
+        self.speaker[sl] = [codes.setdefault(_units.norm_title(sp), len(codes)) if sp else -1 for sp in speaker_l]
+        self.anchor.extend(anchor_l)
+        self.hash.extend(hash_l)
+        self.upos.update(zip(uid_l, range(start, start + m)))
+        self.n += m
+        self._load_vectors(db, np.arange(start, start + m))
+
+    def _load_vectors(self, db, positions: np.ndarray) -> None:
+        """Fill V and has_vec at `positions` from the vectors table (by the units' text hashes)."""
+        wanted = sorted({self.hash[p] for p in positions})
+        if len(wanted) > 5000:
+            got = db.execute("select dense_hash, vec from vectors").fetchall()
+        else:
+            got = [r for chunk in _chunks(wanted) for r in db.execute(
+                f"select dense_hash, vec from vectors where dense_hash in ({','.join('?' * len(chunk))})", chunk)]
+        got = [(h, v) for h, v in got if len(v) == 4 * self.dim]
+        if not got:
+            return
+        row_of = {h: i for i, (h, _) in enumerate(got)}
+        mat = np.frombuffer(b"".join(v for _, v in got), np.float32).reshape(len(got), self.dim)
+        idx = np.array([row_of.get(self.hash[p], -1) for p in positions], np.int64)
+        ok = idx >= 0
+        self.V[positions[ok]] = mat[idx[ok]]
+        self.has_vec[positions[ok]] = True
 
     def remove_units(self, uids) -> None:
         for uid in uids:
@@ -149,19 +170,8 @@ class Snapshot:
     def fill_vectors(self, db) -> None:
         """Load vectors for alive units that have none yet (after embedding caught up)."""
         need = np.nonzero(self.alive[:self.n] & ~self.has_vec[:self.n])[0]
-        if not len(need):
-            return
-        by_hash: dict[str, list[int]] = {}
-        for p in need:
-            by_hash.setdefault(self.hash[p], []).append(int(p))
-        hashes = list(by_hash)
-        for chunk in _chunks(hashes):
-            for h, vec in db.execute(f"select dense_hash, vec from vectors where dense_hash in "
-                                     f"({','.join('?' * len(chunk))})", chunk):
-                if len(vec) == 4 * self.dim:
-                    for p in by_hash[h]:
-                        self.V[p] = np.frombuffer(vec, np.float32)
-                        self.has_vec[p] = True
+        if len(need):
+            self._load_vectors(db, need)
 
     def segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(alive positions, start of each entity's run among them, entity position of each run).

@@ -438,7 +438,8 @@ class SearchIndex:
                 continue
             if (row[0], row[1]) != (mtime, size):
                 try:
-                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                    with open(path, "rb") as f:
+                        digest = hashlib.sha256(f.read()).hexdigest()
                 except OSError:
                     digest = None
                 if digest != row[2]:
