@@ -38,6 +38,7 @@ _ID_RE = re.compile(r"^[0-9a-f]{64}$")
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
 _OVERLAY_XATTR = ("trusted.overlay.", "user.overlay.")
 _TMP = ".tmp-"
+STALE_TMP = 3600.0     # seconds after which prune takes a .tmp- entry for a crashed write
 _CHUNK = 1 << 20
 _cache: dict[str, dict] = {}          # node id -> node (nodes never change; rm drops them)
 _lock = threading.Lock()
@@ -111,8 +112,9 @@ class _Walker:
         out = self.dst / rel.lstrip("/") if self.dst is not None else None
         if out is not None and rel != "/":
             os.mkdir(out, 0o700)
-        if out is not None and opaque:
-            os.setxattr(out, OPAQUE_XATTRS[0], b"y")
+        if out is not None and opaque:   # both: read by overlay in a user namespace (userxattr) or not
+            for x in OPAQUE_XATTRS:
+                os.setxattr(out, x, b"y")
         with os.scandir(dfd) as it:
             names = sorted(e.name for e in it)
         for name in names:
@@ -411,11 +413,14 @@ def prune(in_use_layers: set[str], in_use_nodes: set[str]) -> dict:
         removed_layers, freed = [], 0
         d = layers_dir()
         for p in list(d.iterdir()) if d.is_dir() else ():
-            if p.name.startswith(_TMP) or (p.is_dir() and p.name not in used):
+            if p.name.startswith(_TMP):
+                if time.time() - p.stat().st_mtime < STALE_TMP:   # a snapshot or import under way
+                    continue
+                shutil.rmtree(p, ignore_errors=True)
+            elif p.is_dir() and p.name not in used:
                 freed += layer_size(p.name)
                 shutil.rmtree(p, ignore_errors=True)
-                if not p.name.startswith(_TMP):
-                    removed_layers.append(p.name)
+                removed_layers.append(p.name)
     return {"nodes": sorted(removed_nodes), "layers": sorted(removed_layers), "bytes": freed}
 
 
