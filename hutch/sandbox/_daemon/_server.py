@@ -26,6 +26,7 @@ DRAIN_AFTER_EXIT = 0.2   # seconds to keep reading output a background child may
 LEASE_POLL = 1.0         # fallback check of a lease's connection (disconnects also cancel the handler)
 CHUNK = 1 << 16
 OUTPUT_CHUNK = 1 << 20   # an exec's output is read (and framed) in pieces up to this size
+HEADERS_AFTER = 0.005    # a silent command's response headers wait this long for output to ride along
 
 _STATUS = [
     (errors.NotFoundError, 404), (errors.ConfigError, 400), (errors.StateError, 409),
@@ -200,43 +201,43 @@ class Handlers:
         body = await _json(request)
         ex = await self.mgr.exec_start(sb, body.get("argv"), body.get("env"), body.get("workdir"),
                                        body.get("timeout"), bool(body.get("stdin")))
-        loop = asyncio.get_running_loop()
-        transports = []
-        pipes = [os.fdopen(fd, "rb", buffering=0) for fd in (ex.out_r, ex.err_r)]
+        out = _Output(asyncio.get_running_loop(), ex)
+        resp = None
         try:
-            readers = []
-            for pipe in pipes:
-                reader = asyncio.StreamReader(limit=OUTPUT_CHUNK)
-                tr, _ = await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r), pipe)
-                transports.append(tr)
-                readers.append(reader)
-            resp = web.StreamResponse(headers={"Content-Type": FRAMES, "X-Hutch-Exec-Id": ex.eid})
-            await resp.prepare(request)
-
-            async def pump(reader, kind):
-                while chunk := await reader.read(OUTPUT_CHUNK):
-                    await resp.write(_frame(kind, chunk))
-
-            pumps = [asyncio.ensure_future(pump(readers[0], STDOUT)), asyncio.ensure_future(pump(readers[1], STDERR))]
-            try:
-                await _exit_then_drain(ex.exited, pumps)
-            finally:
-                for p in pumps:
-                    p.cancel()
-            for p in pumps:  # surface a client that went away
-                if p.done() and not p.cancelled() and p.exception():
-                    raise p.exception()
-
-            await resp.write(_frame(EXIT, json.dumps(self.mgr.exec_result(sb, ex)).encode()))
-            await resp.write_eof()
+            if ex.stdin_w is not None:  # the client needs the exec id (a header) to feed stdin: send it now
+                resp = await _prepare(request, ex, immediate=True)
+            deadline = None
+            while True:
+                if out.frames:
+                    data = out.take()
+                    if resp is None:  # headers leave together with the first output
+                        resp = await _prepare(request, ex, immediate=False)
+                    await resp.write(data)   # waits while the client is slow: backpressure on the pipes
+                    out.resume()
+                    continue
+                if ex.exited.done():
+                    if not out.open:
+                        break
+                    if deadline is None:  # a background child may hold the output open: drain briefly
+                        deadline = asyncio.get_running_loop().time() + DRAIN_AFTER_EXIT
+                    elif asyncio.get_running_loop().time() >= deadline:
+                        break
+                if resp is None and deadline is None:
+                    timeout = HEADERS_AFTER   # a silent command: send the headers soon anyway
+                else:
+                    timeout = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
+                woke = await out.wait(timeout)
+                if not woke and resp is None and not ex.exited.done():
+                    resp = await _prepare(request, ex, immediate=True)
+            final = _frame(EXIT, json.dumps(self.mgr.exec_result(sb, ex)).encode())
+            if resp is None:  # a quick command: headers, output and exit status in one write
+                resp = await _prepare(request, ex, immediate=False)
+            await resp.write_eof(final)
             return resp
         finally:
+            out.close()
             if not ex.exited.done():  # the client went away: the command goes with it
                 await self.mgr.exec_kill(sb, ex, signal.SIGKILL, "killed")
-            for tr in transports:
-                tr.close()
-            for pipe in pipes[len(transports):]:  # never handed to a transport
-                pipe.close()
             if ex.stdin_w is not None:
                 try:
                     os.close(ex.stdin_w)
@@ -428,17 +429,100 @@ def _built_images() -> list[dict]:
     return out
 
 
-async def _exit_then_drain(exited: asyncio.Future, pumps: list) -> None:
-    """Wait for the command's exit, then for its output to end (briefly: a background child may hold it)."""
-    pending = {exited, *pumps}
-    while not exited.done():
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        for p in done:
-            if p is not exited and not p.cancelled() and p.exception():
-                raise p.exception()
-    live = [p for p in pumps if not p.done()]
-    if live:
-        await asyncio.wait(live, timeout=DRAIN_AFTER_EXIT)
+class _Coalesced(web.StreamResponse):
+    """Headers wait for the first body write and leave in the same packet (aiohttp >= 3.12 honours this)."""
+
+    _send_headers_immediately = False
+
+
+async def _prepare(request: web.Request, ex, *, immediate: bool) -> web.StreamResponse:
+    cls = web.StreamResponse if immediate else _Coalesced
+    resp = cls(headers={"Content-Type": FRAMES, "X-Hutch-Exec-Id": ex.eid})
+    await resp.prepare(request)
+    return resp
+
+
+class _Output:
+    """An exec's stdout and stderr pipes, read straight from the event loop into frames.
+
+    Lighter than a transport and a task per pipe (this is on every exec's path); a reader pauses
+    while more than PAUSE_AT framed bytes wait for the client, so a slow client slows the command.
+    """
+
+    PAUSE_AT = OUTPUT_CHUNK
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, ex) -> None:
+        self.loop = loop
+        self.fds = {ex.out_r: STDOUT, ex.err_r: STDERR}
+        self.open = set(self.fds)
+        self.paused: set[int] = set()
+        self.frames: list[bytes] = []
+        self.size = 0
+        self.waiter: asyncio.Future | None = None
+        self.exited = ex.exited
+        for fd in self.fds:
+            os.set_blocking(fd, False)
+            loop.add_reader(fd, self._readable, fd)
+
+    def _readable(self, fd: int) -> None:
+        try:
+            data = os.read(fd, OUTPUT_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.frames.append(_frame(self.fds[fd], data))
+            self.size += len(data)
+            if self.size >= self.PAUSE_AT:
+                self.loop.remove_reader(fd)
+                self.paused.add(fd)
+        else:
+            self.loop.remove_reader(fd)
+            self.open.discard(fd)
+        self._wake()
+
+    def take(self) -> bytes:
+        data = b"".join(self.frames)
+        self.frames.clear()
+        self.size = 0
+        return data
+
+    def resume(self) -> None:
+        for fd in self.paused:
+            if fd in self.open:
+                self.loop.add_reader(fd, self._readable, fd)
+        self.paused.clear()
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Until output (or its end) arrives, the command exits, or `timeout`; False on the timeout."""
+        self.waiter = fut = self.loop.create_future()
+        watch = not self.exited.done()
+        if watch:
+            self.exited.add_done_callback(self._wake)
+        timer = self.loop.call_later(timeout, self._wake, None, False) if timeout is not None else None
+        try:
+            return await fut
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if watch:
+                self.exited.remove_done_callback(self._wake)
+            self.waiter = None
+
+    def _wake(self, _f=None, value: bool = True) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(value)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            if fd in self.open and fd not in self.paused:
+                self.loop.remove_reader(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.open.clear()
 
 
 __all__ = ["error_response", "make_app"]
