@@ -94,3 +94,20 @@ def test_bad_arguments_are_clear_errors(mem):
             mem.search("x", **kw)
     with pytest.raises(hutch.ConfigError, match="non-empty"):
         mem.search("  ")
+
+
+def test_link_propagation_lifts_the_linked_entity(mem, monkeypatch):
+    """The optional propagation (off by default, see docs/retrieval.md) passes an entity's BM25 along its links."""
+    from hutch.memory._index import _rank
+
+    mem.ingest_conversation(CONVERSATION, conv_id="c1")
+    ev = mem.put("events", "Lake picnic", body="A picnic by the lake with friends.")
+    mem.link(ev, "in_session", "interactions/c1-session-2")
+    def entity_score(hits):
+        return max(h.channels["entity"]["score"] for h in hits if h.entity_id == "interactions/c1-session-2")
+
+    plain = mem.search("picnic lake", k=8, classes=["interactions"])
+    monkeypatch.setattr(_rank, "LINK_PROPAGATION", True)
+    lifted = mem.search("picnic lake", k=8, classes=["interactions"])
+    assert entity_score(lifted) > entity_score(plain) + 0.5  # the event's BM25 (max-normalised: 1) arrived
+    assert lifted[0].entity_id == "interactions/c1-session-2"

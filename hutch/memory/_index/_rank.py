@@ -31,6 +31,9 @@ RRF_K = 60
 MAX_DF_SHARE = 0.2
 #: A capitalised word that is part of more titles than this is not taken as naming any of them.
 MAX_NAME_SHARERS = 20
+#: Pass entity-level BM25 along outgoing links into the entity channel (see SearchIndex._propagated). Off:
+#: on the LoCoMo dev set it moved R@5 75.7 -> 75.8 and R@10 83.2 -> 83.2 (docs/retrieval.md), so not worth a query.
+LINK_PROPAGATION = False
 #: Below this many units every word is kept (shares are meaningless in tiny stores).
 MIN_UNITS_FOR_DF = 200
 

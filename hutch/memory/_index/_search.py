@@ -303,6 +303,8 @@ class SearchIndex:
                 edense[seg_e[ok]] = seg_max[ok]
                 emask[seg_e[ok]] = True
                 ent += _rank.minmax(edense, emask)
+        if fq and _rank.LINK_PROPAGATION:
+            ent += self._propagated(elex)
         unit_ent = ent[s.epos[:n]]
         channels.append(_rank.Channel("entity", unit_ent, unit_ent > 0))
         if mentioned:
@@ -335,6 +337,26 @@ class SearchIndex:
         if expand:
             hits += self._expand(hits, expand, mask, classes)
         return hits
+
+    def _propagated(self, elex: np.ndarray, top: int = 50) -> np.ndarray:
+        """Lexical evidence of the best-matching entities, passed along their outgoing links (an event
+        summary that matches points at its session): per target entity the best source score, max-normalised."""
+        s = self.snap
+        out = np.zeros(s.ne)
+        if not elex.any():
+            return out
+        best = np.argsort(-elex)[:top]
+        best = [int(p) for p in best if elex[p] > 0]
+        ids = [s.entity_id[p] for p in best]
+        score_of = {s.entity_id[p]: elex[p] for p in best}
+        for chunk in _rank._chunks(ids):
+            for src, dst in self.idx.db.execute(
+                    f"select src, dst from links where src in ({','.join('?' * len(chunk))})", chunk):
+                p = s.pos_of_id.get(dst)
+                if p is not None:
+                    out[p] = max(out[p], score_of[src])
+        hi = out.max()
+        return out / hi if hi > 0 else out
 
     def _dense_scores(self, qtext: str, n: int) -> np.ndarray:
         qv = self.provider.embed([qtext])[0].astype(np.float32)
