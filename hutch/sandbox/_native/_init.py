@@ -25,6 +25,21 @@ PROC_READONLY = ("bus", "fs", "irq", "sys")
 SYS_MASK_DIRS = ("firmware", "devices/virtual/powercap")
 DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
 NODEV = L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC
+_MASKS: tuple | None = None   # (proc files, proc dirs, proc read-only, sys dirs) this kernel has
+
+
+def precompute() -> None:
+    """Once, in the zygote: what every init would otherwise look up again (its inits inherit the result).
+
+    A fresh /proc or /sys shows the same kernel-wide entries as the host's, so which of the masked
+    paths exist is known before any sandbox starts.
+    """
+    global _MASKS
+    _MASKS = (tuple(n for n in PROC_MASK_FILES if os.path.exists(f"/proc/{n}")),
+              tuple(n for n in PROC_MASK_DIRS if os.path.isdir(f"/proc/{n}")),
+              tuple(n for n in PROC_READONLY if os.path.exists(f"/proc/{n}")),
+              tuple(n for n in SYS_MASK_DIRS if os.path.isdir(f"/sys/{n}")))
+    L.cap_last_cap()
 _UPPER = -1   # O_PATH fd of the overlay's writable layer
 
 
@@ -40,8 +55,11 @@ def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=()) -> int:
     os.closerange(max(keep) + 1, 65536)
     try:
         for path in plan["cgroup_procs"]:  # "0": this process; before any namespace exists
-            with open(path, "w") as f:
-                f.write("0")
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
         L.unshare(L.UNSHARE_NS_FLAGS)
         _wire.send(ctl, {"op": "warm"})
         msg, trees = _wire.recv(ctl)
@@ -134,25 +152,20 @@ def _setup_root(plan: dict, trees=()) -> None:
 
     proc = _safe_target(root, "/proc", False)
     L.mount("proc", proc, "proc", NODEV)
-    for name in PROC_MASK_FILES:
-        p = os.path.join(proc, name)
-        if os.path.exists(p):
-            L.mount("/dev/null", p, None, L.MS_BIND)
-    for name in PROC_MASK_DIRS:
-        p = os.path.join(proc, name)
-        if os.path.isdir(p):
-            L.mount("hutch", p, "tmpfs", NODEV | L.MS_RDONLY, "size=4k,mode=0555")
-    for name in PROC_READONLY:
-        p = os.path.join(proc, name)
-        if os.path.exists(p):
-            _ro_bind(p, NODEV)
+    if _MASKS is None:
+        precompute()
+    proc_files, proc_dirs, proc_ro, sys_dirs = _MASKS
+    for name in proc_files:
+        L.mount("/dev/null", f"{proc}/{name}", None, L.MS_BIND)
+    for name in proc_dirs:
+        L.mount("hutch", f"{proc}/{name}", "tmpfs", NODEV | L.MS_RDONLY, "size=4k,mode=0555")
+    for name in proc_ro:
+        _ro_bind(f"{proc}/{name}", NODEV)
 
     sysfs = _safe_target(root, "/sys", False)
     L.mount("sysfs", sysfs, "sysfs", NODEV | L.MS_RDONLY)
-    for name in SYS_MASK_DIRS:
-        p = os.path.join(sysfs, name)
-        if os.path.isdir(p):
-            L.mount("hutch", p, "tmpfs", NODEV | L.MS_RDONLY, "size=4k,mode=0555")
+    for name in sys_dirs:
+        L.mount("hutch", f"{sysfs}/{name}", "tmpfs", NODEV | L.MS_RDONLY, "size=4k,mode=0555")
 
     dev = _safe_target(root, "/dev", False)
     L.mount("hutch", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "mode=0755,size=64k")

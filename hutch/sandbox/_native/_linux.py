@@ -15,6 +15,8 @@ import struct
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
+# Declared once: ctypes then converts plain ints in C (an init makes ~45 prctl calls while it starts).
+_libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
 
 ARCH_OK = platform.machine() == "x86_64"
 
@@ -109,10 +111,20 @@ def pivot_root(new_root, put_old) -> None:
 
 
 def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 0) -> int:
-    return _check(
-        _libc.prctl(option, ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), ctypes.c_ulong(arg4), ctypes.c_ulong(arg5)),
-        f"prctl {option}",
-    )
+    ret = _libc.prctl(option, arg2, arg3, arg4, arg5)
+    return ret if ret >= 0 else _check(ret, f"prctl {option}")
+
+
+_cap_last: int | None = None
+
+
+def cap_last_cap() -> int:
+    """The highest capability number of this kernel (read once: the zygote reads it, its inits inherit it)."""
+    global _cap_last
+    if _cap_last is None:
+        with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
+            _cap_last = int(f.read())
+    return _cap_last
 
 
 def clone(flags: int) -> int:
@@ -155,8 +167,7 @@ def sethostname(name: str) -> None:
 
 def drop_all_capabilities() -> None:
     """Empty every capability set of this process and lock uid 0 out of regaining them."""
-    last = int(open("/proc/sys/kernel/cap_last_cap").read())
-    for cap in range(last + 1):
+    for cap in range(cap_last_cap() + 1):
         prctl(PR_CAPBSET_DROP, cap)
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
     prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED_DOWN)
@@ -169,8 +180,7 @@ def limit_capabilities(keep) -> None:
     """Keep only the capabilities numbered in `keep` (bounding, permitted, effective); no ambient or
     inheritable ones. Under no_new_privs, uid 0 gets exactly these on execve, never more."""
     keep = set(keep)
-    last = int(open("/proc/sys/kernel/cap_last_cap").read())
-    for cap in range(last + 1):
+    for cap in range(cap_last_cap() + 1):
         if cap not in keep:
             prctl(PR_CAPBSET_DROP, cap)
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)

@@ -50,6 +50,7 @@ class Zygote:
         self.config = msg
         self.seccomp = bytes.fromhex(msg["seccomp"])
         self.home = [p.encode() if isinstance(p, str) else p for p in msg["home_procs"]]
+        _init.precompute()
         _write_pid(self.home, str(os.getpid()).encode())
         _wire.send(self.sock, {"op": "ready", "pid": os.getpid()})
         # Freeze what is imported now so that the inits' garbage collector never
