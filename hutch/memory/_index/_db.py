@@ -90,6 +90,7 @@ class IndexDB:
         self.space_changed: str | None = None  # previous model identity if the vector space was replaced
         self._files: dict[str, tuple] | None = None  # entity_id -> (eid, mtime_ns, size, hash, linkstamp)
         self._gen_seen: str | None = None
+        self.own_bumps = 0  # changes this process made (a snapshot may be patched only across its own)
         self.embed_error: str | None = None  # the last failure of the embedder on the query path
         self._model_ok = False
         self.watcher = None  # _watch.Watcher once a full scan has been done (None: scan every time)
@@ -206,7 +207,13 @@ class IndexDB:
         return self.meta("generation") or "0"
 
     def _bump(self) -> None:
+        """Count a change (inside a write transaction). Our file table stays current only if nobody else
+        changed the index since we loaded it; otherwise the next _load_files() reloads it."""
+        before = self.generation()
         self.db.execute("update meta set value = cast(value as integer) + 1 where key='generation'")
+        self.own_bumps += 1
+        if before == self._gen_seen:
+            self._gen_seen = self.generation()
 
     def model_identity(self) -> tuple[str, str, int]:
         p = self.provider
@@ -289,23 +296,32 @@ class IndexDB:
         stats = SyncStats()
         files, linkdirs, cand_f, cand_l = self._changes()
         stats.scanned = len(files)
-        known = self._files
         removed_uids: set[int] = set()
         added_uids: set[int] = set()
-        if cand_f is None:  # full scan: (mtime, size) decide what to read
-            todo = [eid for eid, (p, m, s) in files.items()
-                    if eid not in known or known[eid][1] != m or known[eid][2] != s]
-            gone = [eid for eid in known if eid not in files]
-            cand_l = set(known) | set(linkdirs)
-        else:  # notified: re-check exactly the named entities (the hash decides)
-            todo = [eid for eid in cand_f if eid in files]
-            gone = [eid for eid in cand_f if eid not in files and eid in known]
-        relink = [eid for eid in cand_l
-                  if (linkdirs[eid][1] if eid in linkdirs else None) != (known[eid][4] if eid in known else None)]
-        relink = [e for e in relink if e in files or e in known]
+
+        def plan():
+            known = self._files
+            if cand_f is None:  # full scan: (mtime, size) decide what to read
+                todo = [eid for eid, (p, m, s) in files.items()
+                        if eid not in known or known[eid][1] != m or known[eid][2] != s]
+                gone = [eid for eid in known if eid not in files]
+                cl = set(known) | set(linkdirs)
+            else:  # notified: re-check exactly the named entities (the hash decides)
+                todo = [eid for eid in cand_f if eid in files]
+                gone = [eid for eid in cand_f if eid not in files and eid in known]
+                cl = cand_l
+            relink = [eid for eid in cl
+                      if (linkdirs[eid][1] if eid in linkdirs else None) != (known[eid][4] if eid in known else None)]
+            return todo, gone, [e for e in relink if e in files or e in known]
+
+        todo, gone, relink = plan()
         if todo or gone or relink:
             db = self.db
             db.execute("begin immediate")
+            if self.generation() != self._gen_seen:
+                # another process indexed something between our read and our lock: plan again on its result
+                self._load_files()
+                todo, gone, relink = plan()
             try:
                 for entity_id in todo:
                     path, mtime, size = files[entity_id]
@@ -326,7 +342,6 @@ class IndexDB:
                 if self.watcher is not None:
                     self.watcher.broken = True  # the drained events are lost: scan everything next time
                 raise
-            self._gen_seen = self.generation()
         if not self._model_ok:
             self._check_model()  # the provider may be reachable again
         try:
@@ -511,7 +526,6 @@ class IndexDB:
             if budget is not None and time.perf_counter() - t0 > budget:
                 break
         stats.pending_vectors = self.missing_vectors()
-        self._gen_seen = self.generation()
 
     def _requeue_all(self) -> None:
         """Queue every unit's dense text again (after the vector space changed) by re-reading its file."""

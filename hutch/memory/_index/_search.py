@@ -26,6 +26,14 @@ _FUSIONS = ("weighted", "rrf")
 _POOL = None
 
 
+def _is_damage(e: sqlite3.DatabaseError) -> bool:
+    """Whether an SQLite error means the file is damaged (rebuild it), not that it is busy or a write lost a race."""
+    if isinstance(e, sqlite3.IntegrityError):
+        return False
+    msg = str(e).lower()
+    return not (isinstance(e, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg))
+
+
 def _pool():
     """One worker thread for the dense channel of a query (created on first use)."""
     global _POOL
@@ -130,6 +138,9 @@ class SearchIndex:
             try:
                 return self._refresh(embed_budget)
             except sqlite3.DatabaseError as e:
+                if not _is_damage(e):
+                    raise SearchIndexError(f"The search index {self.idx.path} is busy or refused a write ({e}): "
+                                           "retry; if it persists, run `hutch mem doctor`.") from e
                 if attempt == 2:
                     raise SearchIndexError(f"The search index {self.idx.path} cannot be used ({e}): delete the "
                                            "file and run `hutch mem reindex`.") from e
@@ -141,8 +152,11 @@ class SearchIndex:
         self.idx.open()
         before = self.idx.generation()
         stale_snapshot = self.snap is None or self.snap.gen != before
+        mine = self.idx.own_bumps
         stats, removed, added = self.idx.sync(embed_budget=embed_budget)
         db = self.idx.db
+        if int(self.idx.generation()) != int(before) + (self.idx.own_bumps - mine):
+            stale_snapshot = True  # another process changed the index meanwhile: our patch would miss it
         dim = int(self.provider.dim) if self.idx.model_known else int(self.idx.meta("model_dim") or 0)
         if stale_snapshot or self.snap.dim != dim:
             snap = _rank.Snapshot(dim)
@@ -191,6 +205,8 @@ class SearchIndex:
         try:
             return self._search(query, k, classes, since_t, until_t, as_of_t, expand, fusion)
         except sqlite3.DatabaseError as e:
+            if not _is_damage(e):
+                raise SearchIndexError(f"The search index {self.idx.path} is busy ({e}): retry the query.") from e
             self.idx.recover(e)
             self.snap = None
             self.refresh()
