@@ -3,7 +3,7 @@
 import pytest
 
 import hutch
-from conftest import CONVERSATION
+from _search_helpers import CONVERSATION
 
 
 def test_finds_by_meaning_without_shared_words(mem):

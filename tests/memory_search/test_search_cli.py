@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from hutch.cli import cli
 from hutch.cli._mem_search import EXIT_INDEX_STALE, doctor, reindex, search
-from conftest import CONVERSATION
+from _search_helpers import CONVERSATION
 
 
 def run(store, *args):

@@ -6,7 +6,7 @@ import sqlite3
 import subprocess
 
 import hutch
-from conftest import CONVERSATION, git
+from _search_helpers import CONVERSATION, git
 
 
 def _ids(hits):
