@@ -88,8 +88,9 @@ def import_(fileobj) -> dict:
             tree = work / "layers" / digest
             if not tree.is_dir():
                 tree.mkdir(parents=True)   # an empty layer has no entries in the archive
-            for rel in meta.get("opaque", ()):
-                os.setxattr(tree / rel.lstrip("/"), OPAQUE_XATTRS[0], b"y")
+            for rel in meta.get("opaque", ()):   # both: see _layers._Walker.walk_dir
+                for x in OPAQUE_XATTRS:
+                    os.setxattr(tree / rel.lstrip("/"), x, b"y")
             got = tree_digest(tree)
             if got != digest:
                 raise ImageError(f"layer {digest[:12]} in the archive does not match its digest (got {got[:12]}); "

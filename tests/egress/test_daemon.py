@@ -48,14 +48,16 @@ def busybox_root():
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module", params=["plain", "userns"])
+@pytest.fixture(scope="module", params=["default", "opt-out"])
 def daemon(world, request):
-    """The daemon, once as it runs by default and once with sandboxes in user namespaces."""
+    """The daemon, once as it runs by default (sandboxes in user namespaces) and once with HUTCH_USERNS=0."""
     run_dir = Path(tempfile.mkdtemp(prefix="hutch-egress-run-"))
     sock = run_dir / "hutch.sock"
     env = dict(os.environ, HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(sock),
                HUTCH_EGRESS_RESOLVERS="192.0.2.53", HUTCH_EGRESS_SUBNET="198.18.1.0/24",
-               HUTCH_USERNS="1" if request.param == "userns" else "0")
+               HUTCH_USERNS="0")
+    if request.param == "default":
+        del env["HUTCH_USERNS"]
     saved = {k: os.environ.get(k) for k in ("HUTCH_RUN_DIR", "HUTCH_SOCKET", "HUTCH_URL", "HUTCH_TOKEN")}
     log = open(run_dir / "daemon.log", "ab")
     # nsenter, not `ip netns exec`: the latter remounts /sys and would hide the cgroup controllers
@@ -98,11 +100,13 @@ def fetch(sb, url):
     return json.loads(r.stdout) if r.returncode == 0 else None
 
 
-def test_sdk_sandbox_gets_its_policy_and_can_change_it(daemon, world, busybox_root):
+def test_sdk_sandbox_gets_its_policy_and_can_change_it(daemon, world, busybox_root, request):
     before = set(host_links(world))
     sb = hutch.Sandbox.create(image=hutch.Image.from_directory(busybox_root), timeout=120,
                               network=Network.allow(domains=["www.example.test"]))
     try:
+        host_root = sb.run("cat", "/proc/self/uid_map").stdout.split()[1]
+        assert (host_root == "0") == (request.node.callspec.params["daemon"] == "opt-out"), host_root
         assert fetch(sb, "http://www.example.test/")["server"] == "192.0.2.10"
         assert fetch(sb, "http://api.example.test/") is None
         assert fetch(sb, "http://203.0.113.10/") is None

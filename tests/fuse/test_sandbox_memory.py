@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -99,19 +100,20 @@ def test_async_sandbox_takes_a_memory_mount(daemon, image, store):
     assert _settled() == []
 
 
-def test_memory_mount_in_a_user_namespace_sandbox(image, store):
-    """HUTCH_USERNS=1: root inside is host uid 1000000000; the view still serves it (allow_other) and
-    a read-only mount still refuses."""
-    with private_daemon(HUTCH_USERNS="1"):
-        with hutch.Sandbox.create(image=image, memory=hutch.MemoryMount(store, "/memory", writable=True)) as sb:
-            r = sb.run("sh", "-c", "cat /proc/self/uid_map; ls '/memory/search/customer churn/' && "
-                                   "echo '- from a user namespace' >> /memory/orgs/acme.md")
-            if r.stdout.split()[:2] == ["0", "0"]:
-                pytest.skip("the daemon could not make user namespaces here (no idmapped mounts)")
-            assert r.returncode == 0, r.stderr
-            assert "01-orgs-acme.md" in r.stdout
-            assert store.history("orgs/acme")[0].source == f"sandbox:{sb.id}"
-        with hutch.Sandbox.create(image=image, memory=hutch.MemoryMount(store, "/memory")) as sb:
-            r = sb.run("sh", "-c", "echo x >> /memory/orgs/acme.md")
-            assert r.returncode != 0 and "Read-only file system" in r.stderr
+def test_memory_mount_in_a_user_namespace_sandbox(daemon, image, store):
+    """The default: root inside is an unprivileged host uid of its own range; the view (not idmappable,
+    served with allow_other) still serves it, and a read-only mount still refuses, even root."""
+    if os.environ.get("HUTCH_USERNS") == "0":
+        pytest.skip("HUTCH_USERNS=0: this run opted out of user namespaces")
+    with hutch.Sandbox.create(image=image, memory=hutch.MemoryMount(store, "/memory", writable=True)) as sb:
+        r = sb.run("sh", "-c", "cat /proc/self/uid_map; id -u; ls '/memory/search/customer churn/' && "
+                               "echo '- from a user namespace' >> /memory/orgs/acme.md")
+        inside, host = r.stdout.split()[:2]
+        assert inside == "0" and int(host) >= 1_000_000_000, r.stdout   # really in a user namespace
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split()[3] == "0" and "01-orgs-acme.md" in r.stdout
+        assert store.history("orgs/acme")[0].source == f"sandbox:{sb.id}"
+    with hutch.Sandbox.create(image=image, memory=hutch.MemoryMount(store, "/memory")) as sb:
+        r = sb.run("sh", "-c", "echo x >> /memory/orgs/acme.md")
+        assert r.returncode != 0 and "Read-only file system" in r.stderr
     assert _settled() == []

@@ -1,8 +1,12 @@
-"""With HUTCH_USERNS=1, root in a sandbox is host uid HOST_ID_BASE, never host root."""
+"""User namespaces (the default): root in a sandbox is uid 0 inside and an unprivileged host uid of a range
+of its own outside; HUTCH_USERNS=0 opts out."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -10,52 +14,112 @@ import pytest
 from rt_support import Api, Daemon, host_state, leftovers
 from test_rt_isolation import MUST_FAIL, PROBE
 
-from hutch.sandbox._native._idmap import HOST_ID_BASE, mounts_under
+from hutch.sandbox._native._idmap import HOST_ID_BASE, ID_COUNT, RANGE_LOCK, mounts_under
 
 
 @pytest.fixture(scope="module")
-def userns_daemon(tmp_path_factory):
-    d = Daemon(tmp_path_factory.mktemp("uns") / "run", env={"HUTCH_USERNS": "1"})
+def state_daemon(tmp_path_factory):
+    """A daemon with the default settings and a private state dir (snapshots land there)."""
+    if os.environ.get("HUTCH_USERNS") == "0":
+        pytest.skip("HUTCH_USERNS=0: this run opted out of user namespaces")
+    base = tmp_path_factory.mktemp("uns")
+    d = Daemon(base / "run", env={"HUTCH_STATE_DIR": str(base / "state")})
+    d.state_dir = base / "state"
     try:
         yield d.start()
     finally:
         d.stop()
         d.cleanup_cgroups()
         left = mounts_under(d.run_dir)
-        assert left == [], f"layer views left mounted: {left}"
+        assert left == [], f"mounts left under the run dir: {left}"
 
 
 @pytest.fixture
-def uapi(userns_daemon):
-    a = Api(userns_daemon.sock, userns_daemon.run_dir)
+def uapi(state_daemon):
+    a = Api(state_daemon.sock, state_daemon.run_dir)
     try:
         yield a
     finally:
         a.close()
 
 
-def _host_uids(pid: int) -> set[int]:
+def _host_ids(pid: int) -> tuple[set[int], set[int]]:
+    uids = gids = set()
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Uid:"):
-            return {int(x) for x in line.split()[1:]}
-    return set()
+            uids = {int(x) for x in line.split()[1:]}
+        elif line.startswith("Gid:"):
+            gids = {int(x) for x in line.split()[1:]}
+    return uids, gids
 
 
-def test_sandbox_root_is_an_unprivileged_host_uid(uapi, userns_daemon, image, busybox_root):
+def _init_pid(state: dict) -> int:
+    """The host pid of the sandbox's pid 1."""
+    for pid in state["pids"]:
+        nspid = [ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("NSpid:")]
+        if nspid and nspid[0].split()[-1] == "1":
+            return pid
+    raise AssertionError(f"no init among {state['pids']}")
+
+
+def _base(api: Api, sid: str) -> int:
+    """The host id of the sandbox's root, from its uid_map, checked to be a range of the layout."""
+    out, _, _ = api.sh(sid, "id -u; cat /proc/self/uid_map /proc/self/gid_map")
+    f = out.split()
+    assert f[0] == "0" and f[1:4] == f[4:7] and f[1] == "0" and f[3] == str(ID_COUNT), out
+    base = int(f[2])
+    assert base >= HOST_ID_BASE and (base - HOST_ID_BASE) % ID_COUNT == 0, out
+    return base
+
+
+def _range_free(base: int) -> bool:
+    """Whether no daemon holds range `base` (probed by taking and dropping its lock byte)."""
+    k = (base - HOST_ID_BASE) // ID_COUNT
+    fd = os.open(RANGE_LOCK, os.O_RDWR)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, k)
+    except OSError:
+        return False
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, k)
+        return True
+    finally:
+        os.close(fd)
+
+
+def test_default_root_is_uid_0_inside_and_unprivileged_on_the_host(uapi, state_daemon, image, busybox_root):
     sid = uapi.create(image)["id"]
-    out, _, _ = uapi.sh(sid, "id -u; cat /proc/self/uid_map; sleep 0.01")
-    assert out.split()[:4] == ["0", "0", str(HOST_ID_BASE), "65536"]
-    state = host_state(userns_daemon, sid)
-    assert {u for pid in state["pids"] for u in _host_uids(pid)} == {HOST_ID_BASE}
+    base = _base(uapi, sid)
+    state = host_state(state_daemon, sid)
+    assert _host_ids(_init_pid(state)) == ({base}, {base})
+    uapi.sh(sid, "sleep 0.01")
+    for pid in state["pids"]:
+        ids = _host_ids(pid)
+        assert ids[0] and all(base <= i < base + ID_COUNT for i in ids[0] | ids[1]), (pid, ids)
     # the image is owned by root inside (idmapped layers), writable through the overlay
-    out, err, res = uapi.sh(sid, "stat -c %u /etc/marker; echo more >> /etc/marker && cat /etc/marker")
-    assert out == "0\nsandbox image\nmore\n", err
+    out, err, res = uapi.sh(sid, "stat -c %u:%g /etc/marker; echo more >> /etc/marker && cat /etc/marker")
+    assert out == "0:0\nsandbox image\nmore\n", err
     assert (busybox_root / "etc" / "marker").read_text() == "sandbox image\n"
     r = uapi.http.put(f"/v1/sandboxes/{sid}/files/write", params={"path": "/home/user/f.txt"}, content=b"data")
     assert r.status_code == 204
-    assert uapi.sh(sid, "cat /home/user/f.txt")[0] == "data"
+    assert uapi.sh(sid, "cat /home/user/f.txt; stat -c %u /home/user/f.txt")[0] == "data0\n"
+    # an image directory removed and made again (overlay's opaque marker, user.overlay.* in a user namespace)
+    out, err, _ = uapi.sh(sid, "rm -rf /root && mkdir -p /root/x && ls /root")
+    assert out == "x\n", err
     uapi.terminate(sid)
     assert leftovers(state) == []
+
+
+def test_each_sandbox_has_its_own_range_given_back_at_the_end(uapi, image):
+    a, b = uapi.create(image)["id"], uapi.create(image)["id"]
+    ba, bb = _base(uapi, a), _base(uapi, b)
+    assert ba != bb   # an escaped process of one is not the same host user as the other's
+    assert not _range_free(ba) and not _range_free(bb)
+    uapi.terminate(a)
+    assert _range_free(ba)
+    assert not _range_free(bb)
+    uapi.terminate(b)
+    assert _range_free(bb)
 
 
 def test_escape_probe_with_userns(uapi, image, py_mounts):
@@ -66,7 +130,7 @@ def test_escape_probe_with_userns(uapi, image, py_mounts):
     assert {k: got[k] for k in MUST_FAIL if got[k] == 0} == {}
 
 
-def test_binds_are_idmapped_so_root_inside_owns_what_host_root_owns(uapi, userns_daemon, image, tmp_path):
+def test_binds_are_idmapped_so_root_inside_owns_what_host_root_owns(uapi, state_daemon, image, tmp_path):
     (tmp_path / "secret").write_text("host root file")
     (tmp_path / "secret").chmod(0o600)
     ro = tmp_path / "ro"
@@ -80,4 +144,58 @@ def test_binds_are_idmapped_so_root_inside_owns_what_host_root_owns(uapi, userns
     assert out == "host root file\n0\nrefused\n", out + err
     assert not (ro / "x").exists()
     assert (tmp_path / "new").read_text() == "new\n" and (tmp_path / "new").stat().st_uid == 0
-    assert [m for m in mounts_under(userns_daemon.run_dir / "layers") if "/b-" in m] == [], "bind views are dropped"
+    assert mounts_under(state_daemon.run_dir) == [], "nothing per sandbox is mounted on the host"
+
+
+def test_a_file_of_sandbox_root_is_host_root_owned_in_a_snapshot_layer(uapi, state_daemon, image):
+    sid = uapi.create(image, workdir="/")["id"]
+    uapi.sh(sid, "mkdir -p /made && echo hi > /made/f && rm -rf /home && mkdir /home")
+    base = _base(uapi, sid)
+    r = uapi.http.post(f"/v1/sandboxes/{sid}/snapshot", json={})
+    assert r.status_code == 201, r.text
+    node = r.json()
+    fs = state_daemon.state_dir / "layers" / node["layer"] / "fs"
+    st = (fs / "made" / "f").stat()
+    assert (st.st_uid, st.st_gid) == (0, 0), f"host ids {st.st_uid}:{st.st_gid}, sandbox root was {base}"
+    assert (fs / "made").stat().st_uid == 0
+    assert os.getxattr(fs / "home", "user.overlay.opaque") == b"y"
+    assert os.getxattr(fs / "home", "trusted.overlay.opaque") == b"y"
+    # the next sandbox sees root's file as root's, and the re-made directory empty
+    sid2 = uapi.create(node["ref"], workdir="/")["id"]
+    out, err, _ = uapi.sh(sid2, "stat -c %u:%g /made/f; cat /made/f; ls -A /home | wc -l")
+    assert out == "0:0\nhi\n0\n", err
+
+
+def test_a_crashed_daemon_frees_its_ranges(tmp_path, image):
+    d = Daemon(tmp_path / "run", env={"HUTCH_USERNS": "1"})
+    d.start()
+    api = Api(d.sock, d.run_dir)
+    try:
+        sid = api.create(image)["id"]
+        base = _base(api, sid)
+        assert not _range_free(base)
+        d.kill9()
+        deadline = time.monotonic() + 2
+        while not _range_free(base) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _range_free(base)
+    finally:
+        api.http.close()
+        d.start()   # the next daemon reaps what the crashed one left
+        d.stop()
+        d.cleanup_cgroups()
+
+
+def test_opt_out_runs_root_as_host_root_without_capabilities(tmp_path, image):
+    d = Daemon(tmp_path / "run", env={"HUTCH_USERNS": "0"})
+    d.start()
+    api = Api(d.sock, d.run_dir)
+    try:
+        sid = api.create(image)["id"]
+        out, _, _ = api.sh(sid, "cat /proc/self/uid_map; grep CapEff /proc/self/status")
+        assert out.split()[:3] == ["0", "0", "4294967295"] and out.split()[-1] == "0000000000000000"
+        assert _host_ids(_init_pid(host_state(d, sid)))[0] == {0}
+    finally:
+        api.close()
+        d.stop()
+        d.cleanup_cgroups()

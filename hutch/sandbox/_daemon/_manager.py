@@ -30,12 +30,14 @@ from hutch.sandbox import _images
 from hutch.sandbox._daemon._calls import Calls, Exec, _error
 from hutch.sandbox._daemon._network import NetworkAttacher
 from hutch.sandbox._native._cgroups import ZYGOTE_LEAF, Cgroups
-from hutch.sandbox._native._idmap import IdMapper, write_maps
+from hutch.sandbox._native._idmap import IdMapper, UidRanges, write_maps
 from hutch.sandbox._native._runtime import Channel, Zygote, bind_trees, build_plan, exec_env
 from hutch.sandbox._spec import DEFAULT_WORKDIR, SandboxSpec
 
-# Opt-in for now: root in the sandbox becomes host uid HOST_ID_BASE (see _native/_idmap.py).
-USERNS = os.environ.get("HUTCH_USERNS") == "1"
+# The default: root in each sandbox is an unprivileged host uid of a range of its own (see _native/_idmap.py).
+# HUTCH_USERNS=0 opts out (root inside is then host root without capabilities); so does a kernel that cannot
+# idmap mounts, with a warning in the daemon's log.
+USERNS = os.environ.get("HUTCH_USERNS", "1") != "0"
 WARM_POOL = int(os.environ.get("HUTCH_WARM_POOL", "4"))  # inits kept ready in their cgroups and namespaces
 LEASE_GRACE = 5.0        # seconds a non-detached sandbox may wait for its creator's lease
 START_TIMEOUT = 10.0     # seconds for an init to report ready
@@ -65,6 +67,7 @@ class Sandbox:
     ready: asyncio.Future | None = None
     warm: asyncio.Future | None = None
     userns: bool = False
+    uid_base: int = 0                   # the host id of root inside (0: no user namespace)
     hostname: str = ""
 
     @property
@@ -93,6 +96,7 @@ class Manager(Calls):
         self.closing = False
         self.pool: list[Sandbox] = []     # warm inits: cgroups joined, namespaces made, no root yet
         self.idmap = IdMapper(run_dir)
+        self.ranges = UidRanges()
         self.warming = 0
 
     # --- daemon lifecycle ---------------------------------------------------------------
@@ -104,8 +108,8 @@ class Manager(Calls):
         self.reap_predecessor()
         self.idmap.reap()
         if USERNS and not self.idmap.start():
-            print("hutch daemon: this kernel cannot idmap mounts; sandboxes run without a user namespace.",
-                  file=sys.stderr)
+            print(f"hutch daemon: this kernel cannot idmap mounts ({self.idmap.why}); sandboxes run without a "
+                  "user namespace (root inside is host root without capabilities).", file=sys.stderr)
         self.prepared = True
 
     async def start(self) -> None:
@@ -148,6 +152,7 @@ class Manager(Calls):
             except Exception:  # noqa: BLE001 - shutdown goes on
                 pass
         self.idmap.stop()
+        self.ranges.close()
         self.cgroups.remove(ZYGOTE_LEAF)
         for base in self.cgroups.bases:  # empty now; a leftover parent would only be clutter
             try:
@@ -211,8 +216,8 @@ class Manager(Calls):
         if spec.workdir == DEFAULT_WORKDIR and image.workdir and image.workdir != spec.workdir:
             spec = dataclasses.replace(spec, workdir=image.workdir)   # the image's workdir, unless one was given
         build_plan(spec, image, sid="check", scratch=str(self.scratch), cgroup_procs=[])  # bad mounts fail here
-        views = [self.idmap.layer(str(d)) for d in image.lowerdirs]
-        userns = all(views)  # else (idmapping off, or a layer on a filesystem that cannot) without one
+        # without one if idmapping is off, or a layer is on a filesystem that cannot idmap
+        userns = self.idmap.userns_fd >= 0 and all(self.idmap.can_idmap(str(d)) for d in image.lowerdirs)
         sb = self.pool.pop(0) if self.pool and userns == self.pool[0].userns else None
         self._refill()
         try:
@@ -231,19 +236,8 @@ class Manager(Calls):
         try:
             self.cgroups.set_limits(sb.id, spec.limits.memory, spec.limits.pids, spec.limits.cpu)
             plan = build_plan(spec, image, sid=sb.id, scratch=str(self.scratch), cgroup_procs=[])
-            binds: list[str] = []
-            if sb.userns:
-                plan["userns"], plan["lowerdirs"] = True, views
-                for i, m in enumerate(plan["mounts"]):
-                    # root inside owns what host root owns in a bind (else it would see only nobody's files)
-                    if m["kind"] == "bind" and (view := self.idmap.bind_view(f"{sb.id}-{i}", m["source"])):
-                        m["source"] = view
-                        binds.append(view)
-            try:
-                await self._start(sb, plan)
-            finally:
-                for view in binds:  # the sandbox's mount namespace holds its own copy by now
-                    self.idmap.drop(view)
+            plan["userns"] = sb.userns
+            await self._start(sb, plan)
         except BaseException as e:
             await self.end(sb, "failed")
             if isinstance(e, (SandboxError, ConfigError, NotFoundError, StateError, DaemonError)):
@@ -262,6 +256,8 @@ class Manager(Calls):
         sb.warm, sb.ready = loop.create_future(), loop.create_future()
         self._write_record(sb)
         try:
+            if userns:
+                sb.uid_base = self.ranges.take()
             self.cgroups.create(sb.id)
             pid, sock = await self.zygote.spawn({"cgroup_procs": self.cgroups.procs_files(sb.id), "userns": userns})
         except BaseException:
@@ -279,7 +275,7 @@ class Manager(Calls):
             await self.end(sb, "failed")
             raise SandboxError(f"a sandbox init failed while starting: {msg.get('message')}.")
         if userns:
-            write_maps(pid)  # before the init reads its plan and becomes root of its namespace
+            write_maps(pid, sb.uid_base)  # before the init reads its plan and becomes root of its namespace
         return sb
 
     def _refill(self) -> None:
@@ -306,7 +302,12 @@ class Manager(Calls):
 
     async def _start(self, sb: Sandbox, plan: dict) -> None:
         loop = asyncio.get_running_loop()
-        fds = bind_trees(plan)
+        userns_fd = os.open(f"/proc/{sb.init_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC) if sb.userns else -1
+        try:   # layers and binds idmapped through the sandbox's own user namespace
+            fds = bind_trees(plan, userns_fd)
+        finally:
+            if userns_fd >= 0:
+                os.close(userns_fd)
         try:
             await sb.channel.notify({"op": "plan", "plan": plan}, fds)
         finally:
@@ -431,11 +432,13 @@ class Manager(Calls):
                 ex.exited.set_result(signal.SIGKILL)  # a wait status: killed by SIGKILL
         delay = 0.0005
         deadline = time.monotonic() + 5
-        while not self.cgroups.remove(sb.id, deadline=0):
+        while not (removed := self.cgroups.remove(sb.id, deadline=0)):
             if time.monotonic() > deadline:
                 break
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
+        if sb.uid_base and removed:   # its processes are gone: the range may serve another sandbox
+            self.ranges.give(sb.uid_base)
         if self.network is not None and sb.spec is not None:
             try:
                 await self.network.detach(sb.id)

@@ -12,7 +12,6 @@ from aiohttp import web
 from hutch._core.errors import ConfigError, StateError
 from hutch.sandbox import _archive, _images, _layers, _volumes
 from hutch.sandbox._daemon._calls import _error
-from hutch.sandbox._native._idmap import HOST_ID_BASE
 
 CHUNK = 1 << 18
 
@@ -98,7 +97,7 @@ class StoreRoutes:
     def _commit(upper: int, sb, key, name, env, workdir, description) -> dict:
         dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=upper)
         try:
-            digest, meta = _layers.commit_tree(dfd, HOST_ID_BASE if sb.userns else 0)
+            digest, meta = _layers.commit_tree(dfd, sb.uid_base)  # back to the sandbox's own ids
         finally:
             os.close(dfd)
         parent = sb.spec.image

@@ -7,6 +7,6 @@ Layout (the zygote imports only the stdlib-only modules marked *):
   _wire.py*     the JSON + SCM_RIGHTS messages between the daemon, the zygote and the inits
   _init.py*     a sandbox's init: root, lockdown, exec and file calls
   _cgroups.py   cgroup v1 (hybrid) and v2 limits, kill and removal, done by the daemon
-  _idmap.py     the opt-in user namespace: id maps and idmapped views of layers and binds
+  _idmap.py     the user namespace (default): a host id range per sandbox, id maps, the idmap probe
   _runtime.py   the daemon side: spawns the zygote, starts sandboxes, talks to their inits
 """

@@ -1,34 +1,83 @@
-"""User namespaces: root in a sandbox is host uid HOST_ID_BASE, never host root.
+"""User namespaces: root in a sandbox is an unprivileged host uid, never host root (the default).
 
-Every sandbox's user namespace maps ids 0..65535 to HOST_ID_BASE..+65535 on the
-host. The image's layers, owned by host root, are seen through idmapped mounts
-(host 0 -> HOST_ID_BASE, so root in the sandbox owns them and overlay can copy
-them up); the daemon makes one per layer directory, under run_dir/layers, and
-removes them at shutdown (or at the next start, after a crash).
+Each sandbox gets its own range of 65536 host ids (HOST_ID_BASE + k * 65536 ..), so a process that
+escaped one sandbox's namespaces is a different nobody from every other sandbox's processes: it can
+neither signal nor ptrace them. A range is taken when the sandbox's init is spawned and given back
+once its cgroups are gone (its processes are dead). Ranges are shared by every daemon of the host
+through byte-range locks on one file (RANGE_LOCK): the kernel drops a crashed daemon's locks, so its
+ranges are free again the moment it dies (its sandboxes die with it).
+
+The image's layers and the bind sources, owned by host root, are attached to each sandbox as
+idmapped mounts made with the sandbox's own user namespace (host 0 -> its root), as detached mount
+fds handed to its init: nothing per sandbox is mounted on the host, nothing is left to reap. What
+root inside writes to the overlay lands in the tmpfs upper as the sandbox's host ids; a snapshot
+shifts them back (_layers.commit_tree's uid_shift), so layers hold the sandbox's own ids (0 = root).
 """
 
 from __future__ import annotations
 
-import hashlib
+import fcntl
 import os
-import signal
+import select
 from pathlib import Path
 
+from hutch._core.errors import SandboxError
 from hutch.sandbox._native import _linux as L
 
 HOST_ID_BASE = 1_000_000_000   # far above /etc/subuid's usual 100000-based ranges
 ID_COUNT = 65536
-MAP_LINE = f"0 {HOST_ID_BASE} {ID_COUNT}\n"
+RANGES = 32768                 # up to HOST_ID_BASE + 2**31: below the 32-bit end (4294967295 is "no id")
+RANGE_LOCK = "/run/hutch-uid-ranges.lock"
 
 
-def write_maps(pid: int) -> None:
-    """Map the ids of `pid`'s (new, still empty) user namespace; done from the host by the daemon."""
+def write_maps(pid: int, base: int = HOST_ID_BASE) -> None:
+    """Map ids 0..65535 of `pid`'s (new, still empty) user namespace to base..; done from the host by the daemon."""
+    line = f"0 {base} {ID_COUNT}\n".encode()
     for f in ("uid_map", "gid_map"):
         fd = os.open(f"/proc/{pid}/{f}", os.O_WRONLY)
         try:
-            os.write(fd, MAP_LINE.encode())
+            os.write(fd, line)
         finally:
             os.close(fd)
+
+
+class UidRanges:
+    """The host id ranges this daemon holds: byte k of RANGE_LOCK locked = range k in use by its holder."""
+
+    def __init__(self, path: str = RANGE_LOCK):
+        self.path = path
+        self.fd = -1
+        self.held: set[int] = set()
+        self.next = 0
+
+    def take(self) -> int:
+        """Lock a free range; returns its first host id."""
+        if self.fd < 0:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        for i in range(RANGES):
+            k = (self.next + i) % RANGES
+            if k in self.held:
+                continue   # fcntl locks are per process: our own lock would not refuse us
+            try:
+                fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, k)
+            except OSError:
+                continue   # another daemon's
+            self.held.add(k)
+            self.next = k + 1
+            return HOST_ID_BASE + k * ID_COUNT
+        raise SandboxError(f"all {RANGES} user id ranges of this host are in use; end some sandboxes.")
+
+    def give(self, base: int) -> None:
+        k = (base - HOST_ID_BASE) // ID_COUNT
+        if k in self.held:
+            self.held.discard(k)
+            fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, k)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)   # drops every lock
+            self.fd = -1
+        self.held.clear()
 
 
 def mounts_under(path: Path) -> list[str]:
@@ -42,16 +91,16 @@ def mounts_under(path: Path) -> list[str]:
 
 
 class IdMapper:
-    """Idmapped views of image layers, made with one user namespace that holds the mapping."""
+    """Whether this kernel and each layer's filesystem can idmap, probed with one helper user namespace."""
 
     def __init__(self, run_dir: Path):
-        self.dir = run_dir / "layers"
+        self.dir = run_dir / "layers"   # where earlier versions mounted shared layer views
         self.userns_fd = -1
-        self.layers: dict[str, str] = {}
-        self.broken: dict[str, str] = {}
+        self.can: dict[str, bool] = {}
+        self.why = ""   # why start() failed
 
     def reap(self) -> None:
-        """Unmount layer views a crashed predecessor left."""
+        """Unmount layer views an earlier version's crashed daemon left."""
         for mp in mounts_under(self.dir):
             try:
                 L.umount2(mp, L.MNT_DETACH)
@@ -59,108 +108,61 @@ class IdMapper:
                 pass
         if self.dir.is_dir():
             for p in self.dir.iterdir():
-                self._remove(str(p))
+                try:
+                    os.rmdir(p) if p.is_dir() else p.unlink()
+                except OSError:
+                    pass
 
     def start(self) -> bool:
-        """Make the mapping namespace; False if this kernel cannot (then sandboxes run without one)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        r, w = os.pipe()
+        """Make the probing namespace; False if this kernel cannot idmap (then sandboxes run without one)."""
+        r, w = os.pipe()        # parent -> child: done, exit
+        r2, w2 = os.pipe()      # child -> parent: unshared (or failed)
         pid = os.fork()  # at start-up, before the daemon has threads
         if pid == 0:
             try:
                 os.close(w)
+                os.close(r2)
                 L.unshare(L.CLONE_NEWUSER)
+                os.write(w2, b"u")
                 os.read(r, 1)
             finally:
                 os._exit(0)
         os.close(r)
+        os.close(w2)
         try:
-            write_maps_when_ready(pid)
+            # a blocking handshake, not a poll of /proc: on a loaded machine the child may take a while
+            if not select.select([r2], [], [], 10)[0] or os.read(r2, 1) != b"u":
+                raise OSError("the user namespace helper could not unshare")
+            write_maps(pid)
             self.userns_fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-            probe = self.dir / "probe"
-            probe.mkdir(exist_ok=True)
-            L.idmapped_mount(str(self.dir), str(probe), self.userns_fd)
-            L.umount2(str(probe), L.MNT_DETACH)
-            probe.rmdir()
+            os.close(L.idmapped_tree(str(self.dir.parent), self.userns_fd))
             return True
-        except OSError:
+        except OSError as e:
+            self.why = str(e)
             if self.userns_fd >= 0:
                 os.close(self.userns_fd)
                 self.userns_fd = -1
             return False
         finally:
+            os.close(r2)
             os.write(w, b"x")
             os.close(w)
             os.waitpid(pid, 0)
 
-    def layer(self, path: str) -> str | None:
-        """The idmapped view of a layer directory (made once), or None if its filesystem cannot idmap."""
-        if self.userns_fd < 0 or path in self.broken:
-            return None
-        view = self.layers.get(path)
-        if view is None:
-            view = str(self.dir / hashlib.sha1(path.encode()).hexdigest()[:16])
-            os.makedirs(view, exist_ok=True)
+    def can_idmap(self, path: str) -> bool:
+        """Whether the filesystem of layer directory `path` can be idmapped (probed once per path)."""
+        ok = self.can.get(path)
+        if ok is None:
             try:
-                L.idmapped_mount(path, view, self.userns_fd)
-            except OSError as e:
-                self.broken[path] = str(e)
-                os.rmdir(view)
-                return None
-            self.layers[path] = view
-        return view
-
-    def bind_view(self, name: str, source: str) -> str | None:
-        """An idmapped view of a bind source for one sandbox (dropped once it is mounted), or None."""
-        if self.userns_fd < 0:
-            return None
-        view = str(self.dir / f"b-{name}")
-        try:
-            if os.path.isdir(source):
-                os.makedirs(view, exist_ok=True)
-            else:
-                open(view, "a").close()
-            L.idmapped_mount(source, view, self.userns_fd)
-        except OSError:  # e.g. a filesystem without idmapping (FUSE): the bind stays as it is
-            self._remove(view)
-            return None
-        return view
-
-    def drop(self, view: str) -> None:
-        try:
-            L.umount2(view, L.MNT_DETACH)
-        except OSError:
-            pass
-        self._remove(view)
-
-    @staticmethod
-    def _remove(path: str) -> None:
-        try:
-            os.rmdir(path) if os.path.isdir(path) else os.unlink(path)
-        except OSError:
-            pass
+                os.close(L.idmapped_tree(path, self.userns_fd))
+                ok = True
+            except OSError:
+                ok = False
+            self.can[path] = ok
+        return ok
 
     def stop(self) -> None:
-        for view in self.layers.values():
-            try:
-                L.umount2(view, L.MNT_DETACH)
-                os.rmdir(view)
-            except OSError:
-                pass
-        self.layers.clear()
         self.reap()
         if self.userns_fd >= 0:
             os.close(self.userns_fd)
             self.userns_fd = -1
-
-
-def write_maps_when_ready(pid: int) -> None:
-    """The child unshares right after fork: wait until its user namespace differs from ours."""
-    mine = os.stat("/proc/self/ns/user").st_ino
-    for _ in range(2000):
-        if os.stat(f"/proc/{pid}/ns/user").st_ino != mine:
-            write_maps(pid)
-            return
-        os.sched_yield()
-    os.kill(pid, signal.SIGKILL)
-    raise OSError("the user namespace helper did not start")

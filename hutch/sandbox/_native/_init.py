@@ -120,19 +120,19 @@ def _setup_root(plan: dict, trees=()) -> None:
     """Build the sandbox's root under the scratch mount point, then pivot into it.
 
     Paths below are relative to the scratch tmpfs (the working directory): with a
-    user namespace the init becomes its root (host uid HOST_ID_BASE) before the
+    user namespace the init becomes its root (an unprivileged host uid) before the
     overlay is mounted, and that uid may not traverse the host directories on the
-    way; host paths are therefore opened first, as O_PATH fds.
+    way; the image's layers and the bind sources therefore come from the daemon as
+    detached, idmapped mount fds (`trees`), attached here.
     """
     os.umask(0)
     # Nothing we mount from here on may propagate back to the host.
     L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
     userns = bool(plan.get("userns"))
     lowers = list(plan["lowerdirs"])
-    sources = {i: m["source"] for i, m in enumerate(plan["mounts"]) if m["kind"] == "bind"}
-    if userns:
-        lowers = [f"/proc/self/fd/{os.open(d, os.O_PATH | os.O_DIRECTORY)}" for d in lowers]
-        sources = {i: f"/proc/self/fd/{os.open(src, os.O_PATH)}" for i, src in sources.items()}
+    # a bind's tree (from the daemon, _runtime.bind_trees) stands for its source from here on
+    sources = {i: f"/proc/self/fd/{trees[m['tree']]}" if m.get("tree") is not None else m["source"]
+               for i, m in enumerate(plan["mounts"]) if m["kind"] == "bind"}
     scratch = plan["scratch"]
     L.mount("hutch", scratch, "tmpfs", L.MS_NOSUID | L.MS_NODEV,
             f"size={plan['disk']},mode=0755" + (",uid=0,gid=0" if userns else ""))
@@ -144,11 +144,19 @@ def _setup_root(plan: dict, trees=()) -> None:
         L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)  # a change of uid cleared it
     for d in ("upper", "work", "root"):
         os.mkdir(d, 0o755)
+    if plan.get("lower_trees") is not None:   # the image's layers, idmapped for this sandbox
+        lowers = []
+        for i, t in enumerate(plan["lower_trees"]):
+            os.mkdir(f"l{i}", 0o755)
+            L.move_mount_fd(trees[t], f"l{i}")
+            lowers.append(f"l{i}")
     global _UPPER  # kept for snapshots (op_upper): after pivot_root no path reaches it
     _UPPER = os.open("upper", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     root = "root"
+    # userxattr: in a user namespace overlay may not write trusted.* xattrs, and without its opaque
+    # markers removing a directory of the image and making it again fails with EIO.
     L.mount("overlay", root, "overlay", L.MS_NOSUID | L.MS_NODEV,
-            f"lowerdir={':'.join(lowers)},upperdir=upper,workdir=work")
+            f"lowerdir={':'.join(lowers)},upperdir=upper,workdir=work" + (",userxattr" if userns else ""))
 
     proc = _safe_target(root, "/proc", False)
     L.mount("proc", proc, "proc", NODEV)
@@ -185,7 +193,7 @@ def _setup_root(plan: dict, trees=()) -> None:
     for i, m in enumerate(plan["mounts"]):
         if m["kind"] == "bind":
             target = _safe_target(root, m["target"], not os.path.isdir(sources[i]))
-            if m.get("tree") is not None and not userns:  # the source as the daemon sees it (_runtime.bind_trees)
+            if m.get("tree") is not None:  # the source as the daemon sees it (_runtime.bind_trees)
                 L.move_mount_fd(trees[m["tree"]], target)
             else:
                 L.mount(sources[i], target, None, L.MS_BIND)

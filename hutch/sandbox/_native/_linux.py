@@ -142,18 +142,20 @@ AT_EMPTY_PATH = 0x1000
 MOUNT_ATTR_IDMAP = 0x00100000
 
 
-def idmapped_mount(source: str, target: str, userns_fd: int) -> None:
-    """Attach at `target` a copy of the mount tree at `source` whose ids go through `userns_fd`'s mapping."""
-    tree = _check(_libc.syscall(NR_OPEN_TREE, -100, _b(source), OPEN_TREE_CLONE | os.O_CLOEXEC | AT_RECURSIVE),
+def idmapped_tree(source: str, userns_fd: int) -> int:
+    """A detached copy of the mount tree at `source` whose ids go through `userns_fd`'s mapping, as a mount
+    fd (attach it with move_mount_fd; closed unattached, it is gone). Not recursive: mounts below `source`
+    stay out, as with a plain bind. OSError if its filesystem cannot idmap (FUSE, for one)."""
+    tree = _check(_libc.syscall(NR_OPEN_TREE, -100, _b(source), OPEN_TREE_CLONE | os.O_CLOEXEC),
                   f"open_tree {source}")
     try:
         attr = struct.pack("QQQQ", MOUNT_ATTR_IDMAP, 0, 0, userns_fd)
         _check(_libc.syscall(NR_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH | AT_RECURSIVE, attr, len(attr)),
                f"idmapping {source}")
-        _check(_libc.syscall(NR_MOVE_MOUNT, tree, b"", -100, _b(target), MOVE_MOUNT_F_EMPTY_PATH),
-               f"move_mount {target}")
-    finally:
+    except BaseException:
         os.close(tree)
+        raise
+    return tree
 
 
 def unshare(flags: int) -> None:

@@ -210,17 +210,32 @@ def build_plan(spec, image, *, sid: str, scratch: str, cgroup_procs: list[str]) 
     }
 
 
-def bind_trees(plan: dict) -> list[int]:
+def bind_trees(plan: dict, userns_fd: int = -1) -> list[int]:
     """Open each bind source of `plan` as a detached mount (in the daemon's mount namespace) and note its
     index in the plan ("tree"): a warm init unshared its namespace before the plan existed, so a mount made
-    on the host since then (a memory store's FUSE view) is not in its copy; the fd carries it there."""
+    on the host since then (a memory store's FUSE view) is not in its copy; the fd carries it there.
+
+    With `userns_fd` (the sandbox's user namespace) the image's layers come as trees too ("lower_trees"),
+    and layers and binds are idmapped through it: root inside owns what host root owns. A bind source
+    whose filesystem cannot idmap (a FUSE view, served with allow_other) is passed as it is."""
     from hutch.sandbox._native import _linux
 
     fds: list[int] = []
     try:
+        if userns_fd >= 0:
+            plan["lower_trees"] = []
+            for d in plan["lowerdirs"]:
+                fds.append(_linux.idmapped_tree(d, userns_fd))
+                plan["lower_trees"].append(len(fds) - 1)
         for m in plan["mounts"]:
             if m["kind"] == "bind":
-                fds.append(_linux.open_tree(m["source"]))
+                tree = -1
+                if userns_fd >= 0:
+                    try:
+                        tree = _linux.idmapped_tree(m["source"], userns_fd)
+                    except OSError:
+                        pass
+                fds.append(tree if tree >= 0 else _linux.open_tree(m["source"]))
                 m["tree"] = len(fds) - 1
     except BaseException:
         _close_all(fds)
