@@ -49,6 +49,18 @@ def test_files_roundtrip(api, image):
     assert r.status_code == 400
 
 
+def test_recursive_remove_never_follows_symlinks(api, image):
+    sid = api.create(image)["id"]
+    out, err, res = api.sh(sid, "mkdir -p /home/user/keep/in /home/user/gone/d/e && echo k > /home/user/keep/in/f && "
+                                "echo x > /home/user/gone/d/e/f && ln -s /home/user/keep /home/user/gone/d/dirlink && "
+                                "ln -s /home/user/keep/in/f /home/user/gone/filelink && ln -s /nowhere /home/user/gone/dangling")
+    assert res["returncode"] == 0, err
+    r = api.http.post(f"/v1/sandboxes/{sid}/files/remove", params={"path": "/home/user/gone", "recursive": 1})
+    assert r.status_code == 204, r.text
+    out, err, res = api.sh(sid, "test ! -e /home/user/gone && cat /home/user/keep/in/f")
+    assert (res["returncode"], out) == (0, "k\n"), err   # the links went, what they point at stayed
+
+
 def test_bad_input_gets_hutch_errors(api, image, tmp_path):
     code, body = api.create_error("dir:/no/such/root")
     assert (code, body["error"]) == (404, "NotFoundError") and "from_directory" in body["message"]

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import select
-import shutil
 import signal
 import socket
 import stat
 
 from hutch.sandbox._native import _linux as L
 from hutch.sandbox._native import _wire
+
+# Standard library only, and little of it: every module the zygote imports is memory each init may
+# copy on write, and mappings each clone() copies (secrets would bring OpenSSL, shutil zlib/bz2/lzma).
 
 # Paths under /proc that leak host information or reach host-wide knobs (Docker's list).
 PROC_MASK_FILES = ("kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug", "sysrq-trigger")
@@ -266,6 +267,33 @@ class _SpawnError(Exception):
         self.cls, self.message = cls, message
 
 
+def _rmtree(path: str) -> None:
+    """shutil.rmtree's walk by directory fds, which never follows a symlink. Written out because the init
+    cannot import shutil late (after pivot_root no module path is reachable) and does not import it early
+    (see the imports)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _rm_contents(fd)
+    finally:
+        os.close(fd)
+    os.rmdir(path)
+
+
+def _rm_contents(dfd: int) -> None:
+    with os.scandir(dfd) as it:
+        entries = [(de.name, de.is_dir(follow_symlinks=False)) for de in it]
+    for name, is_dir in entries:
+        if is_dir:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            try:
+                _rm_contents(fd)
+            finally:
+                os.close(fd)
+            os.rmdir(name, dir_fd=dfd)
+        else:
+            os.unlink(name, dir_fd=dfd)
+
+
 def _which(name: str, path: str) -> str | None:
     """execvp's search: a name with a slash as is, else the first executable file on PATH."""
     if "/" in name:
@@ -404,7 +432,7 @@ class Init:
         os.makedirs(parent, exist_ok=True)
         if os.path.isdir(path):
             raise OSError(errno.EISDIR, "is a directory")
-        tmp = os.path.join(parent, f".hutch-write-{secrets.token_hex(6)}")
+        tmp = os.path.join(parent, f".hutch-write-{os.urandom(6).hex()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         os.fchmod(fd, msg["mode"])
         return {"rid": msg["rid"], "ok": True, "tmp": tmp, "_fds": [fd]}
@@ -446,7 +474,7 @@ class Init:
             if path.rstrip("/") in ("", "/"):
                 raise OSError(errno.EPERM, "refusing to remove /")
             if msg.get("recursive"):
-                shutil.rmtree(path)
+                _rmtree(path)
             else:
                 os.rmdir(path)
         else:

@@ -9,7 +9,6 @@ import ctypes
 import errno
 import fcntl
 import os
-import platform
 import socket
 import struct
 
@@ -18,7 +17,7 @@ _libc.syscall.restype = ctypes.c_long
 # Declared once: ctypes then converts plain ints in C (an init makes ~45 prctl calls while it starts).
 _libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
 
-ARCH_OK = platform.machine() == "x86_64"
+ARCH_OK = os.uname().machine == "x86_64"
 
 # x86_64 syscall numbers (stable ABI; from asm/unistd_64.h)
 NR_CLONE = 56
