@@ -148,8 +148,11 @@ def test_binds_are_idmapped_so_root_inside_owns_what_host_root_owns(uapi, state_
 
 
 def test_a_file_of_sandbox_root_is_host_root_owned_in_a_snapshot_layer(uapi, state_daemon, image):
-    sid = uapi.create(image, workdir="/")["id"]
-    uapi.sh(sid, "mkdir -p /made && echo hi > /made/f && rm -rf /home && mkdir /home")
+    # as a build step runs (apt and dpkg chown): capabilities kept inside its user namespace only
+    sid = uapi.create(image, workdir="/", capabilities=["CHOWN", "DAC_OVERRIDE", "FOWNER"])["id"]
+    out, err, _ = uapi.sh(sid, "mkdir -p /made && echo hi > /made/f && echo u > /made/u && "
+                               "chown 1000:1001 /made/u && rm -rf /home && mkdir /home && echo done")
+    assert out == "done\n", err
     base = _base(uapi, sid)
     r = uapi.http.post(f"/v1/sandboxes/{sid}/snapshot", json={})
     assert r.status_code == 201, r.text
@@ -158,6 +161,7 @@ def test_a_file_of_sandbox_root_is_host_root_owned_in_a_snapshot_layer(uapi, sta
     st = (fs / "made" / "f").stat()
     assert (st.st_uid, st.st_gid) == (0, 0), f"host ids {st.st_uid}:{st.st_gid}, sandbox root was {base}"
     assert (fs / "made").stat().st_uid == 0
+    assert ((fs / "made" / "u").stat().st_uid, (fs / "made" / "u").stat().st_gid) == (1000, 1001)
     assert os.getxattr(fs / "home", "user.overlay.opaque") == b"y"
     assert os.getxattr(fs / "home", "trusted.overlay.opaque") == b"y"
     # the next sandbox sees root's file as root's, and the re-made directory empty
