@@ -449,6 +449,8 @@ class Manager(Calls):
         sb.gone.set()
 
     def _prune(self) -> None:
+        if len(self.sandboxes) <= KEEP_ENDED:  # cannot hold too many ended ones: skip the scan (every create)
+            return
         ended = [s for s in self.sandboxes.values() if s.gone.is_set()]
         for s in sorted(ended, key=lambda s: s.ended_at or 0)[:max(0, len(ended) - KEEP_ENDED)]:
             del self.sandboxes[s.id]

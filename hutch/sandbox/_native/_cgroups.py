@@ -23,8 +23,8 @@ CPU_PERIOD_US = 100_000
 ZYGOTE_LEAF = "_zygote"
 
 
-def _write(path: Path, value) -> None:
-    fd = os.open(path, os.O_WRONLY)
+def _write(path, value) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, str(value).encode())
     finally:
@@ -47,6 +47,9 @@ class Cgroups:
                     "controllers, or boot with cgroup v2."
                 )
             self.bases = [root / c / parent for c in V1_CONTROLLERS]
+        # plain strings: these paths are built on every create and teardown, pathlib costs more there
+        self._bases = [str(b) for b in self.bases]
+        self._memsw: bool | None = None   # the v1 memory controller accounts swap (looked up once)
 
     def setup(self) -> None:
         for b in self.bases:
@@ -61,11 +64,11 @@ class Cgroups:
         return [b / sid for b in self.bases]
 
     def procs_files(self, sid: str) -> list[str]:
-        return [str(d / "cgroup.procs") for d in self.dirs(sid)]
+        return [f"{b}/{sid}/cgroup.procs" for b in self._bases]
 
     def create(self, sid: str, memory: int | None = None, pids: int | None = None, cpu: float | None = None) -> None:
-        for d in self.dirs(sid):
-            d.mkdir()
+        for b in self._bases:
+            os.mkdir(f"{b}/{sid}")
         self.set_limits(sid, memory, pids, cpu)
 
     def set_limits(self, sid: str, memory: int | None = None, pids: int | None = None, cpu: float | None = None) -> None:
@@ -79,23 +82,33 @@ class Cgroups:
             if cpu:
                 _write(d / "cpu.max", f"{int(cpu * CPU_PERIOD_US)} {CPU_PERIOD_US}")
             return
-        mem, pid, cpud = self.dirs(sid)
+        mem, pid, cpud = (f"{b}/{sid}" for b in self._bases)
         if memory:
-            _write(mem / "memory.limit_in_bytes", memory)
-            if (mem / "memory.memsw.limit_in_bytes").exists():  # no swap beyond the limit
-                _write(mem / "memory.memsw.limit_in_bytes", memory)
+            _write(f"{mem}/memory.limit_in_bytes", memory)
+            if self._memsw is None:
+                self._memsw = os.path.exists(f"{mem}/memory.memsw.limit_in_bytes")
+            if self._memsw:  # no swap beyond the limit
+                _write(f"{mem}/memory.memsw.limit_in_bytes", memory)
         if pids:
-            _write(pid / "pids.max", pids)
+            _write(f"{pid}/pids.max", pids)
         if cpu:
-            _write(cpud / "cpu.cfs_period_us", CPU_PERIOD_US)
-            _write(cpud / "cpu.cfs_quota_us", int(cpu * CPU_PERIOD_US))
+            # the period is the kernel's default (100 ms) in a new cgroup: only the quota needs writing
+            if CPU_PERIOD_US != 100_000:
+                _write(f"{cpud}/cpu.cfs_period_us", CPU_PERIOD_US)
+            _write(f"{cpud}/cpu.cfs_quota_us", int(cpu * CPU_PERIOD_US))
 
     def oom_kills(self, sid: str) -> int:
-        d = self.dirs(sid)[0]
         try:
-            text = (d / ("memory.events" if self.v2 else "memory.oom_control")).read_text()
+            fd = os.open(f"{self._bases[0]}/{sid}/{'memory.events' if self.v2 else 'memory.oom_control'}",
+                         os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return 0
+        try:
+            text = os.read(fd, 4096).decode()
+        except OSError:
+            return 0
+        finally:
+            os.close(fd)
         for line in text.splitlines():
             k, _, v = line.partition(" ")
             if k == "oom_kill":
@@ -114,12 +127,12 @@ class Cgroups:
     def remove(self, sid: str, deadline: float = 2.0) -> bool:
         """Kill whatever is left in the sandbox's cgroups and remove them; True when all are gone."""
         end = time.monotonic() + deadline
-        pending = [d for d in self.dirs(sid) if d.exists()]
+        pending = [f"{b}/{sid}" for b in self._bases]
         delay = 0.0005
         while pending:
             for d in list(pending):
                 try:
-                    d.rmdir()
+                    os.rmdir(d)
                     pending.remove(d)
                 except FileNotFoundError:
                     pending.remove(d)
