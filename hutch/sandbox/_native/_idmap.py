@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import os
 import select
+import sys
 from pathlib import Path
 
 from hutch._core.errors import SandboxError
@@ -156,8 +157,11 @@ class IdMapper:
             try:
                 os.close(L.idmapped_tree(path, self.userns_fd))
                 ok = True
-            except OSError:
+            except OSError as e:
                 ok = False
+                print(f"hutch daemon: image layer {path} cannot be idmapped ({e}); sandboxes of images with it "
+                      "run without a user namespace (root inside is host root without capabilities).",
+                      file=sys.stderr)
             self.can[path] = ok
         return ok
 
