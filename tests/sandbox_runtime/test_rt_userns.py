@@ -3,6 +3,7 @@ of its own outside; HUTCH_USERNS=0 opts out."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -110,10 +111,33 @@ def test_default_root_is_uid_0_inside_and_unprivileged_on_the_host(uapi, state_d
     assert leftovers(state) == []
 
 
-def test_each_sandbox_has_its_own_range_given_back_at_the_end(uapi, image):
+def _signal_as(uid: int, pid: int) -> int:
+    """kill(pid, 0) from a host process running as `uid` (as a process that escaped a sandbox would):
+    0 if allowed, else the errno."""
+    child = os.fork()
+    if child == 0:
+        code = 100
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            os.kill(pid, 0)
+            code = 0
+        except OSError as e:
+            code = e.errno
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+
+
+def test_each_sandbox_has_its_own_range_given_back_at_the_end(uapi, state_daemon, image):
     a, b = uapi.create(image)["id"], uapi.create(image)["id"]
     ba, bb = _base(uapi, a), _base(uapi, b)
     assert ba != bb   # an escaped process of one is not the same host user as the other's
+    init_a, init_b = _init_pid(host_state(state_daemon, a)), _init_pid(host_state(state_daemon, b))
+    assert _signal_as(ba, init_a) == 0               # the check itself works: its own processes, yes
+    assert _signal_as(ba, init_b) == errno.EPERM     # another sandbox's, no
+    assert _signal_as(bb, init_a) == errno.EPERM
     assert not _range_free(ba) and not _range_free(bb)
     uapi.terminate(a)
     assert _range_free(ba)
