@@ -19,9 +19,9 @@ from hutch.cli._mem import mem
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process until unmounted (Ctrl-C unmounts).")
 @click.option("--source", metavar="TEXT", help="Provenance recorded on each write (default fuse:<mountpoint>).")
 @click.option("--log", "log_path", metavar="FILE", help="Where the background server writes its log.")
-@click.option("--cache-seconds", type=float, default=0.0, show_default=True,
-              help="How long the kernel may trust names and sizes: faster, but changes made behind the mount "
-                   "may read short for that long.")
+@click.option("--cache-seconds", type=float, default=60.0, show_default=True,
+              help="How long the kernel may keep names, sizes and pages; every change invalidates them at once, "
+                   "so this only bounds what the server cannot see. 0 asks the server on every lookup.")
 def mount(store, mountpoint, read_only, foreground, source, log_path, cache_seconds) -> None:
     """Mount STORE at MOUNTPOINT: entities as files, a query as a directory, profile.md.
 

@@ -31,6 +31,7 @@ from mfusepy import Operations
 from hutch._core.errors import ConfigError, MemoryStoreError
 from hutch.fuse import _view
 from hutch.fuse._fs_write import WriteOps, _err, _Handle, read_file
+from hutch.fuse._kcache import KernelCache, stat_key
 from hutch.memory import _format as fmt
 
 log = logging.getLogger("hutch.fuse")
@@ -61,6 +62,7 @@ class MemoryFS(WriteOps, Operations):
         self._pending: dict[str, _Handle] = {}      # mount path -> open write buffer (getattr shows its size)
         self._uid, self._gid = os.getuid(), os.getgid()
         self._t0 = time.time_ns()
+        self.kcache = KernelCache(self.root)        # what the kernel holds, and invalidating it (_kcache.py)
         self.on_ready = None                        # called once the mount is live (see _mount.serve)
         #: set once `source` is final; a mount handed to a sandbox learns the sandbox's id after it starts
         self.source_known = threading.Event()
@@ -72,9 +74,14 @@ class MemoryFS(WriteOps, Operations):
         if conn is not None:
             # O_TRUNC arrives with open() instead of as a separate truncate: `echo x > f.md` is one commit
             conn.want |= FUSE_CAP_ATOMIC_O_TRUNC & conn.capable
+        self.kcache.attach()
+        self.kcache.watch()
         log.debug("fuse conn capable=%#x want=%#x", getattr(conn, "capable", 0), getattr(conn, "want", 0))
         if self.on_ready is not None:
             self.on_ready()
+
+    def destroy(self, path):
+        self.kcache.stop()
 
     # ------------------------------------------------------------------ helpers
 
@@ -128,6 +135,10 @@ class MemoryFS(WriteOps, Operations):
         t = self._t0 if mtime is None else mtime
         return {"st_mode": stat.S_IFREG | mode, "st_nlink": 1, "st_size": size, "st_uid": self._uid,
                 "st_gid": self._gid, "st_mtime": t, "st_ctime": t, "st_atime": t}
+
+    def _gen_attr(self, path: str, data: bytes) -> dict:
+        self.kcache.seen[path] = (0, 0, len(data))  # open compares: a size that changed since is refreshed
+        return self._file_attr(len(data))
 
     def _stat_attr(self, st: os.stat_result) -> dict:
         mode = st.st_mode
@@ -207,10 +218,11 @@ class MemoryFS(WriteOps, Operations):
             return self._dir_attr(0o755 if self.writable else 0o555)
         pend = self._pending.get(path)
         if pend is not None:
+            self.kcache.seen.pop(path, None)  # not the file's attributes: the next open re-checks
             return self._file_attr(len(pend.data), 0o644)
         top = parts[0]
         if top == _view.PROFILE and len(parts) == 1:
-            return self._file_attr(len(self._profile()))
+            return self._gen_attr(path, self._profile())
         if top == _view.SEARCH_DIR:
             if len(parts) == 1:
                 return self._dir_attr()
@@ -218,7 +230,7 @@ class MemoryFS(WriteOps, Operations):
                 self._hits(parts[1])
                 return self._dir_attr()
             if len(parts) == 3:
-                return self._file_attr(len(self._generated(parts)))
+                return self._gen_attr(path, self._generated(parts))
             raise _err(errno.ENOENT)
         if top == _view.AS_OF_DIR:
             if len(parts) == 1:
@@ -231,18 +243,22 @@ class MemoryFS(WriteOps, Operations):
                     return self._dir_attr()
                 raise _err(errno.ENOENT)
             if len(parts) == 4:
-                return self._file_attr(len(self._generated(parts)))
+                return self._gen_attr(path, self._generated(parts))
             raise _err(errno.ENOENT)
         if not self._store_path_ok(parts):
             raise _err(errno.ENOENT)
         if path in self._scratch:
+            self.kcache.seen.pop(path, None)
             return self._file_attr(len(self._scratch[path]), 0o644)
         if path in self._vdirs:
             return self._dir_attr(0o755)
         try:
-            return self._stat_attr(os.lstat(self._real(path)))
+            st = os.lstat(self._real(path))
         except FileNotFoundError:
+            self.kcache.seen.pop(path, None)
             raise _err(errno.ENOENT) from None
+        self.kcache.seen[path] = stat_key(st)
+        return self._stat_attr(st)
 
     def readdir(self, path, fh):
         parts = self._parts(path)
@@ -311,6 +327,12 @@ class MemoryFS(WriteOps, Operations):
             data = self._generated(parts)
             if data is None:
                 raise _err(errno.EISDIR if len(parts) < 3 else errno.ENOENT)
+            # generated anew: if its size differs from what getattr told, refresh the kernel's (as below)
+            if self.kcache.seen.get(path) != (0, 0, len(data)):
+                if self.kcache.stale_open(path):
+                    raise _err(errno.ESTALE)
+            elif self.kcache.retried:
+                self.kcache.retried.discard(path)
             fi.fh = self._new_handle(_Handle("mem", path, data=data))
             fi.direct_io = 1  # generated on open: its size may differ from what getattr said a moment ago
             return 0
@@ -328,12 +350,23 @@ class MemoryFS(WriteOps, Operations):
             fd = os.open(self._real(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             raise _err(errno.ENOENT) from None
+        # The kernel may hold this file's size and pages for cache_seconds: keep them if they are of this very
+        # version. Otherwise the path walk before this open trusted a stale entry, and a splice reader (busybox
+        # cat's sendfile) would stop at the old size: drop what the kernel holds and answer ESTALE, on which
+        # the kernel walks the path again with a lookup per component (fresh size) and retries the open once.
+        fresh = self.kcache.fresh(path, os.fstat(fd))
+        if not fresh and self.kcache.stale_open(path):
+            os.close(fd)
+            raise _err(errno.ESTALE)
+        if fresh and self.kcache.retried:
+            self.kcache.retried.discard(path)
         fi.fh = self._new_handle(_Handle("fd", path, fd=fd))
         if hasattr(fi, "noflush"):
             fi.noflush = 1  # a reader's close() needs no FLUSH round trip (FOPEN_NOFLUSH)
-        # Keep the pages read before: the lookup that preceded this open refreshed size and mtime, and a
-        # changed mtime makes the kernel drop them (auto_inval_data), so only unchanged bytes are reused.
-        fi.keep_cache = 1
+        if fresh:
+            fi.keep_cache = 1
+        else:  # the retry found it changed once more: fresh pages at least (see _kcache.py)
+            fi.direct_io = 1
         return 0
 
     def read(self, path, size, offset, fi):

@@ -7,14 +7,12 @@ table, `_pending`, `_scratch`, `_vdirs`) and the path helpers. Every change to t
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
 import threading
 from dataclasses import dataclass, field
 
-import mfusepy
 from mfusepy import FuseOSError
 
 from hutch._core.errors import (
@@ -196,18 +194,8 @@ class WriteOps:
 
     def _forget_kernel_cache(self, path: str) -> None:
         """Make the kernel drop the pages and attributes it cached of `path`: the committed file may
-        differ from what was written (front matter added). (A sendfile/splice reader trusts the size the
-        kernel holds until the next lookup; with the default cache_seconds=0 every open looks it up.)"""
-        lib = mfusepy._libfuse
-        try:
-            if not getattr(lib, "_hutch_typed", False):
-                lib.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-                lib._hutch_typed = True
-            ctx = lib.fuse_get_context()
-            if ctx and ctx.contents.fuse:
-                lib.fuse_invalidate_path(ctx.contents.fuse, path.encode())
-        except (AttributeError, OSError, ctypes.ArgumentError) as e:
-            log.debug("could not invalidate the kernel's cache of %s: %s", path, e)
+        differ from what was written (front matter added). See hutch/fuse/_kcache.py."""
+        self.kcache.invalidate(path, force=True)
 
     def flush(self, path, fi):
         h = self._handles.get(fi.fh)

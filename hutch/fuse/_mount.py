@@ -31,6 +31,8 @@ from hutch._core.errors import ConfigError, Error, MemoryStoreError
 
 #: Seconds `mount()` waits for the serving process to report the mount live.
 MOUNT_TIMEOUT = 30.0
+#: Seconds the kernel may keep names, attributes and pages of the view between invalidations (_kcache.py).
+CACHE_SECONDS = 60.0
 _READY = b"ready\n"
 
 log = logging.getLogger("hutch.fuse")
@@ -52,12 +54,12 @@ def _check_mountpoint(mountpoint: Path) -> None:
 
 def serve(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: bool = True,
           source: str | None = None, ready_fd: int | None = None, handover: bool = False,
-          debug: bool = False, cache_seconds: float = 0.0) -> None:
+          debug: bool = False, cache_seconds: float = CACHE_SECONDS) -> None:
     """Mount the view of `store` at `mountpoint` and serve it until unmounted (blocks).
 
-    `cache_seconds`: how long the kernel may trust names and sizes it has seen. 0 (the default) is always
-    fresh; more is faster (fewer requests per open) but a file changed behind the mount may read short
-    for that long.
+    `cache_seconds`: how long the kernel may keep names, attributes and pages it has seen. Every change
+    (through the mount, through the API, by any program) invalidates them at once (hutch/fuse/_kcache.py),
+    so this only bounds a change the server could not see; 0 asks the server on every path component.
     """
     from mfusepy import FUSE
 
@@ -89,9 +91,9 @@ def serve(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: 
     name = "hutch:" + "".join(c if c.isalnum() or c in "/-_." else "_" for c in str(mem.root))
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr,
                         format="hutch-fuse: %(levelname)s %(message)s")
-    # entry_timeout=0, attr_timeout=0: a file may change behind the kernel's back (a commit through the API,
-    # or through this mount, which adds front matter), and sendfile/splice readers (busybox cat) trust the
-    # size the kernel cached; a lookup on every open brings it fresh. It costs one request per path component.
+    # entry/attr timeouts > 0: a lookup per path component on every open was most of a cat's cost. A file
+    # may still change behind the kernel's back (a commit through the API, or through this mount, which adds
+    # front matter) and sendfile readers (busybox cat) trust the cached size: _kcache.py invalidates exactly.
     try:
         FUSE(fs, str(mountpoint), raw_fi=True, foreground=True, nothreads=False, auto_unmount=True,
              fsname=name, subtype="hutch", attr_timeout=cache_seconds, entry_timeout=cache_seconds,
@@ -126,7 +128,7 @@ def _await_handover(fs, mountpoint: Path) -> None:
 
 def mount(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: bool = True,
           source: str | None = None, handover: bool = False, log_path: str | None = None,
-          cache_seconds: float = 0.0) -> subprocess.Popen:
+          cache_seconds: float = CACHE_SECONDS) -> subprocess.Popen:
     """Start a serving process for `store` at `mountpoint`; returns it once the mount is live.
 
     The process runs in its own session, so it outlives the caller (unless
@@ -147,7 +149,7 @@ def mount(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: 
         argv += ["--source", source]
     if handover:
         argv.append("--handover")
-    if cache_seconds:
+    if cache_seconds != CACHE_SECONDS:
         argv += ["--cache-seconds", str(float(cache_seconds))]
     err = open(log_path, "ab") if log_path else subprocess.DEVNULL
     try:
@@ -216,7 +218,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ready-fd", type=int)
     ap.add_argument("--handover", action="store_true")
     ap.add_argument("--debug", action="store_true")
-    ap.add_argument("--cache-seconds", type=float, default=0.0)
+    ap.add_argument("--cache-seconds", type=float, default=CACHE_SECONDS)
     a = ap.parse_args(argv)
     try:
         serve(a.store, a.mountpoint, writable=not a.read_only, source=a.source, ready_fd=a.ready_fd,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import time
 
 
 import hutch
@@ -144,7 +145,6 @@ def test_as_of_shows_the_past_and_profile_is_live(mounted):
         before = f.read()
     assert "3 entities" in before and "- works_at: 1" in before
     mem.put("actors", "Bob Stone")
-    import time
     time.sleep(1.1)  # the profile is cached for a second
     with open(mounted.p("profile.md")) as f:
         after = f.read()
@@ -170,3 +170,67 @@ def test_reads_are_fresh_after_changes_behind_the_mount(mounted):
         assert after != before and after == (mem.root / "orgs" / "acme.md").read_text()
         r = subprocess.run(["busybox", "cat", p], capture_output=True, text=True)  # sendfile reader
         assert r.stdout == after
+
+
+def _busybox_cat(path: str) -> str:
+    return subprocess.run(["busybox", "cat", path], capture_output=True, text=True, check=True).stdout
+
+
+def test_kernel_cache_is_exact_after_edits_behind_the_mount(mounted):
+    """The kernel keeps names, sizes and pages (cache_seconds=60), yet an edit behind the mount reads new
+    at once, whole, also by a sendfile reader: atomic rewrites, appends in place, same-size edits in place."""
+    mem = mounted.mem
+    p = mounted.p("topics", "pricing.md")
+    disk = mem.root / "topics" / "pricing.md"
+    edits = [
+        lambda: disk.write_text(disk.read_text() + "Grown in place, same inode. " * 30 + "\n"),
+        lambda: disk.write_text(disk.read_text().replace("Grown", "GROWN")),        # same size, same inode
+        lambda: mem.update("topics/pricing", body="Atomic rewrite, longer still. " * 40),
+        lambda: disk.write_text(disk.read_text()[:120] + "\n"),                   # shrunk in place
+    ]
+    for i, edit in enumerate(edits):
+        for _ in range(2):  # the kernel now holds this version's size and pages
+            with open(p) as f:
+                f.read()
+            os.stat(p)
+        edit()
+        want = disk.read_text()
+        with open(p) as f:
+            assert f.read() == want, f"edit {i}: stale read"
+        edit_again = want + f"edit {i} once more\n"
+        disk.write_text(edit_again)
+        assert _busybox_cat(p) == edit_again, f"edit {i}: sendfile reader read a stale or short file"
+
+
+def test_stat_sees_a_change_behind_the_mount_without_an_open(mounted):
+    """stat never opens the file: the store's inotify watch invalidates what the kernel holds of it."""
+    p = mounted.p("orgs", "acme.md")
+    before = os.stat(p).st_size
+    mounted.mem.update("orgs/acme", body="A much longer story about Acme. " * 20)
+    want = (mounted.mem.root / "orgs" / "acme.md").stat().st_size
+    assert want != before
+    deadline = time.monotonic() + 5
+    while os.stat(p).st_size != want and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.stat(p).st_size == want  # the kernel's own cache would have kept the old size for 60 s
+    mounted.mem.forget("orgs/acme", reason="gone")
+    deadline = time.monotonic() + 5
+    while os.path.exists(p) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not os.path.exists(p) and "acme.md" not in os.listdir(mounted.p("orgs"))
+
+
+def test_written_and_generated_files_read_whole_by_sendfile(mounted):
+    """A file written through the mount grows on commit (front matter); profile.md changes size as the store
+    does: a sendfile reader right after gets all of it."""
+    p = mounted.p("topics", "churn.md")
+    r = subprocess.run(["sh", "-c", f"printf 'Notes on churn.\\n' > '{p}' && busybox cat '{p}'"],
+                       capture_output=True, text=True, check=True)
+    assert r.stdout == (mounted.mem.root / "topics" / "churn.md").read_text() and r.stdout.startswith("---\n")
+    first = _busybox_cat(mounted.p("profile.md"))
+    for i in range(3):
+        mounted.mem.put("actors", f"Person {i}", body="x " * 50)
+        time.sleep(1.05)  # the profile is cached for a second
+        out = _busybox_cat(mounted.p("profile.md"))
+        assert f"{5 + i} entities" in out and out.endswith("\n") and f"put actors/person-{i}" in out
+    assert len(out) > len(first)
