@@ -30,7 +30,7 @@ from mfusepy import Operations
 
 from hutch._core.errors import ConfigError, MemoryStoreError
 from hutch.fuse import _view
-from hutch.fuse._fs_write import WriteOps, _err, _Handle, read_file
+from hutch.fuse._fs_write import WriteOps, _err, _Handle, _pin_thread, read_file
 from hutch.fuse._kcache import KernelCache, stat_key
 from hutch.memory import _format as fmt
 
@@ -213,6 +213,7 @@ class MemoryFS(WriteOps, Operations):
     # ------------------------------------------------------------------ reading
 
     def getattr(self, path, fh=None):
+        _pin_thread()
         parts = self._parts(path)
         if not parts:
             return self._dir_attr(0o755 if self.writable else 0o555)
@@ -261,6 +262,7 @@ class MemoryFS(WriteOps, Operations):
         return self._stat_attr(st)
 
     def readdir(self, path, fh):
+        _pin_thread()
         parts = self._parts(path)
         base = [".", ".."]
         if not parts:
@@ -318,6 +320,7 @@ class MemoryFS(WriteOps, Operations):
         return fh
 
     def open(self, path, fi):
+        _pin_thread()
         parts = self._parts(path)
         flags = fi.flags
         wants_write = (flags & os.O_ACCMODE) != os.O_RDONLY or flags & os.O_TRUNC
@@ -370,6 +373,7 @@ class MemoryFS(WriteOps, Operations):
         return 0
 
     def read(self, path, size, offset, fi):
+        _pin_thread()
         h = self._handles.get(fi.fh)
         if h is None:
             raise _err(errno.EBADF)
