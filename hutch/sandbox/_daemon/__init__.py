@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import gc
 import hashlib
 import os
 import signal
@@ -85,6 +86,11 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None) ->
         if bind:
             await web.TCPSite(runner, bind[0], bind[1]).start()
         (run / "daemon.pid").write_text(str(os.getpid()))
+        # What exists now (modules, the app) lives as long as the daemon: the collector need not walk it
+        # again, and each request makes many short-lived objects, so young collections may wait longer.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(10_000, 20, 20)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
