@@ -218,6 +218,11 @@ def test_stat_sees_a_change_behind_the_mount_without_an_open(mounted):
     while os.path.exists(p) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not os.path.exists(p) and "acme.md" not in os.listdir(mounted.p("orgs"))
+    new = mounted.p("orgs", "globex.md")  # a name looked up in vain is not remembered as missing
+    assert not os.path.exists(new)
+    mounted.mem.put("orgs", "Globex", body="Globex buys widgets.")
+    with open(new) as f:
+        assert "Globex buys widgets." in f.read()
 
 
 def test_written_and_generated_files_read_whole_by_sendfile(mounted):
