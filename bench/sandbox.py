@@ -162,13 +162,38 @@ def hutch_idle(image, count, run_dir):
     start_s = ms(t0) / 1000
     time.sleep(1.0)
     m1, c1, d1 = mem_used_mib(), rss_mib(), rss_mib(dpid)
+    own = sandbox_memory(run_dir, [sb.id for sb in sbs])
     alive = sum(1 for s in hutch.Sandbox.list(tags=TAG) if s.status == "running")
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(16) as ex:
         list(ex.map(lambda s: s.terminate(), sbs))
     down_s = ms(t0) / 1000
     return {"start_s": start_s, "mem_mib": m1 - m0, "alive": alive, "teardown_s": down_s, "leftovers": leftovers(run_dir, [sb.id for sb in sbs]),
-            "client_mib": c1 - c0, "daemon_mib": d1 - d0}
+            "client_mib": c1 - c0, "daemon_mib": d1 - d0, **own}
+
+
+def sandbox_memory(run_dir: Path, ids) -> dict:
+    """What the sandboxes themselves hold, independent of other work on the machine: the PSS of their
+    processes (the inits' copied-on-write pages, shares of the zygote's) and what their memory cgroups
+    were charged (kernel objects and pages first touched inside the sandbox)."""
+    from hutch.sandbox._daemon import cgroup_parent_for
+
+    base = Path("/sys/fs/cgroup/memory") / cgroup_parent_for(run_dir)
+    pss_kib = charged = 0
+    for sid in ids:
+        try:
+            charged += int((base / sid / "memory.usage_in_bytes").read_text())
+            pids = (base / sid / "cgroup.procs").read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                for ln in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if ln.startswith("Pss:"):
+                        pss_kib += int(ln.split()[1])
+            except OSError:
+                pass
+    return {"pss_mib": pss_kib / 1024, "charged_mib": charged / 1024**2}
 
 
 # ------------------------------------------------------------------ peers
@@ -409,6 +434,8 @@ def main():
         f"| all started in | {hi['start_s']:.2f} s | {bi['start_s']:.2f} s |",
         f"| alive at once | {hi['alive']} | {bi['alive']} |",
         f"| system memory used | {hi['mem_mib']:.0f} MiB | {bi['mem_mib']:.0f} MiB |",
+        f"| the sandboxes' processes (sum of PSS) / their memory cgroups' charge (two views, they overlap) | {hi['pss_mib']:.0f} / "
+        f"{hi['charged_mib']:.0f} MiB | - |",
         f"| of which the daemon's / this client's growth | {hi['daemon_mib']:.0f} / {hi['client_mib']:.0f} MiB | - |",
         f"| all torn down in | {hi['teardown_s']:.2f} s | {bi['teardown_s']:.2f} s |",
         f"| leftovers after teardown (mounts, cgroups) | {len(hi['leftovers'])} {hi['leftovers'][:3]} | - |",
