@@ -334,8 +334,8 @@ class MemoryFS(WriteOps, Operations):
             if self.kcache.seen.get(path) != (0, 0, len(data)):
                 if self.kcache.stale_open(path):
                     raise _err(errno.ESTALE)
-            elif self.kcache.retried:
-                self.kcache.retried.discard(path)
+            else:
+                self.kcache.opened(path)
             fi.fh = self._new_handle(_Handle("mem", path, data=data))
             fi.direct_io = 1  # generated on open: its size may differ from what getattr said a moment ago
             return 0
@@ -361,8 +361,8 @@ class MemoryFS(WriteOps, Operations):
         if not fresh and self.kcache.stale_open(path):
             os.close(fd)
             raise _err(errno.ESTALE)
-        if fresh and self.kcache.retried:
-            self.kcache.retried.discard(path)
+        if fresh:
+            self.kcache.opened(path)
         fi.fh = self._new_handle(_Handle("fd", path, fd=fd))
         if hasattr(fi, "noflush"):
             fi.noflush = 1  # a reader's close() needs no FLUSH round trip (FOPEN_NOFLUSH)

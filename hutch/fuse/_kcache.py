@@ -49,8 +49,9 @@ class KernelCache:
         self.root = root
         #: mount path -> stat_key of the attributes last given to the kernel for it
         self.seen: dict[str, tuple[int, int, int]] = {}
-        #: paths answered ESTALE whose retried open has not come yet (a retry is never refused again)
-        self.retried: set[str] = set()
+        #: (path, opener's thread id) answered ESTALE whose retried open has not come yet: a retry is never
+        #: refused again. Per opener, so that two readers of a changed file each get their re-lookup.
+        self.retried: set[tuple[str, int]] = set()
         self._fuse: int | None = None   # struct fuse *, learned in init (a request context)
         self._stop_r = self._stop_w = -1
         self._thread: threading.Thread | None = None
@@ -70,11 +71,19 @@ class KernelCache:
         open should fail with ESTALE (the kernel then looks the path up again and retries); False on that
         retry, which must not fail (it found the file changed once more)."""
         self.invalidate(path, force=True)
-        if path in self.retried:
-            self.retried.discard(path)
+        key = (path, _lib.fuse_get_context().contents.pid)
+        if key in self.retried:
+            self.retried.discard(key)
             return False
-        self.retried.add(path)
+        if len(self.retried) > 4096:  # openers that never retried (the kernel gave up): forget them
+            self.retried.clear()
+        self.retried.add(key)
         return True
+
+    def opened(self, path: str) -> None:
+        """An open of `path` found it fresh: its opener needs no retry any more."""
+        if self.retried:
+            self.retried.discard((path, _lib.fuse_get_context().contents.pid))
 
     def invalidate(self, path: str, *, force: bool = False) -> None:
         """Drop the kernel's attributes and pages of `path` (only if it was told anything, unless `force`)."""

@@ -200,6 +200,10 @@ def test_kernel_cache_is_exact_after_edits_behind_the_mount(mounted):
         edit_again = want + f"edit {i} once more\n"
         disk.write_text(edit_again)
         assert _busybox_cat(p) == edit_again, f"edit {i}: sendfile reader read a stale or short file"
+        grown = edit_again + "read by two at once\n"
+        disk.write_text(grown)
+        readers = [subprocess.Popen(["busybox", "cat", p], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        assert [r.communicate()[0] for r in readers] == [grown, grown], f"edit {i}: concurrent readers"
 
 
 def test_stat_sees_a_change_behind_the_mount_without_an_open(mounted):
