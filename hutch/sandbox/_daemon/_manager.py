@@ -98,6 +98,7 @@ class Manager(Calls):
         self.idmap = IdMapper(run_dir)
         self.ranges = UidRanges()
         self.warming = 0
+        self.creating = 0                 # creates in flight: the pool refills once none is
 
     # --- daemon lifecycle ---------------------------------------------------------------
 
@@ -200,6 +201,19 @@ class Manager(Calls):
     # --- create ---------------------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
+        """Start a sandbox from `spec` (a warm init if one fits); returns once it runs."""
+        self.creating += 1
+        try:
+            return await self._create(spec)
+        finally:
+            self.creating -= 1
+            # Refill once the create is done, so that a new init's start (clone, cgroup join, namespaces)
+            # does not compete with it for the zygote and the CPU; while creates overlap, only when the
+            # pool ran dry (the inits it warms then serve the creates still to come, nothing is wasted).
+            if not self.creating or not self.pool:
+                self._refill()
+
+    async def _create(self, spec: SandboxSpec) -> Sandbox:
         if self.closing:
             raise DaemonError("the daemon is shutting down; retry once it is back.")
         if spec.network.mode != "none" and self.network is None:
@@ -219,7 +233,6 @@ class Manager(Calls):
         # without one if idmapping is off, or a layer is on a filesystem that cannot idmap
         userns = self.idmap.userns_fd >= 0 and all(self.idmap.can_idmap(str(d)) for d in image.lowerdirs)
         sb = self.pool.pop(0) if self.pool and userns == self.pool[0].userns else None
-        self._refill()
         try:
             if sb is None:
                 sb = await self._spawn(userns)
