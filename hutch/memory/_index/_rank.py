@@ -235,8 +235,12 @@ class Channel:
 
 
 def fuse(channels: list[Channel], mask: np.ndarray, fusion: str) -> np.ndarray:
-    """Weighted sum of min-max normalised channels (default), or reciprocal rank fusion."""
+    """Weighted sum of min-max normalised channels (default), or reciprocal rank fusion.
+
+    Same arithmetic as `maxnorm` / `minmax` over `np.where(cand, scores, 0)`, written to make one pass
+    less per step: at 100,000 units 3.5 -> 1.4 ms for three channels (docs/retrieval.md)."""
     total = np.zeros(len(mask))
+    full = bool(mask.all())
     for ch in channels:
         cand = mask & ch.present
         if not cand.any():
@@ -246,21 +250,41 @@ def fuse(channels: list[Channel], mask: np.ndarray, fusion: str) -> np.ndarray:
             r = np.empty(len(mask))
             r[order] = np.arange(1, len(mask) + 1)
             total += np.where(cand, 1.0 / (RRF_K + r), 0.0)
-        elif ch.zero_based:
-            total += maxnorm(np.where(cand, ch.scores, 0.0), mask)
+            continue
+        vals = np.where(cand, ch.scores, 0.0)
+        if ch.zero_based:
+            # vals is 0 outside cand (a subset of mask), so its maximum is the maximum over the masked candidates
+            # whenever that is positive, the only case that contributes
+            hi = vals.max()
+            if hi > 0:
+                total += vals / hi
         else:
-            total += minmax(np.where(cand, ch.scores, 0.0), mask)
+            lo = vals.min() if full else np.min(vals, where=mask, initial=np.inf)
+            hi = vals.max() if full else np.max(vals, where=mask, initial=-np.inf)
+            if hi > lo:
+                scaled = (vals - lo) / (hi - lo)
+                total += scaled if full else np.where(mask, scaled, 0.0)
     return total
 
 
 def top_k(score: np.ndarray, mask: np.ndarray, k: int) -> list[int]:
-    cand = np.nonzero(mask)[0]
-    if not len(cand):
-        return []
-    s = score[cand]
-    if len(cand) > k:
-        part = np.argpartition(-s, k - 1)[:k]
+    """Positions of the k best masked scores, best first (ties: lower position first)."""
+    if mask.all():
+        cand, s = None, score  # no filter: skip gathering a copy of every score
     else:
-        part = np.arange(len(cand))
-    part = part[np.lexsort((cand[part], -s[part]))]
-    return [int(cand[i]) for i in part]
+        cand = np.flatnonzero(mask)
+        s = score[cand]
+    if not len(s):
+        return []
+    if len(s) > k:
+        part = np.argpartition(-s, k - 1)[:k]
+        # argpartition picks any of the units tied at the k-th score: take the lowest positions, so that
+        # the same index always answers the same list
+        kth = s[part].min()
+        above = np.flatnonzero(s > kth)
+        part = np.concatenate([above, np.flatnonzero(s == kth)[:k - len(above)]])
+    else:
+        part = np.arange(len(s))
+    pos = part if cand is None else cand[part]
+    part = part[np.lexsort((pos, -s[part]))]
+    return [int(i) for i in (part if cand is None else cand[part])]

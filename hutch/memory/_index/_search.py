@@ -311,7 +311,9 @@ class SearchIndex:
         if dense_on:
             ap, starts, seg_e = s.segments()
             if len(ap):
-                vals = np.where(mask[ap], dense[ap], -np.inf)
+                # all units alive (the usual case): ap is 0..n-1, so take views instead of gathered copies
+                vals = (np.where(mask, dense, -np.inf) if len(ap) == n else
+                        np.where(mask[ap], dense[ap], -np.inf))
                 seg_max = np.maximum.reduceat(vals, starts)
                 edense = np.zeros(ne)
                 emask = np.zeros(ne, bool)
