@@ -7,15 +7,20 @@ from hutch.memory._index import _rank
 
 
 def reference_fuse(channels, mask):
-    """The definition: per channel, max-normalised (zero-based) or min-max normalised over the masked
-    candidates, summed."""
+    """The definition: per channel, max-normalised (zero-based) or scaled by the mean and standard deviation
+    of the masked candidates (mean - 3 sd -> 0, mean + 3 sd -> 1), summed."""
     total = np.zeros(len(mask))
     for ch in channels:
         cand = mask & ch.present
         if not cand.any():
             continue
         x = np.where(cand, ch.scores, 0.0)
-        total += _rank.maxnorm(x, mask) if ch.zero_based else _rank.minmax(x, mask)
+        if ch.zero_based:
+            total += _rank.maxnorm(x, mask)
+        else:
+            mu, sd = x[mask].mean(), x[mask].std()
+            if sd > 0:
+                total += np.where(mask, (x - (mu - 3 * sd)) / (6 * sd), 0.0)
     return total
 
 
