@@ -86,6 +86,16 @@ def test_kill_ends_the_command(sb):
     assert sb.run("true").returncode == 0
 
 
+def test_odd_names_in_paths_and_tags_survive_the_query(make_sandbox):
+    odd = "a b+c é%20&x=1"
+    sb = make_sandbox(tags={"odd": odd})
+    path = f"/home/user/{odd}.txt"
+    sb.files.write(path, b"x y")
+    assert sb.files.read(path) == b"x y" and sb.files.stat(path).name == f"{odd}.txt"
+    assert sb.run("cat", path).stdout == "x y"
+    assert [s.id for s in hutch.Sandbox.list(tags={"odd": odd})] == [sb.id]
+
+
 def test_files_api_and_confinement(sb, tmp_path):
     f = sb.files
     f.mkdir("/home/user/d/e", parents=True)

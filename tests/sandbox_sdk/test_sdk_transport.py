@@ -116,3 +116,23 @@ def test_an_answer_read_in_part_never_returns_its_connection(sock_path):
 def test_no_daemon_is_a_connect_error(sock_path):
     with client(sock_path) as c, pytest.raises(httpx.ConnectError):
         c.get("/v1/health")
+
+
+def test_quick_requests_encode_like_httpx_and_defer_the_rest(sock_path):
+    srv = Server(sock_path, [(OK, False), (OK, False)])
+    try:
+        t = _UnixTransport(sock_path)
+        r = t.quick("POST", "/v1/x/files/remove", {"params": [("path", "/a b+c/é"), ("recursive", 1)],
+                                                     "json": {"k": "ü"}})
+        assert r.read() == b"{}" and r.status_code == 200
+        line = srv.requests[0].split(b"\r\n", 1)[0]
+        assert line == b"POST /v1/x/files/remove?path=%2Fa%20b%2Bc%2F%C3%A9&recursive=1 HTTP/1.1"
+        assert srv.requests[0].endswith('{"k":"ü"}'.encode())
+        assert t.quick("GET", "/v1/x", {"params": {"flag": True}}) is None      # httpx spells booleans
+        assert t.quick("GET", "/v1/a b", {}) is None                            # a path to quote
+        assert t.quick("PUT", "/v1/x", {"content": iter([b"a"])}) is None       # a streamed body
+        with httpx.Client(base_url="http://hutch", transport=t) as c:           # what httpx sends instead
+            assert c.get("/v1/x", params={"path": "/a b+c/é"}).status_code == 200
+        assert srv.requests[1].split(b"\r\n", 1)[0] == b"GET /v1/x?path=%2Fa+b%2Bc%2F%C3%A9 HTTP/1.1"
+    finally:
+        srv.close()
