@@ -80,6 +80,16 @@ def memory_demo() -> None:
             print(f"  ingested {conv.name}: {r.count} entities, {r.links} links, one commit, "
                   f"{(time.perf_counter() - t0) * 1000:.0f} ms")
             print("  turn D1:3 is addressable:", mem.get("interactions/conv-26-session-1").section("D1:3")[:70], "...")
+            q = "Which hobbies help Melanie relax?"   # no turn says "hobbies": lexical + semantic + graph + time, fused
+            t0 = time.perf_counter()
+            rep = mem.reindex()   # optional: the first search would build the index itself
+            print(f"  index built from the files in {time.perf_counter() - t0:.1f} s: {rep.units} turns and notes, "
+                  f"{rep.vectors} vectors of {rep.model} (a cache under .hutch/, ignored by git)")
+            t0 = time.perf_counter()
+            hits = mem.search(q, k=3, classes=["interactions"])
+            print(f"  search {q!r} in {(time.perf_counter() - t0) * 1000:.0f} ms:")
+            for h in hits:
+                print(f"    {h.entity.id}#{h.anchor}  score={h.score:.2f}  channels={sorted(h.channels)}  {h.text[:60]!r}")
         report = mem.check()
         print(f"  check: {report.entities} entities, {report.links} links, {len(report.errors)} errors")
         log = subprocess.run(["git", "-C", str(mem.root), "log", "--oneline"], capture_output=True, text=True).stdout
