@@ -24,6 +24,7 @@ import logging
 import os
 import select
 import threading
+import time
 from pathlib import Path
 
 import mfusepy
@@ -35,6 +36,10 @@ _invalidate_path = getattr(_lib, "fuse_invalidate_path", None)
 if _invalidate_path is not None:
     _invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     _invalidate_path.restype = ctypes.c_int
+
+
+#: Seconds an ESTALE answer waits for its retry before other openers of the path stop waiting with it.
+RETRY_SECONDS = 1.0
 
 
 def stat_key(st: os.stat_result) -> tuple[int, int, int]:
@@ -49,9 +54,10 @@ class KernelCache:
         self.root = root
         #: mount path -> stat_key of the attributes last given to the kernel for it
         self.seen: dict[str, tuple[int, int, int]] = {}
-        #: (path, opener's thread id) answered ESTALE whose retried open has not come yet: a retry is never
-        #: refused again. Per opener, so that two readers of a changed file each get their re-lookup.
-        self.retried: set[tuple[str, int]] = set()
+        #: (path, opener's thread id) answered ESTALE -> when: its retried open has not come yet. A retry is
+        #: never refused again. While one is outstanding, other openers of that path are refused too: the
+        #: getattr of the re-lookup records the new version before the kernel has applied the reply.
+        self.retried: dict[tuple[str, int], float] = {}
         self._fuse: int | None = None   # struct fuse *, learned in init (a request context)
         self._stop_r = self._stop_w = -1
         self._thread: threading.Thread | None = None
@@ -64,7 +70,13 @@ class KernelCache:
 
     def fresh(self, path: str, st: os.stat_result) -> bool:
         """True if the kernel was told exactly this version of `path` (its cached pages and size are right)."""
-        return self.seen.get(path) == stat_key(st)
+        if self.seen.get(path) != stat_key(st):
+            return False
+        if self.retried:  # another opener's retry still to come: its re-lookup may not have reached the kernel
+            me, now = (path, _lib.fuse_get_context().contents.pid), time.monotonic()
+            return not any(k[0] == path and k != me and now - t < RETRY_SECONDS
+                           for k, t in list(self.retried.items()))
+        return True
 
     def stale_open(self, path: str) -> bool:
         """An open found `path` changed since the kernel was told: drop what the kernel holds. True if the
@@ -72,18 +84,20 @@ class KernelCache:
         retry, which must not fail (it found the file changed once more)."""
         self.invalidate(path, force=True)
         key = (path, _lib.fuse_get_context().contents.pid)
-        if key in self.retried:
-            self.retried.discard(key)
+        if self.retried.pop(key, None) is not None:
             return False
-        if len(self.retried) > 4096:  # openers that never retried (the kernel gave up): forget them
-            self.retried.clear()
-        self.retried.add(key)
+        if len(self.retried) > 256:  # openers that never retried: forget them
+            now = time.monotonic()
+            for k, t in list(self.retried.items()):
+                if now - t >= RETRY_SECONDS:
+                    self.retried.pop(k, None)
+        self.retried[key] = time.monotonic()
         return True
 
     def opened(self, path: str) -> None:
         """An open of `path` found it fresh: its opener needs no retry any more."""
         if self.retried:
-            self.retried.discard((path, _lib.fuse_get_context().contents.pid))
+            self.retried.pop((path, _lib.fuse_get_context().contents.pid), None)
 
     def invalidate(self, path: str, *, force: bool = False) -> None:
         """Drop the kernel's attributes and pages of `path` (only if it was told anything, unless `force`)."""
