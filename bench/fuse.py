@@ -15,6 +15,7 @@ Prints median (p50), p99 and the ratio to the peer for:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import hutch  # noqa: E402
 from hutch import fuse  # noqa: E402
+from hutch.fuse._mount import CACHE_SECONDS  # noqa: E402
 
 WORDS = ("churn onboarding pricing renewal invoice support outage migration roadmap hiring budget "
          "contract security audit latency dashboard forecast retention upsell discount").split()
@@ -97,6 +99,46 @@ def bench_cat(mnt: Path, mem: hutch.Memory, runs: int, label: str = "") -> None:
 
     row("cat entity: `cat` process (mount)", [proc(mnt) for _ in range(n)], [proc(mem.root) for _ in range(n)],
         "same file on disk")
+
+
+_COUNTING_SERVER = """
+import collections, json, sys
+from hutch.fuse import _fs, _mount
+counts = collections.Counter()
+def counting(name, op):
+    def wrapped(self, *a, **kw):
+        counts[name] += 1
+        return op(self, *a, **kw)
+    return wrapped
+for name in ("getattr", "open", "read", "release", "flush", "readdir", "readlink", "opendir", "releasedir"):
+    if hasattr(_fs.MemoryFS, name):
+        setattr(_fs.MemoryFS, name, counting(name, getattr(_fs.MemoryFS, name)))
+try:
+    _mount.serve(sys.argv[1], sys.argv[2], cache_seconds=float(sys.argv[3]))
+finally:
+    print(json.dumps(counts), flush=True)
+"""
+
+
+def bench_requests(mem: hutch.Memory, mnt: Path, cache_seconds: float, cats: int = 600) -> None:
+    """Requests the view's server answers per cat (a counting wrapper around its operations)."""
+    ids = mem.ls()[:200]
+    proc = subprocess.Popen([sys.executable, "-c", _COUNTING_SERVER, str(mem.root), str(mnt), str(cache_seconds)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mnt) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for i in range(cats):
+            with open(mnt / f"{ids[i % len(ids)]}.md", "rb") as f:
+                f.read()
+        time.sleep(0.2)  # releases are asynchronous
+    finally:
+        fuse.umount(mnt, lazy=True)
+        out, _ = proc.communicate(timeout=120)
+    counts = json.loads(out.strip().splitlines()[-1])
+    per = ", ".join(f"{k} {v / cats:.2f}" for k, v in sorted(counts.items()))
+    print(f"requests per cat ({cats} cats of {len(ids)} entities, --cache-seconds {cache_seconds:g}): {per}")
 
 
 _API_TIMER = """
@@ -201,6 +243,8 @@ def main() -> None:
             fuse.umount(mnt, lazy=True)
             proc.wait(120)  # generous: once seen to take >10 s while other suites ran (cause not found)
             print(f"umount: {(time.perf_counter() - t) * 1e3:.0f} ms until the server exited")
+        bench_requests(mem, mnt, CACHE_SECONDS)
+        bench_requests(mem, mnt, 0)
         # the same side by side with what the kernel keeps turned off: a lookup per path component per open
         proc = fuse.mount(mem.root, mnt, cache_seconds=0)
         try:
