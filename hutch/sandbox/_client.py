@@ -243,7 +243,12 @@ class _UnixTransport(httpx.BaseTransport):
             conn, reused = self._connection()
             sock, rfile = conn
             try:
-                sock.sendall(head + (b"" if chunked else body[0]))
+                if chunked or len(body[0]) > _READ:   # a big body is not copied to join it to the head
+                    sock.sendall(head)
+                    if not chunked:
+                        sock.sendall(body[0])
+                else:
+                    sock.sendall(head + body[0])
                 if chunked:
                     for piece in body:
                         if piece:
