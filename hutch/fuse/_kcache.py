@@ -7,9 +7,12 @@ the kernel before a reader can see stale bytes or a stale size (a sendfile/splic
 `fuse_invalidate_path` (FUSE_NOTIFY_INVAL_INODE: attributes and pages of that inode are dropped):
 
 - open: the server remembers (inode, mtime_ns, size) of each store file whose attributes it gave the
-  kernel (`seen`); an open that finds the file different invalidates it before answering, so the read
-  that follows asks for fresh attributes and pages. This is what makes "edit behind the mount, read at
-  once" exact, whatever inotify has delivered yet.
+  kernel (`seen`; the size, for a generated file). An open that finds the file different invalidates
+  it and answers ESTALE (invalidating alone leaves the old size in the inode, which a splice read
+  trusts): the path walk before the open trusted a stale entry, and the kernel answers
+  ESTALE by walking the path again with a lookup per component (the new size) and retrying the open
+  once. This is what makes "edit behind the mount, read at once" exact, also for a splice reader,
+  whatever inotify has delivered yet.
 - a write through the mount: the commit invalidates the entity (its bytes may differ from what was
   written: front matter added).
 - inotify on the store (hutch/memory/_index/_watch.py, the index's own change detection): a change made
