@@ -31,7 +31,7 @@ from mfusepy import Operations
 from hutch._core.errors import ConfigError, MemoryStoreError
 from hutch.fuse import _view
 from hutch.fuse._fs_write import WriteOps, _err, _Handle, _pin_thread, read_file
-from hutch.fuse._kcache import KernelCache, stat_key
+from hutch.fuse._kcache import DIRECT, ESTALE, KEEP, KernelCache, stat_key
 from hutch.memory import _format as fmt
 
 log = logging.getLogger("hutch.fuse")
@@ -331,11 +331,8 @@ class MemoryFS(WriteOps, Operations):
             if data is None:
                 raise _err(errno.EISDIR if len(parts) < 3 else errno.ENOENT)
             # generated anew: if its size differs from what getattr told, refresh the kernel's (as below)
-            if self.kcache.seen.get(path) != (0, 0, len(data)):
-                if self.kcache.stale_open(path):
-                    raise _err(errno.ESTALE)
-            else:
-                self.kcache.opened(path)
+            if self.kcache.check_open(path, (0, 0, len(data))) == ESTALE:
+                raise _err(errno.ESTALE)
             fi.fh = self._new_handle(_Handle("mem", path, data=data))
             fi.direct_io = 1  # generated on open: its size may differ from what getattr said a moment ago
             return 0
@@ -355,20 +352,18 @@ class MemoryFS(WriteOps, Operations):
             raise _err(errno.ENOENT) from None
         # The kernel may hold this file's size and pages for cache_seconds: keep them if they are of this very
         # version. Otherwise the path walk before this open trusted a stale entry, and a splice reader (busybox
-        # cat's sendfile) would stop at the old size: drop what the kernel holds and answer ESTALE, on which
-        # the kernel walks the path again with a lookup per component (fresh size) and retries the open once.
-        fresh = self.kcache.fresh(path, os.fstat(fd))
-        if not fresh and self.kcache.stale_open(path):
+        # cat's sendfile) would stop at the old size: answer ESTALE, on which the kernel walks the path again
+        # with a lookup per component (fresh size) and retries the open once; that open drops the pages.
+        how = self.kcache.check_open(path, stat_key(os.fstat(fd)))
+        if how == ESTALE:
             os.close(fd)
             raise _err(errno.ESTALE)
-        if fresh:
-            self.kcache.opened(path)
         fi.fh = self._new_handle(_Handle("fd", path, fd=fd))
         if hasattr(fi, "noflush"):
             fi.noflush = 1  # a reader's close() needs no FLUSH round trip (FOPEN_NOFLUSH)
-        if fresh:
-            fi.keep_cache = 1
-        else:  # the retry found it changed once more: fresh pages at least (see _kcache.py)
+        if how == KEEP:
+            fi.keep_cache = 1   # else (DROP) the kernel drops the pages it holds of this file
+        elif how == DIRECT:  # the retry found it changed once more: fresh bytes at least (see _kcache.py)
             fi.direct_io = 1
         return 0
 

@@ -7,11 +7,10 @@ the kernel before a reader can see stale bytes or a stale size (a sendfile/splic
 `fuse_invalidate_path` (FUSE_NOTIFY_INVAL_INODE: attributes and pages of that inode are dropped):
 
 - open: the server remembers (inode, mtime_ns, size) of each store file whose attributes it gave the
-  kernel (`seen`; the size, for a generated file). An open that finds the file different invalidates
-  it and answers ESTALE (invalidating alone leaves the old size in the inode, which a splice read
-  trusts): the path walk before the open trusted a stale entry, and the kernel answers
-  ESTALE by walking the path again with a lookup per component (the new size) and retrying the open
-  once. This is what makes "edit behind the mount, read at once" exact, also for a splice reader,
+  kernel (`seen`; the size, for a generated file). An open that finds the file different answers
+  ESTALE: the path walk before the open trusted a stale entry (and an inode's size, which a splice
+  read trusts, is only ever refreshed by a reply), and the kernel answers ESTALE by walking the path
+  again with a lookup per component (the new size) and retrying the open once, without its pages. This is what makes "edit behind the mount, read at once" exact, also for a splice reader,
   whatever inotify has delivered yet.
 - a write through the mount: the commit invalidates the entity (its bytes may differ from what was
   written: front matter added).
@@ -45,6 +44,14 @@ if _invalidate_path is not None:
 RETRY_SECONDS = 1.0
 
 
+KEEP, DROP, DIRECT, ESTALE = range(4)
+
+
+def _opener() -> int:
+    """The thread id of the process whose request is being served."""
+    return _lib.fuse_get_context().contents.pid
+
+
 def stat_key(st: os.stat_result) -> tuple[int, int, int]:
     """What identifies a version of a file: an atomic rewrite changes the inode, an edit in place mtime/size."""
     return st.st_ino, st.st_mtime_ns, st.st_size
@@ -61,6 +68,8 @@ class KernelCache:
         #: never refused again. While one is outstanding, other openers of that path are refused too: the
         #: getattr of the re-lookup records the new version before the kernel has applied the reply.
         self.retried: dict[tuple[str, int], float] = {}
+        #: path -> when it was last invalidated, until an open's re-lookup refreshed it (check_open)
+        self.suspect: dict[str, float] = {}
         self._fuse: int | None = None   # struct fuse *, learned in init (a request context)
         self._stop_r = self._stop_w = -1
         self._thread: threading.Thread | None = None
@@ -71,52 +80,52 @@ class KernelCache:
         if ctx and ctx.contents.fuse:
             self._fuse = ctx.contents.fuse
 
-    def fresh(self, path: str, st: os.stat_result) -> bool:
-        """True if the kernel was told exactly this version of `path` (its cached pages and size are right)."""
-        if self.seen.get(path) != stat_key(st):
-            return False
-        if self.retried:  # another opener's retry still to come: its re-lookup may not have reached the kernel
-            me, now = (path, _lib.fuse_get_context().contents.pid), time.monotonic()
-            return not any(k[0] == path and k != me and now - t < RETRY_SECONDS
-                           for k, t in list(self.retried.items()))
-        return True
+    def check_open(self, path: str, key: tuple[int, int, int]) -> int:
+        """What an open of `path`, now at version `key`, answers: KEEP (the kernel's size and pages are of
+        this version), ESTALE (the kernel must look the path up again; it then retries the open once),
+        DROP (that retry, its re-lookup applied: drop the pages) or DIRECT (that retry, but the file or the
+        kernel's view changed again meanwhile: direct reads, a size that may lag).
 
-    def stale_open(self, path: str) -> bool:
-        """An open found `path` changed since the kernel was told: drop what the kernel holds. True if the
-        open should fail with ESTALE (the kernel then looks the path up again and retries); False on that
-        retry, which must not fail (it found the file changed once more)."""
-        self.invalidate(path, force=True)
-        key = (path, _lib.fuse_get_context().contents.pid)
-        if self.retried.pop(key, None) is not None:
-            return False
-        if len(self.retried) > 256:  # openers that never retried: forget them
-            now = time.monotonic()
-            for k, t in list(self.retried.items()):
-                if now - t >= RETRY_SECONDS:
-                    self.retried.pop(k, None)
-        self.retried[key] = time.monotonic()
-        return True
-
-    def opened(self, path: str) -> None:
-        """An open of `path` found it fresh: its opener needs no retry any more."""
+        It never invalidates the inode itself: an invalidation makes the kernel discard the reply of any
+        lookup in flight (another reader's re-lookup), leaving the old size in the inode."""
+        told = self.seen.get(path)
         if self.retried:
-            self.retried.pop((path, _lib.fuse_get_context().contents.pid), None)
+            asked = self.retried.pop((path, _opener()), None)
+            if asked is not None:  # the retry: its re-lookup was sent after `asked`
+                if told == key and self.suspect.get(path, 0.0) <= asked:
+                    self.suspect.pop(path, None)  # a reply sent after the last invalidation was applied
+                    return DROP
+                return DIRECT
+            now = time.monotonic()
+            # another opener's re-lookup may not have reached the kernel yet, though its getattr updated `seen`
+            if any(k[0] == path and now - t < RETRY_SECONDS for k, t in list(self.retried.items())):
+                told = None
+            elif len(self.retried) > 256:  # openers that never retried: forget them
+                for k, t in list(self.retried.items()):
+                    if now - t >= RETRY_SECONDS:
+                        self.retried.pop(k, None)
+        if told == key and path not in self.suspect:
+            return KEEP
+        self.retried[(path, _opener())] = time.monotonic()
+        return ESTALE
 
     def invalidate(self, path: str, *, force: bool = False) -> None:
-        """Drop the kernel's attributes and pages of `path` (only if it was told anything, unless `force`)."""
+        """Drop the kernel's attributes and pages of `path` (only if it was told anything, unless `force`).
+        The path stays suspect until an open's re-lookup has refreshed it: a lookup in flight meanwhile
+        had its reply discarded, though its getattr recorded the new version in `seen`."""
         if self.seen.pop(path, None) is None and not force:
             return
+        self.suspect[path] = time.monotonic()
         if self._fuse is None or _invalidate_path is None:
             return
         # -ENOENT: the kernel holds no inode for that path (never looked up, or forgotten): nothing to drop
         _invalidate_path(self._fuse, os.fsencode(path))
 
     def changed(self, path: str) -> None:
-        """inotify says `path` may have changed: invalidate it unless the kernel already holds this version.
-        (An event often arrives after a getattr that saw the new file: invalidating then would only make
-        the kernel discard that reply, which a splice reader's stale size would show.)"""
+        """inotify says `path` may have changed: invalidate it unless the kernel already holds this version
+        or an open's re-lookup is bringing it (invalidating would only make the kernel discard that reply)."""
         told = self.seen.get(path)
-        if told is None:
+        if told is None or any(k[0] == path for k in list(self.retried)):
             return
         try:
             now = stat_key(os.lstat(self.root + path))

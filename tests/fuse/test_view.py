@@ -243,3 +243,22 @@ def test_written_and_generated_files_read_whole_by_sendfile(mounted):
         out = _busybox_cat(mounted.p("profile.md"))
         assert f"{5 + i} entities" in out and out.endswith("\n") and f"put actors/person-{i}" in out
     assert len(out) > len(first)
+
+
+def test_concurrent_sendfile_readers_after_changes_behind_the_mount(mounted):
+    """Readers racing each other's re-lookups after a change (in place or atomic) all read it whole."""
+    p = mounted.p("topics", "pricing.md")
+    disk = mounted.mem.root / "topics" / "pricing.md"
+    base = disk.read_text()
+    bad = []
+    for i in range(40):
+        text = base + f"line {i}\n" * (1 + i % 7)
+        if i % 2:
+            disk.write_text(text)
+        else:
+            tmp = disk.with_name(".tmp-test")
+            tmp.write_text(text)
+            os.rename(tmp, disk)
+        readers = [subprocess.Popen(["busybox", "cat", p], stdout=subprocess.PIPE, text=True) for _ in range(3)]
+        bad += [(i, len(out), len(text)) for out in (r.communicate()[0] for r in readers) if out != text]
+    assert not bad, f"stale or short reads (round, got, want): {bad}"
