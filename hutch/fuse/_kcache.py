@@ -3,15 +3,16 @@
 The kernel may keep names, attributes and pages of the mount for `cache_seconds` (60 s by default), so a
 `cat` costs one request (open) and reads from the page cache. That is only safe if every change reaches
 the kernel before a reader can see stale bytes or a stale size (a sendfile/splice reader such as busybox
-`cat` stops at the size the kernel holds). Three paths tell it, each through libfuse3's
-`fuse_invalidate_path` (FUSE_NOTIFY_INVAL_INODE: attributes and pages of that inode are dropped):
+`cat` stops at the size the kernel holds). Three paths tell it; the last two through libfuse3's
+`fuse_invalidate_path` (FUSE_NOTIFY_INVAL_INODE: attributes and pages of that inode are dropped),
+after which the path is suspect (its next open answers ESTALE) until an open's re-lookup refreshed it:
 
 - open: the server remembers (inode, mtime_ns, size) of each store file whose attributes it gave the
-  kernel (`seen`; the size, for a generated file). An open that finds the file different answers
-  ESTALE: the path walk before the open trusted a stale entry (and an inode's size, which a splice
-  read trusts, is only ever refreshed by a reply), and the kernel answers ESTALE by walking the path
-  again with a lookup per component (the new size) and retrying the open once, without its pages. This is what makes "edit behind the mount, read at once" exact, also for a splice reader,
-  whatever inotify has delivered yet.
+  kernel (`seen`; the size, for a generated file). An open that finds the file different (or suspect)
+  answers ESTALE: the path walk before it trusted a stale entry, and an inode's size, which a splice
+  read trusts, is only ever refreshed by a reply. The kernel answers ESTALE by walking the path again
+  with a lookup per component (the new size) and retrying the open once, without the old pages. This
+  is what makes "edit behind the mount, read at once" exact, whatever inotify has delivered yet.
 - a write through the mount: the commit invalidates the entity (its bytes may differ from what was
   written: front matter added).
 - inotify on the store (hutch/memory/_index/_watch.py, the index's own change detection): a change made
