@@ -27,10 +27,10 @@ from pathlib import Path
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
-sys.path.insert(0, str(ROOT_DIR / "tests" / "images"))
+sys.path.insert(0, str(ROOT_DIR / "tests"))
 
 import hutch  # noqa: E402
-from img_support import make_busybox_root, start_daemon, stop_daemon  # noqa: E402
+from hutch_testing import make_busybox_root, start_daemon, stop_daemon  # noqa: E402
 
 TAG = {"bench": f"images-{os.getpid()}"}
 

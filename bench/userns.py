@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,8 +22,10 @@ from pathlib import Path
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
+sys.path.insert(0, str(ROOT_DIR / "tests"))
 
 import hutch  # noqa: E402
+from hutch_testing import make_busybox_root, start_daemon, stop_daemon  # noqa: E402
 
 TAG = {"bench": f"userns-{os.getpid()}"}
 
@@ -33,48 +33,6 @@ TAG = {"bench": f"userns-{os.getpid()}"}
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
-
-
-def busybox_root(into: Path) -> Path:
-    bb = shutil.which("busybox") or "/bin/busybox"
-    (into / "bin").mkdir(parents=True)
-    shutil.copy2(bb, into / "bin" / "busybox")
-    for a in subprocess.run([bb, "--list"], capture_output=True, text=True, check=True).stdout.split():
-        if a != "busybox":
-            (into / "bin" / a).symlink_to("busybox")
-    for d in ("etc", "tmp", "root", "proc", "sys", "dev", "home/user"):
-        (into / d).mkdir(parents=True, exist_ok=True)
-    (into / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
-    return into
-
-
-def start_daemon(run_dir: Path, userns: str) -> subprocess.Popen:
-    from hutch.sandbox._client import Endpoint, _ping
-
-    env = dict(os.environ, HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(run_dir / "hutch.sock"),
-               HUTCH_USERNS=userns)
-    env.pop("HUTCH_URL", None)
-    log = open(run_dir / "daemon.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "hutch", "serve"], env=env, stdout=log, stderr=log,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    ep = Endpoint(socket_path=str(run_dir / "hutch.sock"))
-    for _ in range(600):
-        if _ping(ep, 1.0):
-            return proc
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise SystemExit(f"the daemon did not start; see {run_dir / 'daemon.log'}")
-
-
-def stop_daemon(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def create_first_exec(sock: Path, image) -> tuple[float, str]:
@@ -96,10 +54,10 @@ def main():
     tmp = Path(tempfile.mkdtemp(prefix="hutch-bench-userns-"))
     daemons = {}
     try:
-        image = hutch.Image.of(a.image) if a.image else hutch.Image.from_directory(busybox_root(tmp / "root"))
+        image = hutch.Image.of(a.image) if a.image else hutch.Image.from_directory(make_busybox_root(tmp / "root"))
         for mode, flag in (("plain", "0"), ("userns", "1")):
             (tmp / mode).mkdir()
-            daemons[mode] = start_daemon(tmp / mode, flag)
+            daemons[mode] = start_daemon(tmp / mode, {"HUTCH_USERNS": flag})
         lat: dict[str, list[float]] = {m: [] for m in daemons}
         maps = {}
         for i in range(a.runs + 5):
@@ -111,7 +69,7 @@ def main():
             print(f"{mode:7s} uid_map: {maps[mode]}")
         p = {m: (statistics.median(xs), pct(xs, 99)) for m, xs in lat.items()}
         print(f"create -> first exec of true, {a.runs} runs each, load {os.getloadavg()[0]:.2f}")
-        print(f"| mode | p50 ms | p99 ms |")
+        print("| mode | p50 ms | p99 ms |")
         for m, (p50, p99) in p.items():
             print(f"| {m} | {p50:.2f} | {p99:.2f} |")
         print(f"| ratio userns/plain | {p['userns'][0] / p['plain'][0]:.2f} | {p['userns'][1] / p['plain'][1]:.2f} |")

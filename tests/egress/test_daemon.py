@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from hutch_testing import make_busybox_root, sdk_pointed_at, start_daemon, stop_daemon
 
 import hutch
 from hutch import Network
@@ -29,64 +28,32 @@ BUSYBOX = shutil.which("busybox")
 def busybox_root():
     if BUSYBOX is None:
         pytest.skip("busybox-static is not installed (scripts/debian-packages.txt lists it)")
-    root = Path(tempfile.mkdtemp(prefix="hutch-egress-root-"))
+    tmp = Path(tempfile.mkdtemp(prefix="hutch-egress-root-"))
     try:
-        (root / "bin").mkdir()
-        shutil.copy2(BUSYBOX, root / "bin" / "busybox")
-        for a in subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True).stdout.split():
-            if a != "busybox":
-                os.symlink("busybox", root / "bin" / a)
-        for d in ("proc", "dev", "sys", "tmp", "etc", "home/user", "usr", "root"):
-            (root / d).mkdir(parents=True, exist_ok=True)
-        for link in ("sbin", "usr/bin", "usr/sbin"):
-            os.symlink("/bin", root / link)
-        (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+        root = make_busybox_root(tmp / "root", BUSYBOX)
         # a hostile image: resolv.conf points at a host file; the daemon must not write through it
         os.symlink("/etc/hutch-egress-must-not-exist", root / "etc" / "resolv.conf")
         yield root
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module", params=["default", "opt-out"])
 def daemon(world, request):
     """The daemon, once as it runs by default (sandboxes in user namespaces) and once with HUTCH_USERNS=0."""
     run_dir = Path(tempfile.mkdtemp(prefix="hutch-egress-run-"))
-    sock = run_dir / "hutch.sock"
-    env = dict(os.environ, HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(sock),
-               HUTCH_EGRESS_RESOLVERS="192.0.2.53", HUTCH_EGRESS_SUBNET="198.18.1.0/24",
-               HUTCH_USERNS="0")
-    if request.param == "default":
-        del env["HUTCH_USERNS"]
-    saved = {k: os.environ.get(k) for k in ("HUTCH_RUN_DIR", "HUTCH_SOCKET", "HUTCH_URL", "HUTCH_TOKEN")}
-    log = open(run_dir / "daemon.log", "ab")
-    # nsenter, not `ip netns exec`: the latter remounts /sys and would hide the cgroup controllers
-    proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{world.host}", sys.executable, "-m", "hutch", "serve"], env=env,
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    env = {"HUTCH_EGRESS_RESOLVERS": "192.0.2.53", "HUTCH_EGRESS_SUBNET": "198.18.1.0/24"}
+    if request.param == "opt-out":
+        env["HUTCH_USERNS"] = "0"
     try:
-        deadline = time.monotonic() + 30
-        while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not sock.exists():
-            pytest.fail(f"the daemon did not start: {(run_dir / 'daemon.log').read_text()[-2000:]}")
-        os.environ.update(HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(sock))
-        os.environ.pop("HUTCH_URL", None)
-        os.environ.pop("HUTCH_TOKEN", None)
-        yield run_dir
+        # nsenter, not `ip netns exec`: the latter remounts /sys and would hide the cgroup controllers
+        proc = start_daemon(run_dir, env, prefix=("nsenter", f"--net=/run/netns/{world.host}"))
+        try:
+            with sdk_pointed_at(run_dir):
+                yield run_dir
+        finally:
+            stop_daemon(proc)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

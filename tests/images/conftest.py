@@ -3,16 +3,13 @@ volumes), a busybox root as the base image, and sandboxes that are always cleane
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
+from hutch_testing import sdk_pointed_at
 from img_support import RUN_TAG, make_busybox_root, start_daemon, stop_daemon
-
-_ENV = ("HUTCH_RUN_DIR", "HUTCH_SOCKET", "HUTCH_URL", "HUTCH_TOKEN", "HUTCH_STATE_DIR")
-
 
 class Daemon:
     """The suite's daemon; `restart()` stops it and starts a new one on the same dirs."""
@@ -41,27 +38,17 @@ def daemon():
     """A private daemon per module: the environment it sets must not outlive this directory's tests."""
     run_dir = Path(tempfile.mkdtemp(prefix="hutch-img-run-"))
     state_dir = Path(tempfile.mkdtemp(prefix="hutch-img-state-"))
-    saved = {k: os.environ.get(k) for k in _ENV}
-    os.environ.update(HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(run_dir / "hutch.sock"),
-                      HUTCH_STATE_DIR=str(state_dir))
-    os.environ.pop("HUTCH_URL", None)
-    os.environ.pop("HUTCH_TOKEN", None)
     d = None
     try:
-        d = Daemon(run_dir, state_dir)
-        yield d
-    finally:
-        try:
-            if d is not None:
+        with sdk_pointed_at(run_dir, HUTCH_STATE_DIR=str(state_dir)):
+            d = Daemon(run_dir, state_dir)
+            try:
+                yield d
+            finally:
                 d.stop()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            shutil.rmtree(run_dir, ignore_errors=True)
-            shutil.rmtree(state_dir, ignore_errors=True)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from hutch_testing import make_busybox_root
 from rt_support import Api, Daemon
 
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"
@@ -32,19 +32,9 @@ def busybox_root(tmp_path_factory) -> Path:
     _require_root()
     if not os.path.exists(BUSYBOX):
         pytest.skip("busybox-static is not installed (scripts/debian-packages.txt lists it)")
-    root = tmp_path_factory.mktemp("bbroot")
-    (root / "bin").mkdir()
-    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
-    applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True).stdout.split()
-    for a in applets:
-        if a != "busybox":
-            (root / "bin" / a).symlink_to("busybox")
-    for d in ("etc", "tmp", "root", "proc", "sys", "dev", "home/user", "usr"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    (root / "tmp").chmod(0o1777)
+    root = make_busybox_root(tmp_path_factory.mktemp("bbroot") / "root", BUSYBOX)
     (root / "lib").symlink_to("usr/lib")
     (root / "lib64").symlink_to("usr/lib64")
-    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
     (root / "etc" / "group").write_text("root:x:0:\n")
     (root / "etc" / "marker").write_text("sandbox image\n")
     (root / "etc" / "shadow").write_text("root:sandbox-shadow:0:0:99999:7:::\n")
