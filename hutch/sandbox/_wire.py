@@ -24,6 +24,34 @@ FRAMES_CONTENT_TYPE = "application/x-hutch-frames"
 ENDED = frozenset({"exited", "terminated", "timeout", "idle_timeout", "oom", "failed"})
 
 
+class SandboxState:
+    """The state properties Sandbox and AsyncSandbox share: read from the daemon's last answer (`_info`)."""
+
+    _info: dict
+
+    @property
+    def info(self) -> dict:
+        """The daemon's last answer about this sandbox (id, name, tags, status, returncode, times, spec)."""
+        return dict(self._info)
+
+    @property
+    def name(self) -> "str | None":
+        return self._info.get("name")
+
+    @property
+    def tags(self) -> dict:
+        return dict(self._info.get("tags") or {})
+
+    @property
+    def status(self) -> str:
+        """Last known status: starting, running, exited, terminated, timeout, idle_timeout, oom or failed."""
+        return self._info.get("status", "running")
+
+    @property
+    def returncode(self) -> "int | None":
+        return self._info.get("returncode")
+
+
 class FrameDecoder:
     """Split a byte stream into (kind, payload) frames: 1 byte kind, 4 bytes big-endian length, payload."""
 

@@ -21,12 +21,12 @@ from hutch.sandbox import _client, _provided
 from hutch.sandbox._files import AsyncFiles
 from hutch.sandbox._process import AsyncProcess
 from hutch.sandbox._spec import DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, Network
-from hutch.sandbox._wire import ENDED, ExecResult, exec_body, stdin_payload, tag_params, terminated_error
+from hutch.sandbox._wire import ENDED, ExecResult, SandboxState, exec_body, stdin_payload, tag_params, terminated_error
 from hutch.sandbox.image import Image
 from hutch.sandbox.sandbox import WAIT_POLL, ImageProgress, _ensured, _ensured_lock, _image_key, build_spec
 
 
-class AsyncSandbox:
+class AsyncSandbox(SandboxState):
     """A running (or ended) sandbox, awaitable. Make one with `await AsyncSandbox.create()`."""
 
     def __init__(self, client: "_client.AsyncClient", info: dict) -> None:
@@ -176,28 +176,6 @@ class AsyncSandbox:
         return p
 
     # ------------------------------------------------------------ state
-
-    @property
-    def info(self) -> dict:
-        """The daemon's last answer about this sandbox (id, name, tags, status, returncode, times, spec)."""
-        return dict(self._info)
-
-    @property
-    def name(self) -> "str | None":
-        return self._info.get("name")
-
-    @property
-    def tags(self) -> dict:
-        return dict(self._info.get("tags") or {})
-
-    @property
-    def status(self) -> str:
-        """Last known status: starting, running, exited, terminated, timeout, idle_timeout, oom or failed."""
-        return self._info.get("status", "running")
-
-    @property
-    def returncode(self) -> "int | None":
-        return self._info.get("returncode")
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self

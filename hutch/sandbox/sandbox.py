@@ -27,7 +27,7 @@ from hutch.sandbox._spec import (
     Network,
     DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, SandboxSpec,
 )
-from hutch.sandbox._wire import ENDED, ExecResult, error_from_answer, exec_body, stdin_payload, tag_params, terminated_error
+from hutch.sandbox._wire import ENDED, ExecResult, SandboxState, error_from_answer, exec_body, stdin_payload, tag_params, terminated_error
 from hutch.sandbox.image import Image
 
 WAIT_POLL = 30.0   # seconds per long-poll request of wait()
@@ -92,7 +92,7 @@ def _image_key(client, ref: str) -> tuple:
     return (client.ep.describe(), ref)
 
 
-class Sandbox:
+class Sandbox(SandboxState):
     """A running (or ended) sandbox. Make one with `Sandbox.create()`; find one with `from_id` or `list`."""
 
     def __init__(self, client: "_client.Client", info: dict) -> None:
@@ -264,28 +264,6 @@ class Sandbox:
         return p
 
     # ------------------------------------------------------------ state
-
-    @property
-    def info(self) -> dict:
-        """The daemon's last answer about this sandbox (id, name, tags, status, returncode, times, spec)."""
-        return dict(self._info)
-
-    @property
-    def name(self) -> "str | None":
-        return self._info.get("name")
-
-    @property
-    def tags(self) -> dict:
-        return dict(self._info.get("tags") or {})
-
-    @property
-    def status(self) -> str:
-        """Last known status: starting, running, exited, terminated, timeout, idle_timeout, oom or failed."""
-        return self._info.get("status", "running")
-
-    @property
-    def returncode(self) -> "int | None":
-        return self._info.get("returncode")
 
     def __enter__(self) -> "Sandbox":
         return self
