@@ -89,3 +89,26 @@ def sdk_pointed_at(run_dir: Path, **extra: str):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextmanager
+def sandbox_maker(root: Path, tags: dict):
+    """Yield make(*command, **create_kwargs) -> a Sandbox from the busybox `root`, carrying `tags`;
+    every sandbox it made is terminated on exit, also when the test failed."""
+    import hutch
+
+    made = []
+
+    def make(*command, **kw):
+        kw.setdefault("image", hutch.Image.from_directory(root))
+        kw.setdefault("timeout", 120)
+        kw["tags"] = {**tags, **(kw.get("tags") or {})}
+        sb = hutch.Sandbox.create(*command, **kw)
+        made.append(sb)
+        return sb
+
+    try:
+        yield make
+    finally:
+        for sb in made:
+            sb.terminate()

@@ -75,6 +75,26 @@ class _Text:
 # ---------------------------------------------------------------- blocking handle
 
 
+class _ExitState:
+    """How a command ended, read from its output state; shared by Process and AsyncProcess (no I/O)."""
+
+    _out: _Output
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once the command has ended (negative: killed by that signal), else None."""
+        return self._out.exit.returncode if self._out.exit else None
+
+    @property
+    def reason(self) -> str | None:
+        """Why it ended: 'exited', 'signaled', 'timeout', 'oom', 'killed' or 'sandbox_ended'; None while running."""
+        return self._out.exit.reason if self._out.exit else None
+
+    def poll(self) -> int | None:
+        """The exit code if the command has ended, else None. Never blocks."""
+        return self.returncode
+
+
 class StreamReader:
     """`p.stdout` / `p.stderr`: iterate for lines as they arrive; `read()` waits for the rest."""
 
@@ -126,7 +146,7 @@ class StdinWriter:
         return data.encode() if isinstance(data, str) else bytes(data)
 
 
-class Process:
+class Process(_ExitState):
     """A command running in a sandbox (returned by `Sandbox.exec`). Similar to subprocess.Popen."""
 
     def __init__(self, client, sandbox_id: str, argv, response, *, text: bool, stdin_open: bool, background: bool = True):
@@ -161,20 +181,6 @@ class Process:
             with self._cond:
                 self._out.finish(error)
                 self._cond.notify_all()
-
-    @property
-    def returncode(self) -> int | None:
-        """The exit code once the command has ended (negative: killed by that signal), else None."""
-        return self._out.exit.returncode if self._out.exit else None
-
-    @property
-    def reason(self) -> str | None:
-        """Why it ended: 'exited', 'signaled', 'timeout', 'oom', 'killed' or 'sandbox_ended'; None while running."""
-        return self._out.exit.reason if self._out.exit else None
-
-    def poll(self) -> int | None:
-        """The exit code if the command has ended, else None. Never blocks."""
-        return self.returncode
 
     def wait(self) -> int:
         """Wait for the command to end and return its exit code."""
@@ -262,7 +268,7 @@ class AsyncStdinWriter:
         return f"{self._p._base}/stdin"
 
 
-class AsyncProcess:
+class AsyncProcess(_ExitState):
     """A command running in an AsyncSandbox. Similar to asyncio.subprocess.Process."""
 
     def __init__(self, client, sandbox_id: str, argv, response, *, text: bool, stdin_open: bool, background: bool = True):
@@ -295,20 +301,6 @@ class AsyncProcess:
     async def _changed(self) -> None:
         self._event.clear()
         await self._event.wait()
-
-    @property
-    def returncode(self) -> int | None:
-        """The exit code once the command has ended (negative: killed by that signal), else None."""
-        return self._out.exit.returncode if self._out.exit else None
-
-    @property
-    def reason(self) -> str | None:
-        """Why it ended: 'exited', 'signaled', 'timeout', 'oom', 'killed' or 'sandbox_ended'; None while running."""
-        return self._out.exit.reason if self._out.exit else None
-
-    def poll(self) -> int | None:
-        """The exit code if the command has ended, else None. Never blocks."""
-        return self.returncode
 
     async def wait(self) -> int:
         """Wait for the command to end and return its exit code."""

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hutch_testing import sdk_pointed_at
+from hutch_testing import sandbox_maker, sdk_pointed_at
 from img_support import RUN_TAG, make_busybox_root, start_daemon, stop_daemon
 
 class Daemon:
@@ -73,20 +73,5 @@ def base(daemon, busybox_root):
 @pytest.fixture
 def make_sandbox(daemon, busybox_root):
     """make_sandbox(**create_kwargs) -> a Sandbox tagged for this run, terminated when the test ends."""
-    import hutch
-
-    made = []
-
-    def make(*command, **kw):
-        kw.setdefault("image", hutch.Image.from_directory(busybox_root))
-        kw.setdefault("timeout", 120)
-        kw["tags"] = {**RUN_TAG, **(kw.get("tags") or {})}
-        sb = hutch.Sandbox.create(*command, **kw)
-        made.append(sb)
-        return sb
-
-    try:
+    with sandbox_maker(busybox_root, RUN_TAG) as make:
         yield make
-    finally:
-        for sb in made:
-            sb.terminate()

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hutch_testing import make_busybox_root, sdk_pointed_at, start_daemon, stop_daemon
+from hutch_testing import make_busybox_root, sandbox_maker, sdk_pointed_at, start_daemon, stop_daemon
 from sdk_support import RUN_TAG
 
 
@@ -53,23 +53,8 @@ def busybox_root():
 def make_sandbox(daemon, busybox_root):
     """make_sandbox(*command, **create_kwargs) -> a Sandbox tagged for this run (busybox root by default),
     terminated when the test ends, also when it fails."""
-    import hutch
-
-    made = []
-
-    def make(*command, **kw):
-        kw.setdefault("image", hutch.Image.from_directory(busybox_root))
-        kw.setdefault("timeout", 120)
-        kw["tags"] = {**RUN_TAG, **(kw.get("tags") or {})}
-        sb = hutch.Sandbox.create(*command, **kw)
-        made.append(sb)
-        return sb
-
-    try:
+    with sandbox_maker(busybox_root, RUN_TAG) as make:
         yield make
-    finally:
-        for sb in made:
-            sb.terminate()
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import hutch
 from hutch._core import errors
 from hutch._core.errors import ConfigError, NetworkPolicyError
 from hutch.sandbox import _images
+from hutch.sandbox._daemon._http import send_fd
 from hutch.sandbox._daemon._manager import Manager
 from hutch.sandbox._daemon._openapi import openapi_document
 from hutch.sandbox._daemon._store import add_routes as add_store_routes
@@ -291,19 +292,7 @@ class Handlers:
     async def read(self, request):
         sb = self.mgr.get(request.match_info["id"])
         reply, fds = await self.mgr.file_call(sb, "read", _path(request))
-        fd = fds[0]
-        try:
-            resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-            resp.content_length = reply["size"]
-            await resp.prepare(request)
-            left = reply["size"]
-            while left > 0 and (chunk := os.read(fd, min(CHUNK * 4, left))):
-                left -= len(chunk)
-                await resp.write(chunk)
-            await resp.write_eof()
-            return resp
-        finally:
-            os.close(fd)
+        return await send_fd(request, fds[0], reply["size"])
 
     async def write(self, request):
         sb = self.mgr.get(request.match_info["id"])

@@ -12,6 +12,7 @@ from aiohttp import web
 from hutch._core.errors import ConfigError, StateError
 from hutch.sandbox import _archive, _images, _layers, _volumes
 from hutch.sandbox._daemon._calls import _error
+from hutch.sandbox._daemon._http import send_fd
 
 CHUNK = 1 << 18
 
@@ -195,18 +196,7 @@ class StoreRoutes:
 
     async def vol_read(self, request):
         fd, size = await _run(_volumes.open_read, request.match_info["name"], _path(request))
-        try:
-            resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-            resp.content_length = size
-            await resp.prepare(request)
-            left = size
-            while left > 0 and (chunk := os.read(fd, min(CHUNK * 4, left))):
-                left -= len(chunk)
-                await resp.write(chunk)
-            await resp.write_eof()
-            return resp
-        finally:
-            os.close(fd)
+        return await send_fd(request, fd, size)
 
     async def vol_write(self, request):
         try:

@@ -323,11 +323,7 @@ class Init:
         while True:
             ready, _, _ = select.select([self.ctl, self.wake_r], [], [])
             if self.wake_r in ready:
-                try:
-                    while os.read(self.wake_r, 512):
-                        pass
-                except BlockingIOError:
-                    pass
+                _wire.drain(self.wake_r)
                 self.reap()
             if self.ctl in ready:
                 msg, fds = _wire.recv(self.ctl)

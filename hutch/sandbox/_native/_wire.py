@@ -63,3 +63,12 @@ def recv(sock: socket.socket) -> tuple[dict | None, list[int]]:
             os.close(fd)
         return None, []
     return unpack(data, list(fds))
+
+
+def drain(fd: int) -> None:
+    """Empty a non-blocking wake-up pipe (signal.set_wakeup_fd): its bytes only say 'look again'."""
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass

@@ -60,11 +60,7 @@ class Zygote:
         while True:
             ready, _, _ = select.select([self.sock, self.wake_r], [], [])
             if self.wake_r in ready:
-                try:
-                    while os.read(self.wake_r, 512):
-                        pass
-                except BlockingIOError:
-                    pass
+                _wire.drain(self.wake_r)
                 self.reap()
             if self.sock in ready:
                 msg, fds = _wire.recv(self.sock)
