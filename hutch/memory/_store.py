@@ -621,7 +621,7 @@ class Memory:
         return self._search_index
 
     def search(self, query: str, *, k: int = 10, classes=None, since: Any = None, until: Any = None,
-               as_of: Any = None, expand: int = 0, fusion: str = "weighted"):
+               as_of: Any = None, expand: int = 0, fusion: str = "weighted", now: Any = None):
         """Hybrid search (BM25 + dense + entity + mentions + time, fused); returns a list of Hit.
 
         Changes made to the files behind the API's back are indexed before the
@@ -630,9 +630,14 @@ class Memory:
         range; `as_of` keeps what was valid then; `expand` adds entities up to
         that many links away. A hit on a conversation turn has `anchor` = its
         dia_id; `channels` says which channels found it, with rank and score.
+        A time expression in the query ("in May 2023", "last week", "two days
+        ago", "since March") adds the `time` channel; relative ones are read
+        against `as_of` if given, else `now` (an ISO date/date-time; default:
+        the current time), e.g. mem.search("what did we decide last week?",
+        now="2026-11-20").
         """
         return self.index.search(query, k=k, classes=classes, since=since, until=until, as_of=as_of,
-                                 expand=expand, fusion=fusion)
+                                 expand=expand, fusion=fusion, now=now)
 
     def reindex(self, *, full: bool = False):
         """Bring the search index up to date now, embedding everything (full=True: rebuild from nothing)."""

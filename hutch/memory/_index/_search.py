@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from hutch._core.errors import ConfigError, SearchIndexError
-from hutch.memory._index import _rank, _units
+from hutch.memory._index import _rank, _time, _units
 from hutch.memory._index._db import IndexDB, SyncStats
 from hutch.memory._index._embed import default_provider
 
@@ -186,7 +186,7 @@ class SearchIndex:
 
     def search(self, query: str, *, k: int = 10, classes: Iterable[str] | str | None = None,
                since: Any = None, until: Any = None, as_of: Any = None, expand: int = 0,
-               fusion: str = "weighted") -> list[Hit]:
+               fusion: str = "weighted", now: Any = None) -> list[Hit]:
         """Hybrid search; see Memory.search."""
         if not isinstance(query, str) or not query.strip():
             raise ConfigError("search() needs a non-empty query string, e.g. mem.search('customer churn').")
@@ -201,16 +201,19 @@ class SearchIndex:
         since_t = _units.epoch_of(since, "since")
         until_t = _units.epoch_of(until, "until")
         as_of_t = _units.epoch_of(as_of, "as_of")
+        now_t = _units.epoch_of(now, "now")
+        # what "last week" in the question is read against: as_of if given, else now (default: the clock)
+        ref = as_of_t if as_of_t is not None else now_t if now_t is not None else time.time()
         self.refresh()
         try:
-            return self._search(query, k, classes, since_t, until_t, as_of_t, expand, fusion)
+            return self._search(query, k, classes, since_t, until_t, as_of_t, expand, fusion, ref)
         except sqlite3.DatabaseError as e:
             if not _is_damage(e):
                 raise SearchIndexError(f"The search index {self.idx.path} is busy ({e}): retry the query.") from e
             self.idx.recover(e)
             self.snap = None
             self.refresh()
-            return self._search(query, k, classes, since_t, until_t, as_of_t, expand, fusion)
+            return self._search(query, k, classes, since_t, until_t, as_of_t, expand, fusion, ref)
 
     def _lexical_terms(self, query: str) -> list[str]:
         """The query's content words minus those too common to discriminate (see _rank.MAX_DF_SHARE)."""
@@ -252,7 +255,7 @@ class SearchIndex:
             mask &= ok
         return mask
 
-    def _search(self, query, k, classes, since_t, until_t, as_of_t, expand, fusion) -> list[Hit]:
+    def _search(self, query, k, classes, since_t, until_t, as_of_t, expand, fusion, ref=None) -> list[Hit]:
         s = self.snap
         db = self.idx.db
         n = s.n
@@ -330,10 +333,9 @@ class SearchIndex:
             hit = boost & mask
             if 0 < hit.sum() < mask.sum():
                 channels.append(_rank.Channel("mention", boost.astype(np.float64), boost))
-        window = _units.time_window(query)
-        if window is not None:
-            tr = s.t_rec[:ne][s.epos[:n]]
-            tin = (tr >= window[0]) & (tr < window[1])
+        span = _time.find(query, ref)
+        if span is not None:
+            tin = self._in_span(span)
             if 0 < (tin & mask).sum() < mask.sum():
                 channels.append(_rank.Channel("time", tin.astype(np.float64), tin))
         score = _rank.fuse(channels, mask, fusion)
@@ -355,6 +357,14 @@ class SearchIndex:
         if expand:
             hits += self._expand(hits, expand, mask, classes)
         return hits
+
+    def _in_span(self, span: _time.TimeSpan) -> np.ndarray:
+        """Units whose time (their entity's valid_from, else recorded_at, else created) is inside the span."""
+        s = self.snap
+        n = s.n
+        tr = s.t_rec[:s.ne][s.epos[:n]]
+        with np.errstate(invalid="ignore"):
+            return (tr >= span.start) & (tr < span.end)
 
     def _propagated(self, elex: np.ndarray, top: int = 50) -> np.ndarray:
         """Lexical evidence of the best-matching entities, passed along their outgoing links (an event

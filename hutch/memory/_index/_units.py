@@ -9,14 +9,13 @@ time); any other entity is one unit, its title and body.
 
 from __future__ import annotations
 
-import calendar
 import hashlib
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from hutch.memory import _format
+from hutch.memory._index import _time
 
 _TURN_RE = re.compile(r"^(\S+:\S+)\s+·\s+(.+)$")
 _IMAGE_RE = re.compile(r"^>\s*\[image:\s*(.*?)\]\s*$", re.M)
@@ -108,48 +107,10 @@ def epoch_of(value: Any, what: str) -> float | None:
     return _format.parse_time(value, what).timestamp()
 
 
-_MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_name) if m}
-_MONTHS.update({m.lower(): i for i, m in enumerate(calendar.month_abbr) if m})
-_DATE_RE = re.compile(
-    r"\b(?:(\d{4})-(\d{2})-(\d{2})"
-    r"|(\d{1,2})\s+(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?,?\s+(\d{4})"
-    r"|(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?\s+(\d{1,2},\s+)?(\d{4})"
-    r"|(?:in|during|of)\s+(\d{4}))\b", re.I)
-
-
 def time_window(query: str) -> tuple[float, float] | None:
-    """The time span an explicit date in the question names ("in May 2023", "on 8 May, 2023", "2023-05-08").
-
-    Relative expressions ("last week") are not read: they need a reference
-    time the question does not carry.
-    """
-    m = _DATE_RE.search(query)
-    if not m:
-        return None
-    g = m.groups()
-    if g[0]:
-        y, mo, d = int(g[0]), int(g[1]), int(g[2])
-        start = datetime(y, mo, d, tzinfo=timezone.utc)
-        return start.timestamp(), start.timestamp() + 86400
-    if g[3]:
-        y, mo, d = int(g[5]), _MONTHS[g[4].lower()], int(g[3])
-        start = datetime(y, mo, min(d, 28), tzinfo=timezone.utc).replace(day=d) if d <= 31 else None
-        if start is None:
-            return None
-        return start.timestamp(), start.timestamp() + 86400
-    if g[6]:
-        y, mo = int(g[8]), _MONTHS[g[6].lower()]
-        if g[7]:
-            d = int(g[7].rstrip(", \t"))
-            start = datetime(y, mo, max(1, min(d, calendar.monthrange(y, mo)[1])), tzinfo=timezone.utc)
-            return start.timestamp(), start.timestamp() + 86400
-        start = datetime(y, mo, 1, tzinfo=timezone.utc)
-        end = datetime(y + (mo == 12), mo % 12 + 1, 1, tzinfo=timezone.utc)
-        return start.timestamp(), end.timestamp()
-    y = int(g[9])
-    if not 1900 <= y <= 2200:
-        return None
-    return datetime(y, 1, 1, tzinfo=timezone.utc).timestamp(), datetime(y + 1, 1, 1, tzinfo=timezone.utc).timestamp()
+    """The span an explicit date, month or year in the question names ("in May 2023", "on 8 May, 2023",
+    "2023-05-08"). Kept for callers without a reference time: _time.find reads relative ones too."""
+    return _time.explicit_window(query)
 
 
 # ------------------------------------------------------------------ queries
