@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from hutch._core.errors import ConfigError, SearchIndexError
-from hutch.memory._index import _rank, _time, _units
+from hutch.memory._index import _lexicon, _rank, _time, _units
 from hutch.memory._index._db import IndexDB, SyncStats
 from hutch.memory._index._embed import default_provider
 
@@ -129,6 +129,7 @@ class SearchIndex:
         self.last_sync: SyncStats | None = None
         self._df: dict[str, int] = {}  # word -> units containing it (approximate; reset when the store grows 10%)
         self._df_n = 0
+        self._sense_vecs: dict[str, np.ndarray] = {}  # WordNet sense text -> its vector (see _sense_ranker)
 
     # ------------------------------------------------------------ keeping fresh
 
@@ -338,6 +339,9 @@ class SearchIndex:
             tin = self._in_span(span)
             if 0 < (tin & mask).sum() < mask.sum():
                 channels.append(_rank.Channel("time", tin.astype(np.float64), tin))
+        cat = self._category(query, n, dense_on)
+        if cat is not None and (cat > 0).any():
+            channels.append(_rank.Channel("category", cat, cat > 0))
         score = _rank.fuse(channels, mask, fusion)
         top = _rank.top_k(score, mask, k)
         per_channel = {}
@@ -389,6 +393,39 @@ class SearchIndex:
     def _dense_scores(self, qtext: str, n: int) -> np.ndarray:
         qv = self.provider.embed([qtext])[0].astype(np.float32)
         return (self.snap.V[:n] @ qv).astype(np.float64)
+
+    def _category(self, query: str, n: int, dense_on: bool) -> np.ndarray | None:
+        """BM25 of the instances of the category a list question asks about ("What martial arts has John
+        done?" -> taekwondo, judo, ...; see _lexicon), or None when the question names no category."""
+        found = _lexicon.category_terms(query, self._sense_ranker(dense_on))
+        if found is None:
+            return None
+        fq = _units.fts_query(found[1])
+        out = np.zeros(n)
+        bm = f"bm25(units_fts, 1.0, {_rank.CONTEXT_WEIGHT})"
+        upos = self.snap.upos
+        for uid, score in self.idx.db.execute(
+                f"select rowid, -{bm} from units_fts where units_fts match ? order by {bm} "
+                f"limit {_rank.LEXICAL_LIMIT}", (fq,)):
+            p = upos.get(uid)
+            if p is not None and p < n:
+                out[p] = score
+        return out
+
+    def _sense_ranker(self, dense_on: bool):
+        """Which of a word's senses a question means: the gloss the embedding model puts closest to the question
+        (sense vectors are cached per process); WordNet's most frequent sense when there is no model."""
+        def rank(question: str, texts: list[str]) -> int:
+            if not dense_on:
+                return 0
+            try:
+                missing = [t for t in texts if t not in self._sense_vecs]
+                vecs = self.provider.embed([question, *missing])
+            except SearchIndexError:
+                return 0
+            self._sense_vecs.update(zip(missing, vecs[1:]))
+            return int(np.argmax([float(self._sense_vecs[t] @ vecs[0]) for t in texts]))
+        return rank
 
     def _mentions(self, query: str) -> tuple[set[str], list[str]]:
         """(ids of entities the query names, the names as written and in full)."""

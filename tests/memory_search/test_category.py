@@ -1,0 +1,81 @@
+"""The category channel: a list question's category word read through WordNet's noun hierarchy (real WordNet files
+from Debian's wordnet-base, real store, real SQLite)."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hutch.memory._index import _lexicon
+
+needs_wordnet = pytest.mark.skipif(not _lexicon.available(), reason="WordNet is not installed: bash scripts/setup.sh")
+
+
+@pytest.mark.parametrize("question, lemmas", [
+    ("What martial arts has John done?", ["martial_arts", "arts"]),
+    ("What kind of art does Caroline make?", ["art"]),
+    ("Which European countries has Maria been to?", ["european_countries", "countries"]),
+    ("How many children does Melanie have?", ["children"]),
+    ("What types of yoga has Maria practiced?", ["yoga"]),
+    ("When did Melanie paint a sunrise?", []),
+    ("What did Caroline research?", []),  # no category word: "what did ..."
+    ("Where has Melanie camped?", []),
+])
+def test_category_word_of_a_question(question, lemmas):
+    assert _lexicon.category_word(question) == lemmas
+
+
+@needs_wordnet
+def test_lemmas_and_instances():
+    wn = _lexicon.wordnet()
+    assert wn.lemma("countries") == "country"
+    assert wn.lemma("children") == "child"  # an irregular plural, from noun.exc
+    assert wn.lemma("martial_arts") == "martial_art"
+    assert wn.lemma("xyzzyq") is None
+    (sense,) = wn.senses("martial_art")
+    words = wn.hyponym_words(sense)
+    assert {"judo", "karate", "taekwondo", "aikido"} <= set(words)
+    assert all(w.isalpha() for w in words)
+
+
+@needs_wordnet
+def test_the_question_picks_the_sense():
+    # "instrument" is first a device; a question about playing music means the musical one
+    def by_word(question, texts):
+        return next(i for i, t in enumerate(texts) if "musical" in t)
+    lemma, words = _lexicon.category_terms("What instruments does Melanie play?", by_word)
+    assert lemma == "instrument"
+    assert {"piano", "guitar", "drum", "accordion"} <= set(words)
+    assert "hammer" not in words and "screwdriver" not in words  # the device sense's instances
+    # a category so broad that it names nothing useful ("thing") gives no channel
+    assert _lexicon.category_terms("What things has John done?", lambda q, t: 0) is None
+
+
+@needs_wordnet
+def test_search_finds_instances_of_the_category(mem):
+    mem.put("notes", "Tuesday", body="John went to his first taekwondo class and loved the kicks.")
+    mem.put("notes", "Thursday", body="John tried judo with his cousin at the community centre.")
+    mem.put("notes", "Groceries", body="John bought apples, rice and coffee for the week.")
+    mem.put("notes", "Car", body="John took the car to the garage for new brakes.")
+    mem.put("notes", "Reading", body="John finished a novel about sailors and storms.")
+    hits = mem.search("What martial arts has John done?", k=5)
+    top2 = {h.entity_id for h in hits[:2]}
+    assert top2 == {"notes/tuesday", "notes/thursday"}
+    assert all("category" in h.channels for h in hits[:2])
+    assert all("category" not in h.channels for h in hits[2:])
+
+
+@needs_wordnet
+def test_without_wordnet_search_still_answers(mem, monkeypatch, tmp_path):
+    mem.put("notes", "Tuesday", body="John went to his first taekwondo class.")
+    mem.put("notes", "Groceries", body="John bought apples and rice.")
+    monkeypatch.setenv("HUTCH_WORDNET_DIR", str(tmp_path / "nowhere"))
+    assert not _lexicon.available()
+    hits = mem.search("What martial arts has John done?", k=2)
+    assert hits and all("category" not in h.channels for h in hits)
+    # a damaged copy (index present, data missing) is "not installed" too, never a crash
+    part = tmp_path / "part"
+    part.mkdir()
+    shutil.copy(Path(_lexicon.DEFAULT_DIR) / "index.noun", part / "index.noun")
+    monkeypatch.setenv("HUTCH_WORDNET_DIR", str(part))
+    assert mem.search("What martial arts has John done?", k=2)
