@@ -69,6 +69,7 @@ class WordNet:
         self._index: dict[str, list[int]] | None = None
         self._exc: dict[str, str] = {}
         self._data = None
+        self._hypo: dict[tuple, list[str] | None] = {}
         self._lock = threading.Lock()
 
     def _load(self) -> dict[str, list[int]]:
@@ -126,9 +127,18 @@ class WordNet:
             i += 4
         return Sense(offset, words, gloss.split(";")[0].strip()), hypo
 
-    def hyponym_words(self, sense: Sense, depth: int = DEPTH) -> list[str]:
+    def hyponym_words(self, sense: Sense, depth: int = DEPTH, limit: int | None = None) -> list[str] | None:
         """Single-word lemmas of the hyponyms of `sense`, nearest levels first (multi-word and hyphenated lemmas
-        are left out: the lexical channel matches words, and their parts alone mean something else)."""
+        are left out: the lexical channel matches words, and their parts alone mean something else); None as soon
+        as there are more than `limit` (a category that broad is not worth reading to the end). Cached per process."""
+        key = (sense.offset, depth, limit)
+        if key not in self._hypo:
+            if len(self._hypo) > 4096:
+                self._hypo.clear()
+            self._hypo[key] = self._hyponym_words(sense, depth, limit)
+        return self._hypo[key]
+
+    def _hyponym_words(self, sense: Sense, depth: int, limit: int | None) -> list[str] | None:
         out: dict[str, None] = {}
         frontier, seen = [sense.offset], {sense.offset}
         for _ in range(depth):
@@ -143,6 +153,8 @@ class WordNet:
                     w = re.sub(r"\(.*\)$", "", w)  # adjective markers such as "(a)"
                     if w.isalpha():
                         out.setdefault(w, None)
+                if limit is not None and len(out) > limit:
+                    return None
             frontier = nxt
         return list(out)
 
@@ -183,8 +195,8 @@ def category_terms(question: str, rank_senses) -> tuple[str, list[str]] | None:
         if not senses:
             continue
         sense = senses[rank_senses(question, [s.text for s in senses])] if len(senses) > 1 else senses[0]
-        words = wn.hyponym_words(sense)
-        if not words or len(words) > MAX_TERMS:
+        words = wn.hyponym_words(sense, limit=MAX_TERMS)
+        if not words:
             return None
         return lemma, words
     return None
