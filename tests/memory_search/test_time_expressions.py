@@ -239,3 +239,74 @@ def test_no_expression_no_time_channel_and_bad_now(dated):
     assert dated.search("pricing some time around then", now="2026-11-20")
     with pytest.raises(hutch.ConfigError, match="now"):
         dated.search("pricing last week", now="last tuesday")
+
+
+EVENTS = {
+    "speaker_a": "Maria",
+    "speaker_b": "John",
+    "session_1_date_time": "2:00 pm on 12 June, 2023",
+    "session_1": [
+        {"speaker": "Maria", "dia_id": "D1:1", "text": "Hey John, I joined a pottery class at the community centre."},
+        {"speaker": "John", "dia_id": "D1:2", "text": "Nice! I am still busy with the garden and the kids."},
+    ],
+    "session_2_date_time": "7:15 pm on 3 July, 2023",  # a Monday
+    "session_2": [
+        {"speaker": "John", "dia_id": "D2:1", "text": "Hi Maria! How is the pottery going?"},
+        {"speaker": "Maria", "dia_id": "D2:2", "text": "Great, I made a bowl. What have you been up to?"},
+        {"speaker": "John", "dia_id": "D2:3", "text": "Last week I took my kids camping by the lake."},
+        {"speaker": "Maria", "dia_id": "D2:4", "text": "Two days ago I volunteered at the animal shelter."},
+        {"speaker": "John", "dia_id": "D2:5", "text": "The kids want to go camping again next summer."},
+    ],
+    "qa": [],
+}
+
+
+def test_turn_event_time_from_relative_words(mem):
+    """A turn's "last week" / "two days ago", read against its session's date, is when the turn happened."""
+    mem.ingest_conversation(EVENTS, conv_id="c2")
+    mem.reindex()
+    db = mem.index.idx.db
+    rows = {a: (f, t) for a, f, t in db.execute("select anchor, ev_from, ev_to from units where anchor is not null")}
+    day = lambda s: datetime.fromisoformat(s).replace(tzinfo=timezone.utc).timestamp()  # noqa: E731
+    assert rows["D2:3"] == (day("2023-06-26"), day("2023-07-03"))  # the calendar week before Monday 3 July
+    assert rows["D2:4"] == (day("2023-07-01"), day("2023-07-02"))
+    assert rows["D2:1"] == (None, None) and rows["D1:1"] == (None, None)
+    # the question names the week before the session (26 June .. 2 July): only the turns that speak of it are
+    # in time (last week; two days ago = 1 July), not the session's other turns, said on 3 July
+    hits = mem.search("What did John do the week before July 3, 2023?", k=7, classes=["interactions"])
+    timed = [h.anchor for h in hits if "time" in h.channels]
+    assert sorted(timed) == ["D2:3", "D2:4"]
+    assert hits[0].anchor == "D2:3"
+    # relative question, relative turn: asked on 5 July, "last Saturday" is 1 July, the shelter day (and a day
+    # of the camping week)
+    hits = mem.search("Where did Maria volunteer last Saturday?", k=3, classes=["interactions"], now="2023-07-05")
+    assert {h.anchor for h in hits if "time" in h.channels} == {"D2:3", "D2:4"} and hits[0].anchor == "D2:4"
+    # asked on 15 June, "last Saturday" is 10 June: no turn speaks of it, no session was on it
+    hits = mem.search("Where did Maria volunteer last Saturday?", k=3, classes=["interactions"], now="2023-06-15")
+    assert not any("time" in h.channels for h in hits)
+
+
+def test_an_index_of_the_previous_schema_is_rebuilt(store_dir):
+    import sqlite3
+
+    from hutch.memory._index import _db
+
+    m = hutch.Memory(store_dir)
+    try:
+        m.ingest_conversation(EVENTS, conv_id="c2")
+        m.search("camping", k=1)
+        path = m.index.idx.path
+    finally:
+        m.index.close()
+    con = sqlite3.connect(path)
+    con.execute("update meta set value='2' where key='schema'")
+    con.commit()
+    con.close()
+    m = hutch.Memory(store_dir)
+    try:
+        hits = m.search("What did John do the week before July 3, 2023?", k=3, classes=["interactions"])
+        assert hits[0].anchor == "D2:3" and "time" in hits[0].channels
+        assert any("schema version 2" in r for r in m.doctor().recovered)
+        assert m.index.idx.meta("schema") == _db.SCHEMA_VERSION
+    finally:
+        m.index.close()

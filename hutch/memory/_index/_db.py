@@ -30,7 +30,7 @@ from hutch._core.errors import MalformedEntityError, SearchIndexError
 from hutch.memory import _format
 from hutch.memory._index import _units
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"  # 3: units.ev_from / ev_to (the time a turn speaks of)
 INDEX_NAME = "index.sqlite"
 LINKS_SUFFIX = _format.LINKS_SUFFIX
 #: On the query path, embedding missing vectors stops after this many seconds (the rest waits for the next query
@@ -43,7 +43,8 @@ create table if not exists files(
   eid integer primary key, entity_id text unique not null, cls text not null, title text,
   mtime_ns integer, size integer, hash text, t_from real, t_to real, t_rec real, linkstamp text, error text);
 create table if not exists units(
-  uid integer primary key, eid integer not null, anchor text, speaker text, dense_hash text not null);
+  uid integer primary key, eid integer not null, anchor text, speaker text, dense_hash text not null,
+  ev_from real, ev_to real);
 create index if not exists units_eid on units(eid);
 create virtual table if not exists units_fts using fts5(body, context, tokenize='porter unicode61');
 create virtual table if not exists ent_fts using fts5(body, tokenize='porter unicode61');
@@ -451,8 +452,9 @@ class IndexDB:
         db.executemany("insert into titles(norm, eid, partial) values (?, ?, ?)",
                        [(t, eid, p) for t, p in _units.title_keys(title)])
         for u in units:
-            uid = db.execute("insert into units(eid, anchor, speaker, dense_hash) values (?,?,?,?)",
-                             (eid, u.anchor, u.speaker, u.dense_hash)).lastrowid
+            ev = u.event or (None, None)
+            uid = db.execute("insert into units(eid, anchor, speaker, dense_hash, ev_from, ev_to) "
+                             "values (?,?,?,?,?,?)", (eid, u.anchor, u.speaker, u.dense_hash, *ev)).lastrowid
             db.execute("insert into units_fts(rowid, body, context) values (?,?,?)", (uid, u.body, u.context))
             db.execute("insert or ignore into pending(dense_hash, text) values (?, ?)", (u.dense_hash, u.dense))
             added.add(uid)

@@ -56,6 +56,8 @@ class Snapshot:
         self.V = np.zeros((0, dim), np.float32)
         self.speaker = np.zeros(0, np.int64)  # code of the normalised speaker name, -1 for none
         self.speaker_code: dict[str, int] = {}
+        self.ev_from = np.zeros(0)  # the time a turn speaks of ("yesterday" in a session of 8 May), NaN: none
+        self.ev_to = np.zeros(0)
         self.anchor: list[str | None] = []
         self.hash: list[str] = []
         self.upos: dict[int, int] = {}
@@ -76,7 +78,7 @@ class Snapshot:
             return
         cap = max(need, 2 * self.cap, 1024)
         for name, fill in (("uid", 0), ("epos", 0), ("alive", False), ("has_vec", False), ("is_turn", False),
-                           ("speaker", -1)):
+                           ("speaker", -1), ("ev_from", np.nan), ("ev_to", np.nan)):
             old = getattr(self, name)
             new = np.full(cap, fill, dtype=old.dtype)
             new[:len(old)] = old
@@ -126,7 +128,7 @@ class Snapshot:
 
         Vectors are read once per distinct text and gathered with numpy: a per-row loop over
         100,000 blobs took seconds on a process's first query."""
-        q = "select uid, eid, anchor, speaker, dense_hash from units"
+        q = "select uid, eid, anchor, speaker, dense_hash, ev_from, ev_to from units"
         rows = db.execute(q + " order by uid").fetchall() if uids is None else sorted(
             r for chunk in _chunks(sorted(uids)) for r in db.execute(
                 q + f" where uid in ({','.join('?' * len(chunk))})", chunk))
@@ -136,10 +138,12 @@ class Snapshot:
         start, m = self.n, len(rows)
         self._grow(start + m)
         sl = slice(start, start + m)
-        uid_l, eid_l, anchor_l, speaker_l, hash_l = (list(c) for c in zip(*rows))
+        uid_l, eid_l, anchor_l, speaker_l, hash_l, evf_l, evt_l = (list(c) for c in zip(*rows))
         self.uid[sl] = uid_l
         self.epos[sl] = [self.eid_pos[e] for e in eid_l]
         self.alive[sl] = True
+        self.ev_from[sl] = [np.nan if v is None else v for v in evf_l]
+        self.ev_to[sl] = [np.nan if v is None else v for v in evt_l]
         self.is_turn[sl] = [a is not None and sp is not None for a, sp in zip(anchor_l, speaker_l)]
         codes = self.speaker_code
         self.speaker[sl] = [codes.setdefault(_units.norm_title(sp), len(codes)) if sp else -1 for sp in speaker_l]

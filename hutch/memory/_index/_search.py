@@ -363,12 +363,14 @@ class SearchIndex:
         return hits
 
     def _in_span(self, span: _time.TimeSpan) -> np.ndarray:
-        """Units whose time (their entity's valid_from, else recorded_at, else created) is inside the span."""
+        """Units whose time (their entity's valid_from, else recorded_at, else created) is inside the span,
+        or whose event time (a turn's "yesterday", read against its session) overlaps it."""
         s = self.snap
         n = s.n
         tr = s.t_rec[:s.ne][s.epos[:n]]
-        with np.errstate(invalid="ignore"):
-            return (tr >= span.start) & (tr < span.end)
+        with np.errstate(invalid="ignore"):  # NaN (no time) compares False
+            inside = (tr >= span.start) & (tr < span.end)
+            return inside | ((s.ev_from[:n] < span.end) & (s.ev_to[:n] > span.start))
 
     def _propagated(self, elex: np.ndarray, top: int = 50) -> np.ndarray:
         """Lexical evidence of the best-matching entities, passed along their outgoing links (an event

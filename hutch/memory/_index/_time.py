@@ -21,6 +21,7 @@ and a year into thirds of four months.
 
 from __future__ import annotations
 
+import bisect
 import calendar
 import math
 import re
@@ -538,6 +539,16 @@ _TRIGGER = _rx(r"\d{4}|\b(?:" + "|".join([_MON, _WD, "yesterday|today|tonight|to
                                           "spring|summer|autumn|fall|winter"]) + r")\b")
 
 
+# Words an expression can begin with (or a digit): other positions are skipped without trying every pattern.
+_STARTS = frozenset(
+    "between from since after before until till prior up the a an couple few several early mid late yesterday "
+    "today tonight tomorrow this last next past coming previous earlier later in over during within day week "
+    "fortnight month year decade spring summer autumn fall winter".split()) | set(_NUMBERS) | set(_MONTHS) \
+    | set(_WEEKDAYS)
+_WORD = re.compile(r"[^\W_]+")
+_REACH = 40  # characters from an expression's first word to its first trigger ("between the 1st of March")
+
+
 def _epoch(d: date | None, default: float) -> float:
     if d is None:
         return default
@@ -555,7 +566,8 @@ def _ref_day(ref: datetime | date | float | None) -> date | None:
 
 
 def _scan(text: str, ref: datetime | date | float | None, first: bool) -> list[TimeSpan]:
-    if not _TRIGGER.search(text):
+    triggers = [m.start() for m in _TRIGGER.finditer(text)]
+    if not triggers:
         return []
     day = _ref_day(ref)
     out: list[TimeSpan] = []
@@ -563,6 +575,13 @@ def _scan(text: str, ref: datetime | date | float | None, first: bool) -> list[T
     for sm in _START.finditer(text):
         i = sm.start()
         if i < pos:
+            continue
+        w = _WORD.match(text, i)
+        if w is None or not (w.group(0)[0].isdigit() or w.group(0).lower() in _STARTS):
+            continue
+        # every expression holds a trigger word (a month, "week", a year ...) within its first few words
+        k = bisect.bisect_left(triggers, i)
+        if k == len(triggers) or triggers[k] - i > _REACH:
             continue
         try:
             got = _expr_at(text, i, day)

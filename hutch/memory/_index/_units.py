@@ -41,6 +41,7 @@ class Unit:
     context: str  # lexical context: neighbouring turns (lower weight)
     dense: str  # what is embedded
     speaker: str | None
+    event: tuple[float, float] | None = None  # the time a turn speaks of ("yesterday"), read against its session
 
     @property
     def dense_hash(self) -> str:
@@ -67,19 +68,26 @@ def units_of(meta: dict[str, Any], body: str, title: str) -> tuple[list[Unit], s
         full = f"{title}\n{body}".strip()
         return [Unit(None, full, _tags(meta), full, None)], full
     rendered = []
+    said = _said_at(meta)
     for anchor, speaker, section in turns:
         text, cap = _turn_text(section)
         line = f"{speaker}: {text}" + (f" [image: {cap}]" if cap else "")
-        rendered.append((anchor, speaker, line))
+        rendered.append((anchor, speaker, line, _time.event_span(text, said) if said is not None else None))
     units = []
-    for i, (anchor, speaker, line) in enumerate(rendered):
+    for i, (anchor, speaker, line, event) in enumerate(rendered):
         prev = rendered[i - 1][2] if i > 0 else ""
         nxt = rendered[i + 1][2] if i + 1 < len(rendered) else ""
         # The previous turn is what a reply answers: it goes into the embedded text too.
         dense = f"{prev}\n{line}" if prev else line
-        units.append(Unit(anchor, line, f"{prev} {nxt}".strip(), dense, speaker))
+        units.append(Unit(anchor, line, f"{prev} {nxt}".strip(), dense, speaker, event))
     whole = title + "\n" + "\n".join(r[2] for r in rendered)
     return units, whole
+
+
+def _said_at(meta: dict[str, Any]) -> float | None:
+    """When a conversation's turns were said: its valid_from (the session's date), else recorded_at."""
+    t = to_epoch(meta.get("valid_from"))
+    return t if t is not None else to_epoch(meta.get("recorded_at"))
 
 
 def _tags(meta: dict[str, Any]) -> str:
