@@ -274,7 +274,7 @@ class SearchIndex:
         if dense_on:
             # Embedding and the matrix product release the GIL: they overlap the FTS5 queries below.
             qtext = _units.strip_mentions(query, titles) if titles else query
-            future = _pool().submit(self._dense_scores, qtext, n)
+            future = _pool().submit(self._dense_scores, qtext, mask)
         fq = _units.fts_query(self._lexical_terms(query))
         # lexical, per unit
         lex = np.zeros(n)
@@ -297,15 +297,18 @@ class SearchIndex:
                 p = eidpos.get(eid)
                 if p is not None:
                     elex[p] = score
-        dense = np.zeros(n)
+        dense, dq = np.zeros(n), None
         if future is not None:
             try:
-                dense = future.result()
+                dq = future.result()
+                dense = dq.values
             except SearchIndexError as e:
                 self.idx.embed_error = str(e)
                 dense_on = False
         if dense_on:
-            channels.append(_rank.Channel("dense", dense, mask.copy(), zero_based=False))
+            if dq.exact is not None:  # approximate dense channel (large store): exact where BM25 found something
+                dq.make_exact((lex > 0) | (elex > 0)[s.epos[:n]])
+            channels.append(_rank.Channel("dense", dense, mask.copy(), zero_based=False, moments=dq.moments))
         # entity level: BM25 over the whole entity + its best unit's dense score
         ent = np.zeros(ne)
         if fq:
@@ -342,6 +345,13 @@ class SearchIndex:
         cat = self._category(query, n, dense_on)
         if cat is not None and (cat > 0).any():
             channels.append(_rank.Channel("category", cat, cat > 0))
+        if dq is not None and dq.exact is not None:
+            # ... and where the boolean channels found something (the entity channel used the estimates)
+            found = np.zeros(n, bool)
+            for ch in channels:
+                if ch.name not in ("dense", "entity", "bm25"):
+                    found |= ch.present[:n]
+            dq.make_exact(found & mask)
         score = _rank.fuse(channels, mask, fusion)
         top = _rank.top_k(score, mask, k)
         per_channel = {}
@@ -392,9 +402,9 @@ class SearchIndex:
         hi = out.max()
         return out / hi if hi > 0 else out
 
-    def _dense_scores(self, qtext: str, n: int) -> np.ndarray:
+    def _dense_scores(self, qtext: str, mask: np.ndarray) -> _rank.DenseQuery:
         qv = self.provider.embed([qtext])[0].astype(np.float32)
-        return (self.snap.V[:n] @ qv).astype(np.float64)
+        return _rank.DenseQuery(self.snap, qv, mask)
 
     def _category(self, query: str, n: int, dense_on: bool) -> np.ndarray | None:
         """BM25 of the instances of the category a list question asks about ("What martial arts has John
