@@ -611,15 +611,22 @@ def find_all(text: str, ref: datetime | date | float | None = None) -> list[Time
     return _scan(text, ref, False)
 
 
+#: The longest span a turn's own words may give it as its event time (31 days: "last month" yes, "last year" no).
+MAX_EVENT_S = 31 * 86400
+
+
 def event_span(text: str, ref: datetime | date | float | None) -> tuple[float, float] | None:
     """The time a conversation turn speaks of, read against its session's time: the hull of its bounded,
     dated expressions ("yesterday", "last week", "two days ago", "last Friday", "on 3 May 2023").
 
     Left out: open spans ("since May"), a month or day without its year and "on Friday" (said in May,
-    "in October" or "on Friday" is as likely a plan as a memory), and the session day itself ("today")."""
+    "in October" or "on Friday" is as likely a plan as a memory), the session day itself ("today"), and
+    spans longer than a month ("last year", "last summer"): the time channel counts as much as a name in
+    the question, and a year-wide span overlaps every question about that year (on the LoCoMo dev set it
+    only ever moved a wrong turn up, docs/retrieval.md)."""
     if ref is None:
         return None
-    spans = [s for s in _scan(text, ref, False) if s.bounded and s.kind == "date"]
+    spans = [s for s in _scan(text, ref, False) if s.bounded and s.kind == "date" and s.end - s.start <= MAX_EVENT_S]
     day = _ref_day(ref)
     today = (_epoch(day, 0.0), _epoch(day + timedelta(days=1), 0.0))
     spans = [s for s in spans if (s.start, s.end) != today]
