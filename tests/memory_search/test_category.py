@@ -59,6 +59,7 @@ def test_search_finds_instances_of_the_category(mem):
     mem.put("notes", "Car", body="John took the car to the garage for new brakes.")
     mem.put("notes", "Reading", body="John finished a novel about sailors and storms.")
     hits = mem.search("What martial arts has John done?", k=5)
+    assert mem.index.doctor().lexicon == _lexicon.DEFAULT_DIR
     top2 = {h.entity_id for h in hits[:2]}
     assert top2 == {"notes/tuesday", "notes/thursday"}
     assert all("category" in h.channels for h in hits[:2])
@@ -71,6 +72,8 @@ def test_without_wordnet_search_still_answers(mem, monkeypatch, tmp_path):
     mem.put("notes", "Groceries", body="John bought apples and rice.")
     monkeypatch.setenv("HUTCH_WORDNET_DIR", str(tmp_path / "nowhere"))
     assert not _lexicon.available()
+    assert mem.index.doctor().lexicon is None
+    assert any("category channel off" in line for line in mem.index.doctor().lines())
     hits = mem.search("What martial arts has John done?", k=2)
     assert hits and all("category" not in h.channels for h in hits)
     # a damaged copy (index present, data missing) is "not installed" too, never a crash

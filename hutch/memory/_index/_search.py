@@ -95,6 +95,7 @@ class IndexReport:
     recovered: tuple[str, ...]  # when and why the index file was discarded and rebuilt
     embed_error: str | None = None  # the embedder's last failure (search then used the lexical channels only)
     seconds: float = 0.0
+    lexicon: str | None = None  # the WordNet directory the category channel reads; None: that channel is off
 
     def lines(self) -> list[str]:
         """Human-readable report, one fact per line."""
@@ -114,6 +115,8 @@ class IndexReport:
             out.append(f"recovered: {r}")
         if self.embed_error:
             out.append(f"embedder failed: {self.embed_error}")
+        out.append(f"lexicon: WordNet at {self.lexicon}" if self.lexicon else
+                   "lexicon: none (category channel off: install Debian's wordnet-base, or set HUTCH_WORDNET_DIR)")
         return out
 
 
@@ -560,7 +563,7 @@ class SearchIndex:
         return IndexReport(self.idx.path, ok, len(rows), units, vectors, pending, name, rev, dim,
                            self.idx.meta("space_changed_from"), tuple(stale), tuple(missing), tuple(extra),
                            tuple(unreadable), tuple(self.idx.recovered), self.idx.embed_error,
-                           time.perf_counter() - t0)
+                           time.perf_counter() - t0, str(wn.root) if (wn := _lexicon.wordnet()) else None)
 
     def close(self) -> None:
         self.idx.close()
