@@ -23,10 +23,12 @@ EXIT_INDEX_STALE = 4
 @click.option("--until", help="Only entities whose time is on or before this ISO date.")
 @click.option("--as-of", "as_of", help="Only entities valid at this ISO date.")
 @click.option("--expand", default=0, show_default=True, help="Add entities up to N links away from the hits.")
+@click.option("--now", help="Read relative time words in the query ('last week') against this ISO date "
+                            "(default: --as-of, else the clock).")
 @click.option("--explain", is_flag=True, help="Show each channel's rank and score for every hit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the hits as JSON.")
 @click.pass_context
-def search(ctx, query, k, classes, since, until, as_of, expand, explain, as_json) -> None:
+def search(ctx, query, k, classes, since, until, as_of, expand, now, explain, as_json) -> None:
     """Search the store by words, meaning, links and time (files changed by hand are indexed first).
 
     \b
@@ -34,9 +36,11 @@ def search(ctx, query, k, classes, since, until, as_of, expand, explain, as_json
       hutch mem search "customer churn" -k 5 --explain
       hutch mem search "what did Alice decide about pricing?" --class decisions --since 2026-10-01
       hutch mem search Acme --expand 1
+      hutch mem search "what did we ship last week?" --now 2026-11-30
     """
     m = open_store(ctx)
-    hits = m.search(query, k=k, classes=list(classes) or None, since=since, until=until, as_of=as_of, expand=expand)
+    hits = m.search(query, k=k, classes=list(classes) or None, since=since, until=until, as_of=as_of, expand=expand,
+                    now=now)
     if as_json:
         click.echo(json.dumps([{"id": h.entity_id, "anchor": h.anchor, "score": h.score,
                                 "channels": {c: dict(v) for c, v in h.channels.items()}} for h in hits], indent=1))

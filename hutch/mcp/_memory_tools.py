@@ -29,13 +29,16 @@ def register(server, mem) -> None:
     @tool(server, READ_ONLY)
     def memory_search(query: str | None = None, k: int = 10, classes: list[str] | None = None,
                       since: str | None = None, until: str | None = None, as_of: str | None = None,
-                      expand: int = 0, q: str | None = None, limit: int | None = None) -> dict[str, Any]:
+                      expand: int = 0, now: str | None = None, q: str | None = None,
+                      limit: int | None = None) -> dict[str, Any]:
         """Search the memory store by meaning, words, links and time; best hits first.
 
         query: what to look for, in plain words ("what did Alice decide about pricing?").
         k: how many hits (1-100). classes: keep only these entity classes, e.g. ["actors", "decisions"].
         since / until: keep entities whose time is in range (ISO dates, "2026-10-01").
         as_of: only what was valid on that date. expand: also return entities up to this many links away.
+        now: the date that relative words in the query ("last week", "two days ago") are read against
+        (ISO; default: as_of, else today).
         Each hit has the entity id (pass it to memory_get), title, score, the channels that found it
         (bm25, dense, graph, time ...) and, for a conversation turn, its anchor and the turn's text.
         """
@@ -45,7 +48,8 @@ def register(server, mem) -> None:
         n = limit if limit is not None else k
         if not 1 <= n <= 100:
             raise ConfigError(f"k={n} is out of range: ask for 1 to 100 hits.")
-        hits = mem.search(text, k=n, classes=classes, since=since, until=until, as_of=as_of, expand=expand)
+        hits = mem.search(text, k=n, classes=classes, since=since, until=until, as_of=as_of, expand=expand,
+                          now=now)
         out = []
         for h in hits:
             e = h.entity

@@ -62,6 +62,7 @@ async def _memory_session(client, store):
     assert tools["memory_put"].annotations.read_only_hint is False
     assert tools["sandbox_terminate"].annotations.destructive_hint is True
     assert "query" in tools["memory_search"].input_schema["properties"]
+    assert "now" in tools["memory_search"].input_schema["properties"]  # relative time words' reference
     assert "Search the memory store" in tools["memory_search"].description
 
     r = await client.call_tool("memory_search", {"q": "customer churn", "k": 3})  # alias q

@@ -45,3 +45,14 @@ def test_every_command_has_help_and_an_example():
 def test_missing_store_is_a_clear_error(store_dir):
     r = CliRunner().invoke(cli, ["mem", "--store", str(store_dir / "nope"), "search", "x"])
     assert r.exit_code == 1 and "hutch mem init" in r.output
+
+
+def test_search_now_reads_relative_time_words(mem, store_dir):
+    mem.put("decisions", "Pricing page copy", body="We decided on the pricing page copy.", valid_from="2026-11-18")
+    mem.put("decisions", "Pricing tiers", body="We decided on three pricing tiers.", valid_from="2026-10-02")
+    r = run(store_dir, "search", "pricing decided two days ago", "--now", "2026-11-20", "--json")
+    hits = json.loads(r.output)
+    assert r.exit_code == 0
+    assert [h["id"] for h in hits if "time" in h["channels"]] == ["decisions/pricing-page-copy"]
+    r = run(store_dir, "search", "pricing decided two days ago", "--now", "2026-10-04", "--json")
+    assert [h["id"] for h in json.loads(r.output) if "time" in h["channels"]] == ["decisions/pricing-tiers"]
