@@ -4,7 +4,11 @@
 
 A synthetic store of N entities (notes/<i>.md, 20-word bodies drawn by Zipf's
 law from a 20,000-word vocabulary, fixed seed) is written straight to disk (hand-written
-files are valid SMF), indexed with `mem.reindex()`, then queried. Each line
+files are valid SMF), indexed with `mem.reindex()`, then queried. The vocabulary
+(`--words`) is English words (default: the whole words of the model's own word-piece
+vocabulary, in its frequency order, ~25 tokens per entity) or the older pseudo-words
+made of syllables (`--words pseudo`: each splits into several word pieces, ~51 tokens
+per entity, which doubles the embedding work per entity). Each line
 prints median and p99 with a peer measured side by side on the same machine:
 
 - build: entities/s of `reindex()` vs. the embedding model alone on the same texts
@@ -44,17 +48,32 @@ WORDS = ("customer churn pricing plan renewal invoice refund contract vendor mee
          "quarterly revenue cost margin supplier shipping warehouse inventory support ticket escalation").split()
 
 
-def vocabulary(rng: random.Random, size: int = 20_000) -> list[str]:
-    """The real words above first, then pseudo-words from syllables: a vocabulary ranked by frequency."""
+def vocabulary(rng: random.Random, size: int = 20_000, kind: str = "english") -> list[str]:
+    """The words above first, then English words (the tokenizer's whole words, in its order, which roughly
+    follows frequency) or pseudo-words from syllables: a vocabulary ranked by frequency."""
     syll = "ka lo mi nu se ta ri po ve du an el is or um bri tra glo fen dor".split()
     out = list(WORDS)
     seen = set(out)
+    if kind == "english":
+        vocab = json.loads(_units_tokenizer().read_text())["model"]["vocab"]
+        for w, _ in sorted(vocab.items(), key=lambda kv: kv[1]):
+            if len(out) >= size:
+                break
+            if len(w) >= 3 and w.isascii() and w.isalpha() and w.islower() and w not in seen:
+                seen.add(w)
+                out.append(w)
     while len(out) < size:
         w = "".join(rng.choice(syll) for _ in range(rng.randint(2, 4)))
         if w not in seen:
             seen.add(w)
             out.append(w)
     return out
+
+
+def _units_tokenizer() -> Path:
+    from hutch.memory._index import _embed
+
+    return _embed._TOKENIZER
 
 
 def sentence(rng: random.Random, vocab: list[str], weights: list[float], n: int) -> str:
@@ -82,10 +101,12 @@ def main() -> None:
                          "are embedded (the query path still ranks all N units)")
     ap.add_argument("--build-n", type=int, default=2000, help="distinct entities for the build-rate measurement")
     ap.add_argument("--dir", help="where to build the store (default: a temp dir, removed at the end)")
+    ap.add_argument("--words", choices=["english", "pseudo"], default="english",
+                    help="vocabulary of the synthetic texts (pseudo: the first runs' syllable words)")
     ap.add_argument("--json")
     args = ap.parse_args()
     rng = random.Random(7)
-    vocab = vocabulary(rng)
+    vocab = vocabulary(rng, kind=args.words)
     cum, acc = [], 0.0
     for r in range(len(vocab)):
         acc += 1.0 / (r + 1)
@@ -108,9 +129,12 @@ def main() -> None:
         prov = default_provider()
         texts = [f"{t}\n{b}" for t, b in pool[:args.build_n]]
         prov.embed(texts[:64])
+        tokens = statistics.fmean(len(e.ids) for e in prov._load()[1].encode_batch(texts))
         t0 = time.perf_counter()
         prov.embed(texts)
         embed_rate = len(texts) / (time.perf_counter() - t0)
+        print(f"build texts ({args.words} words): {tokens:.1f} tokens per entity on average")
+        out["tokens_per_entity"] = tokens
         t0 = time.perf_counter()
         rep = small.reindex()
         build_s = time.perf_counter() - t0
