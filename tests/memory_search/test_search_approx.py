@@ -193,4 +193,4 @@ def test_sign_bits_follow_edits_and_new_units(mem, monkeypatch):
     assert {h.entity_id for h in hits} == {"notes/concert", "notes/bread"}
     snap = mem.index.snap
     alive = np.flatnonzero(snap.alive[:snap.n])
-    assert np.array_equal(snap.bits[:, alive], _rank._pack(snap.V[alive] - snap.center).T)
+    assert np.array_equal(snap.bits[:, alive], _rank._pack(snap.V[alive], snap.center).T)

@@ -198,13 +198,15 @@ class Snapshot:
             if have.any():
                 self.center = (have.astype(np.float32) @ self.V[:n]) / np.float32(have.sum())
             self.bits = np.zeros((_words(self.dim), self.cap), np.uint64)
-            self._set_bits(np.arange(n))
+            for s in range(0, n, 8192):  # slices, not a gather: 100,000 units in ~0.1-0.3 s
+                e = min(n, s + 8192)
+                self.bits[:, s:e] = _pack(self.V[s:e], self.center).T
         return self.bits
 
     def _set_bits(self, positions: np.ndarray) -> None:
         for s in range(0, len(positions), 8192):
             p = positions[s:s + 8192]
-            self.bits[:, p] = _pack(self.V[p] - self.center).T
+            self.bits[:, p] = _pack(self.V[p], self.center).T
 
     def remove_units(self, uids) -> None:
         for uid in uids:
@@ -241,9 +243,10 @@ def _words(dim: int) -> int:
     return (dim + 63) // 64
 
 
-def _pack(M: np.ndarray) -> np.ndarray:
-    """(rows, words) uint64: the sign bits of each row (1 where > 0), zero-padded to whole 64-bit words."""
-    b = np.packbits(M > 0, axis=1)
+def _pack(M: np.ndarray, center: np.ndarray) -> np.ndarray:
+    """(rows, words) uint64: the sign bits of each row minus `center` (1 where above), zero-padded to whole
+    64-bit words."""
+    b = np.packbits(M > center, axis=1)
     pad = 8 * _words(M.shape[1]) - b.shape[1]
     if pad:
         b = np.pad(b, ((0, 0), (0, pad)))
@@ -273,7 +276,7 @@ class DenseQuery:
             self.values = (snap.V[:n] @ qv).astype(np.float64)
             return
         bits = snap.binary()
-        qb = _pack((qv - snap.center)[None, :])[0]
+        qb = _pack(qv[None, :], snap.center)[0]
         h = np.bitwise_count(bits[0, :n] ^ qb[0]).astype(np.uint16)
         for w in range(1, len(qb)):
             h += np.bitwise_count(bits[w, :n] ^ qb[w])
