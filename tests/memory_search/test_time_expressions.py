@@ -312,3 +312,18 @@ def test_an_index_of_the_previous_schema_is_rebuilt(store_dir):
         assert m.index.idx.meta("schema") == _db.SCHEMA_VERSION
     finally:
         m.index.close()
+
+
+@pytest.mark.parametrize("ref", [date(1, 1, 1), date(9999, 12, 31), date(2024, 2, 29), None])
+def test_extreme_references_and_fragments_never_fail(ref):
+    """Calendar edges answer None or a span, never an error or a hang (a year-1 reference once looped)."""
+    for text in ["in June", "on 29 February", "last winter", "tomorrow", "next year", "yesterday", "999 years ago",
+                 "500 years before 2023", "two weeks after 9999-12-25", "the decade after 9990", "between 2023 and",
+                 "since", "the week before", "early", "mid-", "in 0000", "May 0, 2023", "0 days ago", "next June",
+                 "last weekend before 9999-12-31", "between December and", "from May to"]:
+        for span in _time.find_all(text, ref):
+            assert span.start < span.end
+        if ref is not None:
+            _time.event_span(text, ref)
+    assert _time.find("in June", date(1, 1, 1)) is None
+    assert _time.find("tomorrow", date(9999, 12, 31)) is None

@@ -192,16 +192,14 @@ def _iso_month(m, text, ref):
 
 def _latest(ref: date, month: int, day: int = 1) -> date:
     """The latest date with this month (and day) on or before ref."""
-    y = ref.year
-    while True:
+    for y in range(ref.year, max(ref.year - 8, 0), -1):  # a 29 February is at most 8 years back
         try:
             d = date(y, month, day)
         except ValueError:  # 29 February outside a leap year
-            y -= 1
             continue
         if d <= ref:
             return d
-        y -= 1
+    raise ValueError(f"no {month}/{day} on or before {ref}")
 
 
 def _d_month(m, text, ref):
@@ -627,9 +625,11 @@ def event_span(text: str, ref: datetime | date | float | None) -> tuple[float, f
     if ref is None:
         return None
     spans = [s for s in _scan(text, ref, False) if s.bounded and s.kind == "date" and s.end - s.start <= MAX_EVENT_S]
+    if not spans:
+        return None
     day = _ref_day(ref)
-    today = (_epoch(day, 0.0), _epoch(day + timedelta(days=1), 0.0))
-    spans = [s for s in spans if (s.start, s.end) != today]
+    start = _epoch(day, 0.0)
+    spans = [s for s in spans if (s.start, s.end) != (start, start + 86400)]
     if not spans:
         return None
     return min(s.start for s in spans), max(s.end for s in spans)
