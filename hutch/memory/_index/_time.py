@@ -132,8 +132,7 @@ def _period(d: date, unit: str) -> tuple[date, date]:
 
 
 def _unit(word: str) -> str:
-    w = word.lower().rstrip("s")
-    return w
+    return word.lower().rstrip("s")  # "weeks" -> "week"
 
 
 def _qty(m: re.Match) -> tuple[int, int] | None:
@@ -153,11 +152,11 @@ def _year_ok(y: int) -> bool:
 # Each reader gets the match, the whole text and the reference day (None: relative ones fail) and answers
 # (start day, end day, relative, kind) or None.
 
-Win = tuple  # (date | None, date | None, bool, str)
+_PREV = re.compile(r"([^\W\d_]+-?)\s*$")
 
 
 def _prev_word(text: str, i: int) -> str:
-    m = re.search(r"([^\W\d_]+-?)\s*$", text[:i])
+    m = _PREV.search(text, max(0, i - 40), i)
     return m.group(1).lower() if m else ""
 
 
