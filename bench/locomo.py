@@ -6,7 +6,7 @@ into its own store; every question of categories 1-4 is asked with
 evidence recall@k is the share of the question's evidence turns (dia_ids)
 among the anchors of the top k hits, averaged over questions.
 
-    .venv/bin/python bench/locomo.py [--data DIR] [--fusion weighted|rrf] [--json out.json]
+    .venv/bin/python bench/locomo.py [--data DIR] [--fusion weighted|rrf] [--now last-session|clock] [--json out.json]
 
 Prints recall@1/5/10/20 per category and overall, MRR, index build rate and
 query latency p50/p99, side by side with the BM25-only peer (the `bm25`
@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hutch  # noqa: E402
 from hutch.memory._index import _units  # noqa: E402
+from hutch.memory._ingest import _parse_locomo_time, _session_numbers  # noqa: E402
 
 CATS = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 KS = (1, 5, 10, 20)
@@ -49,6 +50,13 @@ def questions(path: str) -> list[dict]:
         if ev:
             out.append({"q": q["question"], "cat": q["category"], "ev": ev})
     return out
+
+
+def last_session_time(path: str) -> str:
+    """When the conversation's last session took place (ISO): the moment its questions are asked."""
+    d = json.load(open(path))
+    n = _session_numbers(d)[-1]
+    return _parse_locomo_time(d[f"session_{n}_date_time"], path).isoformat()
 
 
 def bm25_peer(mem, question: str, k: int) -> list[str]:
@@ -91,6 +99,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(DEFAULT_DATA))
     ap.add_argument("--fusion", default="weighted", choices=["weighted", "rrf"])
+    ap.add_argument("--now", default="last-session", choices=["last-session", "clock"],
+                    help="what relative time words in a question are read against")
     ap.add_argument("--json", help="write the results here too")
     args = ap.parse_args()
     files = sorted(glob.glob(os.path.join(args.data, "*.json")))
@@ -112,9 +122,10 @@ def main() -> None:
             index_s += t2 - t1
             n_entities += rep.entities
             n_units += rep.units
+            now = last_session_time(f) if args.now == "last-session" else None
             for q in questions(f):
                 t = time.perf_counter()
-                hits = mem.search(q["q"], k=20, classes=["interactions"], fusion=args.fusion)
+                hits = mem.search(q["q"], k=20, classes=["interactions"], fusion=args.fusion, now=now)
                 lat.append(1000 * (time.perf_counter() - t))
                 ranked.append([h.anchor for h in hits])
                 peer.append(bm25_peer(mem, q["q"], 20))
@@ -124,7 +135,7 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     ours, base = score(ranked, qs), score(peer, qs)
     print(f"LoCoMo turn-level evidence recall, {len(files)} conversations, {len(qs)} questions (categories 1-4), "
-          f"fusion={args.fusion}")
+          f"fusion={args.fusion}, now={args.now}")
     print(f"{'':14s} {'hutch search':>42s}   {'peer: FTS5 BM25':>42s}")
     print(f"{'':14s} " + " ".join(f"{'R@' + str(k):>7s}" for k in KS) + f" {'MRR':>6s}   "
           + " ".join(f"{'R@' + str(k):>7s}" for k in KS) + f" {'MRR':>6s}")
