@@ -194,3 +194,21 @@ def test_sign_bits_follow_edits_and_new_units(mem, monkeypatch):
     snap = mem.index.snap
     alive = np.flatnonzero(snap.alive[:snap.n])
     assert np.array_equal(snap.bits[:, alive], _rank._pack(snap.V[alive], snap.center).T)
+
+
+def test_filter_leaving_few_candidates_scores_just_those(mem, monkeypatch):
+    for i, (title, body) in enumerate([("Boat", "We sailed to the island."), ("Bread", "The sourdough rose."),
+                                       ("Garden", "Tomatoes ripen in August."), ("Race", "The marathon starts.")]):
+        mem.put("notes", title, body=body)
+        mem.put("decisions", f"Decision {i}", body=f"We decided: {body.lower()}")
+    queries = ["sailing trip", "baking bread", "vegetables", "running"]
+    exact = [_answers(mem, [q], classes=["decisions"])[0] for q in queries]
+    monkeypatch.setattr(_rank, "APPROX_MIN_UNITS", 5)  # 8 units: above; 4 decisions: a filtered exact channel
+    snap = mem.index.snap
+    d = _rank.DenseQuery(snap, mem.index.provider.embed(["x"])[0], np.array(
+        [snap.ecls[e] == "decisions" for e in snap.epos[:snap.n]]))
+    assert d.exact is None and snap.bits is None  # exact, and no sign bits were needed
+    for q, want in zip(queries, exact):
+        got = _answers(mem, [q], classes=["decisions"])[0]
+        assert [h[0] for h in got] == [h[0] for h in want]
+        assert [h[2] for h in got] == pytest.approx([h[2] for h in want], abs=1e-5)

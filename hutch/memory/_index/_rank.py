@@ -256,7 +256,8 @@ def _pack(M: np.ndarray, center: np.ndarray) -> np.ndarray:
 class DenseQuery:
     """The dense channel of one query: `values[p]` is the cosine of the query with unit p's vector.
 
-    Up to APPROX_MIN_UNITS candidates (the mask) every cosine is computed: one matrix-vector product. Above, that
+    In a store of up to APPROX_MIN_UNITS units every cosine is computed: one matrix-vector product (in a larger
+    store whose filter leaves at most that many candidates, the candidates' cosines only). Above, that
     product is memory-bound (100,000 x 384 float32 is 154 MB read per query), so the channel is approximate:
     units are ranked by the Hamming distance of their sign bits to the query's (48 bytes per unit, ~0.5 ms at
     100,000), the SHORTLIST nearest and a fixed sample of SAMPLE candidates get their exact cosine, every other
@@ -272,8 +273,16 @@ class DenseQuery:
         self.moments: tuple[float, float] | None = None
         self.exact: np.ndarray | None = None
         self.h: np.ndarray | None = None
-        if int(np.count_nonzero(mask)) <= (APPROX_MIN_UNITS if min_units is None else min_units):
+        limit = APPROX_MIN_UNITS if min_units is None else min_units
+        if n <= limit:
             self.values = (snap.V[:n] @ qv).astype(np.float64)
+            return
+        cand = np.flatnonzero(mask)
+        if len(cand) <= limit:
+            # a filter (classes, time) leaves few candidates in a large store: exact cosines for just those
+            # (the channel ignores every other unit)
+            self.values = np.zeros(n)
+            self.values[cand] = _dot(snap.V[cand], qv)
             return
         bits = snap.binary()
         qb = _pack(qv[None, :], snap.center)[0]
@@ -283,7 +292,6 @@ class DenseQuery:
         far = 64 * len(qb) + 1  # beyond any distance: what the units outside the mask are given
         near = _smallest(np.where(mask, h, np.uint16(far)), max(SHORTLIST if shortlist is None else shortlist,
                                                                   n // 25), far)
-        cand = np.flatnonzero(mask)
         size = SAMPLE if sample is None else sample
         samp = cand if len(cand) <= size else cand[np.linspace(0, len(cand) - 1, size).round().astype(np.int64)]
         exact = np.zeros(n, bool)
