@@ -4,7 +4,9 @@ Channels (each scaled to about 0..1 over the candidates: the zero-based ones by 
 score, the dense one by its distribution, mean +- 3 sd; then added with equal weight;
 docs/retrieval.md has the measurements behind every choice):
 
-- `bm25`:    FTS5 BM25 over the unit's text (weight 1) and its context (0.3);
+- `bm25`:    FTS5 BM25 over the unit's text (weight 1) and its context (0.3); with pairs of adjacent content
+             words in the question, mixed with the BM25 of those pairs as phrases and within a window
+             (the sequential dependence model, SDM_WEIGHTS);
 - `dense`:   cosine of the query (named entities stripped) and the unit's embedded text;
 - `entity`:  the unit's whole entity: BM25 over the entity text + the best dense score of its units
              (a turn inherits the strength of its session);
@@ -24,6 +26,11 @@ from hutch.memory._index import _units
 
 #: Weight of the unit's context column (neighbouring turns) in BM25 relative to its own text.
 CONTEXT_WEIGHT = 0.3
+#: The bm25 channel when the question has adjacent content words: single words, the pairs as phrases, the pairs
+#: within SDM_WINDOW tokens (Metzler & Croft's sequential dependence model, their published default weights and
+#: window; not tuned here: 0.8/0.1/0.1 and 0.7/0.2/0.1 gave the same LoCoMo dev R@10, docs/retrieval.md).
+SDM_WEIGHTS = (0.85, 0.1, 0.05)
+SDM_WINDOW = 8
 #: FTS5 rows read per lexical channel (BM25 ranks beyond this add nothing to a top-k list).
 LEXICAL_LIMIT = 2000
 RRF_K = 60

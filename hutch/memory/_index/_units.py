@@ -138,6 +138,34 @@ def fts_query(query: str | list[str]) -> str | None:
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in ts) if ts else None
 
 
+def phrases(query: str, names: list[str] | tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """Pairs of adjacent content words of the query ("support group", "pottery class"): the term dependencies of
+    the sequential dependence model. Adjacent means only white space between them in the question (no function
+    word, no punctuation); words of the names in `names` are left out (the mention channel covers them)."""
+    named = {w for n in names for w in _WORD_RE.findall(n.lower())}
+    toks = list(_WORD_RE.finditer(query))
+    out: dict[tuple[str, str], None] = {}
+    for a, b in zip(toks, toks[1:]):
+        wa, wb = a.group(0).lower(), b.group(0).lower()
+        if (wa in STOPWORDS or wb in STOPWORDS or wa in named or wb in named
+                or not query[a.end():b.start()].isspace()):
+            continue
+        out.setdefault((wa, wb), None)
+    return list(out)
+
+
+def fts_phrase_query(pairs: list[tuple[str, str]], near: int | None = None) -> str | None:
+    """An FTS5 MATCH expression for word pairs: any of them as a phrase (in order, adjacent), or with `near`
+    any of them within `near` tokens of each other in either order."""
+    def q(t: str) -> str:
+        return '"' + t.replace('"', '""') + '"'
+    if not pairs:
+        return None
+    if near is None:
+        return " OR ".join(q(f"{a} {b}") for a, b in pairs)
+    return " OR ".join(f"NEAR({q(a)} {q(b)}, {int(near)})" for a, b in pairs)
+
+
 def norm_title(title: str) -> str:
     return " ".join(_WORD_RE.findall(title.lower()))
 
