@@ -70,9 +70,12 @@ def _entity_dict(e, mem=None) -> dict:
 
 
 @mem.command()
-@click.argument("path", default=".", required=False)
-def init(path: str) -> None:
+@click.argument("path", required=False)
+@click.pass_context
+def init(ctx: click.Context, path: str | None) -> None:
     """Create a store (a directory with its git repository) at PATH; harmless if it exists.
+
+    Without PATH: the --store / $HUTCH_MEMORY directory, else the current one.
 
     \b
     Example:
@@ -80,7 +83,7 @@ def init(path: str) -> None:
     """
     import hutch
 
-    m = hutch.Memory(path)
+    m = hutch.Memory(path if path is not None else store_path(ctx))
     click.echo(f"initialized SMF store at {m.root}")
 
 

@@ -88,3 +88,17 @@ def test_ingest_command(run, store_dir, tmp_path):
     r = run("ingest", str(conv))
     assert r.exit_code == 0 and "1 interactions" in r.output
     assert "interactions/c-1-session-1" in run("ls").output
+
+
+def test_init_without_path_uses_store_option_and_env(tmp_path, monkeypatch):
+    # a store is created where --store / $HUTCH_MEMORY point, never in the current directory (which here is
+    # a git repository of its own that must stay untouched)
+    cwd = tmp_path / "project"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    r = CliRunner().invoke(cli, ["mem", "--store", str(tmp_path / "a"), "init"], catch_exceptions=False)
+    assert r.exit_code == 0 and (tmp_path / "a" / ".git").is_dir()
+    monkeypatch.setenv("HUTCH_MEMORY", str(tmp_path / "b"))
+    r = CliRunner().invoke(cli, ["mem", "init"], catch_exceptions=False)
+    assert r.exit_code == 0 and (tmp_path / "b" / ".git").is_dir()
+    assert not any(cwd.iterdir())
