@@ -434,17 +434,7 @@ class SearchIndex:
         found = _lexicon.category_terms(query, self._sense_ranker(dense_on))
         if found is None:
             return None
-        fq = _units.fts_query(found[1])
-        out = np.zeros(n)
-        bm = f"bm25(units_fts, 1.0, {_rank.CONTEXT_WEIGHT})"
-        upos = self.snap.upos
-        for uid, score in self.idx.db.execute(
-                f"select rowid, -{bm} from units_fts where units_fts match ? order by {bm} "
-                f"limit {_rank.LEXICAL_LIMIT}", (fq,)):
-            p = upos.get(uid)
-            if p is not None and p < n:
-                out[p] = score
-        return out
+        return self._unit_bm25(_units.fts_query(found[1]), n)
 
     def _sense_ranker(self, dense_on: bool):
         """Which of a word's senses a question means: the gloss the embedding model puts closest to the question
