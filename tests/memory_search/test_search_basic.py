@@ -111,3 +111,23 @@ def test_link_propagation_lifts_the_linked_entity(mem, monkeypatch):
     lifted = mem.search("picnic lake", k=8, classes=["interactions"])
     assert entity_score(lifted) > entity_score(plain) + 0.5  # the event's BM25 (max-normalised: 1) arrived
     assert lifted[0].entity_id == "interactions/c1-session-2"
+
+
+def test_one_unit_entities_take_their_entity_bm25_from_the_unit(mem):
+    import sqlite3
+    mem.put("notes", "Harbour crane", body="The harbour crane was repaired in March.")
+    mem.put("notes", "Lunch", body="Tacos on Tuesday.")
+    mem.ingest_conversation(CONVERSATION, conv_id="c1")
+    hits = mem.search("harbour crane repaired", k=3)
+    assert hits[0].entity_id == "notes/harbour-crane"
+    # the entity channel still scores a one-unit entity by its words, though only conversations are in ent_fts
+    assert hits[0].channels["entity"]["rank"] == 1 and hits[0].channels["bm25"]["rank"] == 1
+    db = sqlite3.connect(mem.index.idx.path)
+    try:
+        ent_rows = {r[0] for r in db.execute("select f.entity_id from ent_fts e join files f on f.eid = e.rowid")}
+    finally:
+        db.close()
+    assert ent_rows == {e for e in ent_rows if e.startswith("interactions/")} and ent_rows
+    # a conversation turn still gets its session's entity-level score
+    turn = mem.search("sailing boat restoring", k=1, classes=["interactions"])[0]
+    assert turn.anchor and "entity" in turn.channels

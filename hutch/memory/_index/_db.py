@@ -30,7 +30,8 @@ from hutch._core.errors import MalformedEntityError, SearchIndexError
 from hutch.memory import _format
 from hutch.memory._index import _units
 
-SCHEMA_VERSION = "3"  # 3: units.ev_from / ev_to (the time a turn speaks of)
+SCHEMA_VERSION = "4"  # 3: units.ev_from / ev_to (the time a turn speaks of); 4: ent_fts holds only entities of
+# several units (an entity of one unit is its unit: search reads its BM25 from units_fts)
 INDEX_NAME = "index.sqlite"
 LINKS_SUFFIX = _format.LINKS_SUFFIX
 #: On the query path, embedding missing vectors stops after this many seconds (the rest waits for the next query
@@ -448,7 +449,8 @@ class IndexDB:
                              "values (?,?,?,?,?,?,?,?,?,?)",
                              (entity_id, cls, title, mtime, size, digest, t_from, t_to, t_rec, error)).lastrowid
             linkstamp = None
-        db.execute("insert into ent_fts(rowid, body) values (?, ?)", (eid, whole))
+        if len(units) > 1:  # one unit: the same text is in units_fts, and search takes it from there
+            db.execute("insert into ent_fts(rowid, body) values (?, ?)", (eid, whole))
         db.executemany("insert into titles(norm, eid, partial) values (?, ?, ?)",
                        [(t, eid, p) for t, p in _units.title_keys(title)])
         for u in units:
