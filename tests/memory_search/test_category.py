@@ -82,3 +82,22 @@ def test_without_wordnet_search_still_answers(mem, monkeypatch, tmp_path):
     shutil.copy(Path(_lexicon.DEFAULT_DIR) / "index.noun", part / "index.noun")
     monkeypatch.setenv("HUTCH_WORDNET_DIR", str(part))
     assert mem.search("What martial arts has John done?", k=2)
+
+
+@needs_wordnet
+def test_category_words_rarest_first_within_the_row_budget(mem, monkeypatch):
+    from hutch.memory._index import _rank
+    for i in range(6):
+        mem.put("notes", f"Piano {i}", body=f"Someone played the piano in room {i}.")
+    mem.put("notes", "Accordion", body="John played the accordion at the fair.")
+    mem.put("notes", "Drums", body="John played the drums twice.")
+    mem.search("warm up the index", k=1)
+    si = mem.index
+    words = ["piano", "accordion", "drum", "theremin"]  # theremin: in no unit
+    assert si._within_budget(words) == ["accordion", "drum", "piano"]  # rarest first, absent words dropped
+    monkeypatch.setattr(_rank, "LEXICAL_LIMIT", 3)
+    assert si._within_budget(words) == ["accordion", "drum"]  # piano's 6 units would pass the budget
+    monkeypatch.setattr(_rank, "LEXICAL_LIMIT", 1)
+    assert si._within_budget(words) == ["accordion"]  # always at least the rarest word
+    hits = mem.search("What instruments does John play?", k=3)
+    assert {h.entity_id for h in hits if "category" in h.channels} == {"notes/accordion"}
