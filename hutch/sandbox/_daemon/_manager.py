@@ -179,6 +179,10 @@ class Manager(Calls):
     def _on_init_exit(self, sb: Sandbox) -> None:
         if sb.pidfd >= 0:
             asyncio.get_running_loop().remove_reader(sb.pidfd)
+        if sb.channel is not None:
+            # The loop may see the pidfd before the socket: read what the init sent before it exited (a command's
+            # `main_exit`), or a command quicker than create would be reported as a failed start.
+            sb.channel.drain()
         if not sb.cleaning:
             sb.cleaning = True
             asyncio.get_running_loop().create_task(self._cleanup(sb))

@@ -56,6 +56,10 @@ class Channel:
             else:
                 self.on_event(msg, fds)
 
+    def drain(self) -> None:
+        """Handle every message already queued on the socket, now (the init's last words before it exited)."""
+        self._readable()
+
     def _eof(self) -> None:
         self.close()
         self.on_event({"op": "eof"}, [])
