@@ -6,6 +6,8 @@ import os
 
 from aiohttp import web
 
+from hutch._core.errors import ConfigError
+
 READ_CHUNK = 1 << 20
 
 
@@ -23,3 +25,16 @@ async def send_fd(request, fd: int, size: int) -> web.StreamResponse:
         return resp
     finally:
         os.close(fd)
+
+
+async def json_body(request: web.Request, *, optional: bool = False) -> dict:
+    """The request's JSON object body ({} for no body when `optional`); anything else is a ConfigError."""
+    if optional and not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"the request body is not JSON ({e}); send a JSON object.") from e
+    if not isinstance(body, dict):
+        raise ConfigError("the request body must be a JSON object.")
+    return body

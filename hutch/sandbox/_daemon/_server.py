@@ -15,7 +15,7 @@ import hutch
 from hutch._core import errors
 from hutch._core.errors import ConfigError, NetworkPolicyError
 from hutch.sandbox import _images
-from hutch.sandbox._daemon._http import send_fd
+from hutch.sandbox._daemon._http import json_body, send_fd
 from hutch.sandbox._daemon._manager import Manager
 from hutch.sandbox._daemon._openapi import openapi_document
 from hutch.sandbox._daemon._store import add_routes as add_store_routes
@@ -114,16 +114,6 @@ def _path(request: web.Request) -> str:
     return path
 
 
-async def _json(request: web.Request) -> dict:
-    try:
-        body = await request.json()
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ConfigError(f"the request body is not JSON ({e}); send a JSON object.") from e
-    if not isinstance(body, dict):
-        raise ConfigError("the request body must be a JSON object.")
-    return body
-
-
 class Handlers:
     def __init__(self, mgr: Manager):
         self.mgr = mgr
@@ -135,7 +125,7 @@ class Handlers:
         return web.json_response(openapi_document(request.app))
 
     async def create(self, request):
-        body = await _json(request)
+        body = await json_body(request)
         if not isinstance(body.get("spec"), dict):
             raise ConfigError('the body must be {"spec": SandboxSpec.to_dict()}.')
         spec = SandboxSpec.from_dict(body["spec"])
@@ -199,7 +189,7 @@ class Handlers:
 
     async def exec(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        body = await _json(request)
+        body = await json_body(request)
         ex = await self.mgr.exec_start(sb, body.get("argv"), body.get("env"), body.get("workdir"),
                                        body.get("timeout"), bool(body.get("stdin")))
         out = _Output(asyncio.get_running_loop(), ex)
@@ -280,7 +270,7 @@ class Handlers:
     async def kill(self, request):
         sb = self.mgr.get(request.match_info["id"])
         ex = self.mgr.find_exec(sb, request.match_info["eid"])
-        body = await _json(request) if request.can_read_body else {}
+        body = await json_body(request, optional=True)
         sig = body.get("signal", signal.SIGKILL)
         if isinstance(sig, bool) or not isinstance(sig, int) or not 1 <= sig <= 64:
             raise ConfigError(f"signal={sig!r} must be a signal number, like 9 or 15.")
@@ -344,7 +334,7 @@ class Handlers:
     # --- images -------------------------------------------------------------------------
 
     async def ensure_image(self, request):
-        body = await _json(request)
+        body = await json_body(request)
         ref = body.get("ref")
         if not isinstance(ref, str) or not ref:
             raise ConfigError('the body must be {"ref": "<image reference>"}.')
@@ -386,7 +376,7 @@ class Handlers:
 
     async def set_network(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        body = await _json(request)
+        body = await json_body(request)
         d = body.get("network")
         if not isinstance(d, dict):
             raise ConfigError('the body must be {"network": {...}} as Network makes it.')

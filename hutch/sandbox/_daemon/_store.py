@@ -12,25 +12,13 @@ from aiohttp import web
 from hutch._core.errors import ConfigError, StateError
 from hutch.sandbox import _archive, _images, _layers, _volumes
 from hutch.sandbox._daemon._calls import _error
-from hutch.sandbox._daemon._http import send_fd
+from hutch.sandbox._daemon._http import json_body, send_fd
 
 CHUNK = 1 << 18
 
 
 def _flag(request: web.Request, name: str) -> bool:
     return request.query.get(name, "0").lower() in ("1", "true", "yes")
-
-
-async def _body(request: web.Request) -> dict:
-    if not request.can_read_body:
-        return {}
-    try:
-        body = await request.json()
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ConfigError(f"the request body is not JSON ({e}); send a JSON object.") from e
-    if not isinstance(body, dict):
-        raise ConfigError("the request body must be a JSON object.")
-    return body
 
 
 def _str_or_none(body: dict, key: str) -> str | None:
@@ -79,7 +67,7 @@ class StoreRoutes:
     async def snapshot(self, request):
         sb = self.mgr.get(request.match_info["id"])
         ch = self.mgr._live(sb)
-        body = await _body(request)
+        body = await json_body(request, optional=True)
         key, name = _str_or_none(body, "key"), _str_or_none(body, "name")
         if key is not None and (len(key) != 64 or any(c not in "0123456789abcdef" for c in key)):
             raise ConfigError(f"key={key!r} must be 64 hex digits (a build step's key).")
@@ -110,7 +98,7 @@ class StoreRoutes:
 
     async def put_node(self, request):
         """A node without a layer (an env or workdir step), or a name/pin for an existing image."""
-        body = await _body(request)
+        body = await json_body(request, optional=True)
         nid, parent = _str_or_none(body, "id"), _str_or_none(body, "parent")
         if not nid or not parent:
             raise ConfigError('the body must be {"id": <64 hex>, "parent": <image ref>, "env": {...}, "workdir": ...}.')
@@ -176,7 +164,7 @@ class StoreRoutes:
         return web.json_response({"volumes": [{**v, "in_use": self._users(v["name"])} for v in vols]})
 
     async def volume(self, request):
-        body = await _body(request)
+        body = await json_body(request, optional=True)
         name = _volumes.check_name(body.get("name"))
         fn = _volumes.create if body.get("create") else _volumes.info
         return web.json_response({**await _run(fn, name), "in_use": self._users(name)})
