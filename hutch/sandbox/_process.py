@@ -76,9 +76,20 @@ class _Text:
 
 
 class _ExitState:
-    """How a command ended, read from its output state; shared by Process and AsyncProcess (no I/O)."""
+    """Which command this is and how it ended, read from its output state; shared by Process and AsyncProcess
+    (no I/O)."""
 
     _out: _Output
+
+    def _bind(self, client, sandbox_id: str, argv, response) -> None:
+        """The fields both kinds of process set from the daemon's reply to an exec."""
+        self._client = client
+        self.argv = tuple(argv)
+        self.sandbox_id = sandbox_id
+        self.id = response.headers.get("x-hutch-exec-id", "")
+        self._base = f"/v1/sandboxes/{sandbox_id}/exec/{self.id}"
+        self._resp = response
+        self._out = _Output()
 
     @property
     def returncode(self) -> int | None:
@@ -150,13 +161,7 @@ class Process(_ExitState):
     """A command running in a sandbox (returned by `Sandbox.exec`). Similar to subprocess.Popen."""
 
     def __init__(self, client, sandbox_id: str, argv, response, *, text: bool, stdin_open: bool, background: bool = True):
-        self._client = client
-        self.argv = tuple(argv)
-        self.sandbox_id = sandbox_id
-        self.id = response.headers.get("x-hutch-exec-id", "")
-        self._base = f"/v1/sandboxes/{sandbox_id}/exec/{self.id}"
-        self._resp = response
-        self._out = _Output()
+        self._bind(client, sandbox_id, argv, response)
         self._cond = threading.Condition()
         self._text = text
         self.stdout = StreamReader(self, STDOUT, text)
@@ -272,13 +277,7 @@ class AsyncProcess(_ExitState):
     """A command running in an AsyncSandbox. Similar to asyncio.subprocess.Process."""
 
     def __init__(self, client, sandbox_id: str, argv, response, *, text: bool, stdin_open: bool, background: bool = True):
-        self._client = client
-        self.argv = tuple(argv)
-        self.sandbox_id = sandbox_id
-        self.id = response.headers.get("x-hutch-exec-id", "")
-        self._base = f"/v1/sandboxes/{sandbox_id}/exec/{self.id}"
-        self._resp = response
-        self._out = _Output()
+        self._bind(client, sandbox_id, argv, response)
         self._event = asyncio.Event()
         self.stdout = AsyncStreamReader(self, STDOUT, text)
         self.stderr = AsyncStreamReader(self, STDERR, text)
