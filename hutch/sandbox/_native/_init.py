@@ -348,13 +348,7 @@ class Init:
                             os.close(fd)
 
     def reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in _wire.reaped():
             eid = self.procs.pop(pid, None)
             if pid == self.main_pid:
                 _wire.send(self.ctl, {"op": "main_exit", "status": status})

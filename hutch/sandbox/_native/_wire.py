@@ -72,3 +72,15 @@ def drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+def reaped():
+    """(pid, wait status) of every child that has exited, without blocking (a SIGCHLD handler's loop)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, status

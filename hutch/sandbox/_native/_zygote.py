@@ -72,13 +72,7 @@ class Zygote:
                     os.close(fd)
 
     def reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in _wire.reaped():
             _wire.send(self.sock, {"op": "reaped", "pid": pid, "status": status})
 
     def start(self, msg: dict) -> None:
