@@ -84,11 +84,16 @@ def sdk_pointed_at(run_dir: Path, **extra: str):
     try:
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        restore_env(saved)
+
+
+def restore_env(saved: dict) -> None:
+    """Put back environment variables saved as {name: value or None (was unset)}."""
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @contextmanager

@@ -24,6 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "egress"))
 import egress_world  # noqa: E402  (skips this module without root, iproute2 or libnftables)
+from hutch_testing import restore_env  # noqa: E402
 from img_support import make_busybox_root, stop_daemon  # noqa: E402
 
 import hutch  # noqa: E402
@@ -141,11 +142,7 @@ def registry(tmp_path_factory):
             if proc is not None:
                 stop_daemon(proc)
         finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            restore_env(saved)
             for name in (INDEX_NAME, OTHER_NAME, DEB_NAME):
                 egress_world.ZONE.pop(name, None)
             world.down()

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hutch_testing import restore_env
 from img_support import RUN_TAG, start_daemon, stop_daemon
 
 import hutch
@@ -35,11 +36,7 @@ def userns_daemon():
                     sb.terminate()
                 stop_daemon(proc)
         finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            restore_env(saved)
             shutil.rmtree(run_dir, ignore_errors=True)
             shutil.rmtree(state, ignore_errors=True)
 

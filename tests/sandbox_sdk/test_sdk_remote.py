@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import hutch
+from hutch_testing import restore_env
 from sdk_support import RUN_TAG
 
 
@@ -49,11 +50,7 @@ def remote(busybox_root):
                           HUTCH_SOCKET=str(run_dir / "no-such.sock"), HUTCH_RUN_DIR=str(run_dir / "client"))
         yield token
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        restore_env(saved)
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(15)
