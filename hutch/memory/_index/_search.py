@@ -306,10 +306,10 @@ class SearchIndex:
                     elex[p] = score
             # an entity of one unit is not in ent_fts (its text is its unit's): the unit's BM25 over the same words
             # (repeating it at entity level cost ~5-7 ms per question at 100,000 one-unit entities)
-            ep = s.epos[:n]
-            single = np.bincount(ep, weights=s.alive[:n], minlength=ne)[ep] == 1
-            sel = single & (lex_words > 0)
-            elex[ep[sel]] = lex_words[sel]
+            ap, starts, seg_e = s.segments()
+            one = np.diff(np.r_[starts, len(ap)]) == 1  # runs of one alive unit: those entities' only unit
+            sole, sole_e = ap[starts[one]], seg_e[one]
+            elex[sole_e] = np.where(lex_words[sole] > 0, lex_words[sole], elex[sole_e])
         dense, dq = np.zeros(n), None
         if future is not None:
             try:
