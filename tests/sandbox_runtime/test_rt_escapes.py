@@ -1,0 +1,405 @@
+"""Escape attempts: real attack code run inside real sandboxes, each asserting that the attack fails.
+
+test_rt_isolation.py holds the basic probe (one call per dangerous syscall); this file goes after
+what an agent's code would try next: regaining capabilities in a new user namespace, the init's
+descriptors and /proc magic links (through the files API too), host processes, devices, /sys and
+/proc/sys, cgroups, setuid files, the host's IPC, abstract sockets and vsock, resource exhaustion,
+and processes that try to outlive their sandbox.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from hutch_testing import make_busybox_root
+from rt_support import Api, Daemon, host_state, wait_gone
+
+PY = "/usr/bin/python3"
+
+
+def run_py(api, sid: str, code: str, **kw) -> dict:
+    """Run `code` with the host's python3 inside the sandbox; it prints one JSON object."""
+    out, err, res = api.exec(sid, PY, "-S", "-c", textwrap.dedent(code), **kw)
+    assert res == {"returncode": 0, "reason": "exited"}, (res, err.decode()[-2000:])
+    return json.loads(out)
+
+
+@pytest.fixture
+def pysb(api, image, py_mounts) -> str:
+    return api.create(image, mounts=py_mounts)["id"]
+
+
+# --- syscalls: a new user namespace, the mount API, kernel interfaces ---------------------------
+
+def test_no_new_user_namespace_from_the_shell(api, image):
+    sid = api.create(image)["id"]
+    out, err, _ = api.sh(sid, "unshare -U -r id -u 2>&1; unshare -m -r true 2>&1; "
+                              "nsenter -t 1 -m true 2>&1; echo end")
+    assert out.rstrip().endswith("end") and "\n0\n" not in f"\n{out}", out
+    assert out.count("Operation not permitted") + out.count("Permission denied") >= 3, out
+
+
+# --- descriptors and /proc -----------------------------------------------------------------------
+
+PROC = """
+import json, os
+me = os.getpid()
+out = {"init": {}, "others": []}
+for what in ("root", "cwd", "exe", "fd/0", "fd/1", "fd/2", "fd/3", "fd/4", "fd/5", "fd/6"):
+    try:
+        out["init"][what] = os.readlink(f"/proc/1/{what}")
+    except OSError as e:
+        out["init"][what] = -e.errno
+for what in ("environ", "mem", "maps", "auxv", "syscall", "stack", "map_files"):
+    try:
+        p = f"/proc/1/{what}"
+        out["init"][what] = len(os.listdir(p)) if what == "map_files" else len(open(p, "rb").read(4096))
+    except OSError as e:
+        out["init"][what] = -e.errno
+try:
+    out["init"]["root_list"] = os.listdir("/proc/1/root/")
+except OSError as e:
+    out["init"]["root_list"] = -e.errno
+for n in os.listdir("/proc"):
+    if n.isdigit() and int(n) not in (1, me):
+        try:
+            out["others"].append([int(n), open(f"/proc/{n}/cmdline", "rb").read().decode(errors="replace")])
+        except OSError:
+            pass
+out["pids"] = sorted(int(n) for n in os.listdir("/proc") if n.isdigit())
+print(json.dumps(out))
+"""
+
+
+def test_proc_of_the_init_and_of_host_pids(api, daemon, pysb):
+    got = run_py(api, pysb, PROC)
+    init = got["init"]
+    # pid 1 (the init) is not dumpable: no link, no memory, no environment (the daemon's) through /proc
+    leaked = {k: v for k, v in init.items() if isinstance(v, str) or (isinstance(v, int) and v > 0)
+              or isinstance(v, list)}
+    assert leaked == {}, f"the init's /proc entries are readable from inside: {leaked}"
+    # host pids mean nothing inside: neither the daemon nor this test is there under its number
+    assert daemon.proc.pid not in got["pids"] or daemon.proc.pid < 10
+    assert all("hutch" not in cmd and "pytest" not in cmd for _, cmd in got["others"]), got["others"]
+    assert max(got["pids"]) < 100, got["pids"]
+
+
+# --- host processes ---------------------------------------------------------------------------------
+
+KILL_ALL = """
+import json, os, signal, ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+me = os.getpid()
+hit = []
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+for pid in [int(a) for a in os.environ["HOST_PIDS"].split()] + list(range(2, 4096)):
+    if pid == me:
+        continue
+    for sig in (signal.SIGKILL,):
+        try:
+            os.kill(pid, sig)
+            hit.append(pid)
+        except OSError:
+            pass
+ptrace = [libc.ptrace(16, int(p), 0, 0) for p in os.environ["HOST_PIDS"].split()]
+try:
+    os.kill(-1, signal.SIGTERM)
+    minus_one = 0
+except OSError as e:
+    minus_one = e.errno
+print(json.dumps({"hit": hit, "ptrace": ptrace, "me": me}))
+"""
+
+
+def test_signals_and_ptrace_reach_no_host_process(api, daemon, pysb):
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        host_pids = [victim.pid, daemon.proc.pid, os.getpid(), 1]
+        got = run_py(api, pysb, KILL_ALL, env={"HOST_PIDS": " ".join(map(str, host_pids))})
+        assert all(p == -1 for p in got["ptrace"]), got
+        assert victim.poll() is None, "a host process died of a signal sent inside a sandbox"
+        assert daemon.proc.poll() is None
+        assert set(got["hit"]) <= set(range(1, 100)), got["hit"]   # only pids of its own namespace
+        assert api.sh(pysb, "echo alive")[0] == "alive\n"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+# --- devices, /sys, /proc/sys, kernel modules ----------------------------------------------------
+
+def test_no_device_node_kernel_log_or_module_is_reachable(api, image):
+    sid = api.create(image)["id"]
+    script = ("for d in /dev/mem /dev/kmem /dev/port /dev/kmsg /dev/vda /dev/sda /dev/nvme0n1 /dev/loop0 "
+              "/dev/vsock /dev/fuse /dev/net/tun /dev/console /dev/tty0; do test -e $d && echo exists $d; done; "
+              "mknod /tmp/mem c 1 1 2>/dev/null && echo made-mem; mknod /tmp/vda b 254 0 2>/dev/null && echo made-vda; "
+              "mknod /dev/shm/mem c 1 1 2>/dev/null && echo made-shm-mem; "
+              "head -c 1 /proc/kmsg 2>/dev/null && echo read-kmsg; dmesg 2>/dev/null | head -c 1 | grep -q . && echo dmesg; "
+              "insmod /lib/modules/x.ko 2>/dev/null && echo insmod; rmmod ext4 2>/dev/null && echo rmmod; "
+              "modprobe dummy 2>/dev/null && echo modprobe; "
+              "head -c 16 /proc/kcore 2>/dev/null | wc -c; head -c 16 /proc/kpageflags 2>/dev/null | wc -c; "
+              "grep -v '^0000000000000000 ' /proc/kallsyms 2>/dev/null | head -c 1 | wc -c; "
+              "echo end")
+    out, err, _ = api.sh(sid, script)
+    assert out.split() == ["0", "0", "0", "end"], out
+
+
+def test_sys_and_proc_sys_refuse_writes(api, image):
+    sid = api.create(image)["id"]
+    host = {p: Path(p).read_text() for p in ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe",
+                                             "/proc/sys/kernel/hostname", "/proc/sys/vm/overcommit_memory")
+            if os.path.exists(p)}
+    targets = ["/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe", "/proc/sys/kernel/hostname",
+               "/proc/sys/vm/overcommit_memory", "/proc/sys/kernel/ns_last_pid", "/proc/sys/net/ipv4/ip_forward",
+               "/sys/kernel/uevent_helper", "/sys/kernel/mm/transparent_hugepage/enabled",
+               "/sys/module/printk/parameters/time", "/sys/fs/cgroup/release_agent", "/sys/power/state",
+               "/proc/1/oom_score_adj", "/proc/self/attr/current"]
+    script = "; ".join(f"(echo 1 > {t}) 2>/dev/null && echo wrote {t}" for t in targets)
+    out, _, _ = api.sh(sid, script + "; sysctl -w kernel.hostname=pwned 2>/dev/null; "
+                                     "mount -o remount,rw /proc/sys 2>/dev/null && echo remounted; "
+                                     "mount -o remount,rw /sys 2>/dev/null && echo remounted; echo end")
+    assert out.split()[-1] == "end" and "wrote" not in out and "remounted" not in out, out
+    assert {p: Path(p).read_text() for p in host} == host
+
+
+def test_cgroups_cannot_be_left_or_reconfigured(api, daemon, image):
+    sid = api.create(image)["id"]
+    out, _, _ = api.sh(sid, "cat /proc/self/cgroup | cut -d: -f3 | sort -u | tr '\\n' ' '; echo; "
+                            "ls -A /sys/fs/cgroup | wc -l; "
+                            "mkdir -p /tmp/cg; mount -t cgroup -o memory none /tmp/cg 2>/dev/null && echo mounted; "
+                            "mount -t cgroup2 none /tmp/cg 2>/dev/null && echo mounted2; "
+                            "for f in /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/memory/cgroup.procs "
+                            "/sys/fs/cgroup/unified/cgroup.procs /sys/fs/cgroup/memory/release_agent; do "
+                            "(echo $$ > $f) 2>/dev/null && echo wrote $f; done; "
+                            "sleep 30 > /dev/null 2>&1 & echo started")
+    lines = out.split("\n")
+    assert lines[0].split() == ["/"], out   # its own cgroup namespace: the host's tree is not named
+    assert lines[1] == "0" and "mounted" not in out and "wrote" not in out, out
+    marker = f"/{daemon.cgroup_parent}/{sid}"
+    for pid in host_state(daemon, sid)["pids"]:   # every process (the background sleep too) stays in it
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        for ctrl in ("memory", "pids"):
+            assert any(ctrl in ln.split(":")[1].split(",") and ln.endswith(marker) for ln in lines), (pid, lines)
+
+
+# --- setuid files, hostname, IPC, sockets -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def suid_root(tmp_path_factory, busybox_root) -> Path:
+    """An image holding a setuid-1234 and a setuid-root copy of the host's python3."""
+    root = make_busybox_root(tmp_path_factory.mktemp("suid") / "root", shutil.which("busybox"))
+    (root / "lib").symlink_to("usr/lib")
+    (root / "lib64").symlink_to("usr/lib64")
+    for name, uid in (("suid1234", 1234), ("suid0", 0)):
+        p = root / name
+        shutil.copy(os.path.realpath(PY), p)
+        os.chown(p, uid, uid)
+        os.chmod(p, 0o6755)
+    return root
+
+
+def test_setuid_files_give_no_other_id_or_capability(api, suid_root, py_mounts):
+    probe = "import os; print(os.getresuid(), os.getresgid(), [l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1])"
+    # the check can fail: outside, the bit works (exec'd through a descriptor: the pytest dirs are 0700)
+    fd = os.open(suid_root / "suid1234", os.O_RDONLY)
+    try:
+        child = subprocess.run([f"/proc/self/fd/{fd}", "-S", "-c", probe], capture_output=True, text=True,
+                               user=4321, group=4321, pass_fds=[fd])
+    finally:
+        os.close(fd)
+    assert child.stdout.startswith("(4321, 1234, 1234)"), child.stdout + child.stderr
+    sid = api.create(f"dir:{suid_root}", mounts=py_mounts)["id"]
+    for name in ("suid1234", "suid0"):
+        out, err, res = api.exec(sid, f"/{name}", "-S", "-c", probe)
+        assert out.decode().split("\n")[0] == "(0, 0, 0) (0, 0, 0) 0000000000000000", (name, out, err)
+    # su/passwd of a bound /usr stay unprivileged too (nosuid)
+    out, _, _ = api.sh(sid, "grep /usr /proc/self/mountinfo | grep -c nosuid")
+    assert out.strip() != "0"
+
+
+def test_hostname_is_the_sandboxs_own(api, image):
+    before = os.uname().nodename
+    sid = api.create(image)["id"]
+    out, _, _ = api.sh(sid, "hostname; hostname pwned 2>/dev/null && echo changed; "
+                            "echo pwned > /proc/sys/kernel/hostname 2>/dev/null && echo changed; hostname")
+    assert out.split() == [f"hutch-{sid}", f"hutch-{sid}"], out
+    assert os.uname().nodename == before
+
+
+IPC = """
+import ctypes, json, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+key = int(os.environ["SHM_KEY"])
+out = {"shmget": libc.shmget(key, 0, 0), "msgget": libc.msgget(key, 0), "semget": libc.semget(key, 0, 0),
+       "sysvipc": [open(f"/proc/sysvipc/{k}").read().count(str(key)) for k in ("shm", "msg", "sem")]}
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect("\\0" + os.environ["ABSTRACT"])
+    out["abstract"] = 0
+except OSError as e:
+    out["abstract"] = e.errno
+s2 = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+try:
+    s2.sendto(b"x", "\\0" + os.environ["ABSTRACT"] + "-dgram")
+    out["abstract_dgram"] = 0
+except OSError as e:
+    out["abstract_dgram"] = e.errno
+print(json.dumps(out))
+"""
+
+
+def test_host_ipc_and_abstract_sockets_are_out_of_reach(api, pysb):
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = int.from_bytes(os.urandom(3), "big") | 0x68000000
+    name = f"hutch-escape-{os.urandom(4).hex()}"
+    shm = libc.shmget(key, 4096, 0o1666)
+    msq = libc.msgget(key, 0o1666)
+    sem = libc.semget(key, 1, 0o1666)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        assert min(shm, msq, sem) >= 0, ctypes.get_errno()
+        listener.bind("\0" + name)
+        listener.listen(1)
+        dgram.bind("\0" + name + "-dgram")
+        got = run_py(api, pysb, IPC, env={"SHM_KEY": str(key), "ABSTRACT": name})
+        assert got["shmget"] == got["msgget"] == got["semget"] == -1, got
+        assert got["sysvipc"] == [0, 0, 0], got
+        assert got["abstract"] == errno.ECONNREFUSED and got["abstract_dgram"] == errno.ECONNREFUSED, got
+    finally:
+        listener.close()
+        dgram.close()
+        libc.shmctl(shm, 0, None) if shm >= 0 else None   # IPC_RMID
+        libc.msgctl(msq, 0, None) if msq >= 0 else None
+        libc.semctl(sem, 0, 0) if sem >= 0 else None
+
+
+# --- resources ----------------------------------------------------------------------------------------
+
+def test_memory_and_shm_exhaustion_stay_inside(api, daemon, image, py_mounts):
+    shm = api.create(image, limits={"memory": 256 * 1024**2, "cpu": 1.0, "pids": 64, "disk": 16 * 1024**2})["id"]
+    out, err, res = api.sh(shm, "dd if=/dev/zero of=/dev/shm/fill bs=1M count=128 2>/dev/null; "
+                                "ls -l /dev/shm/fill | awk '{print $5}'", timeout=30)
+    assert int(out.split()[-1]) <= 64 * 1024**2, out   # /dev/shm: at most 64 MiB
+    hog = api.create(image, mounts=py_mounts, limits={"memory": 48 * 1024**2, "cpu": 1.0, "pids": 64,
+                                                      "disk": 16 * 1024**2})["id"]
+    _, _, res = api.exec(hog, PY, "-S", "-c", "b = [bytearray(1 << 20) for _ in range(400)]", timeout=30)
+    assert res["reason"] == "oom", res
+    assert api.sh(shm, "echo ok")[0] == "ok\n" and api.sh(hog, "echo ok")[0] == "ok\n"
+    assert daemon.proc.poll() is None
+
+
+def test_a_fork_bomb_is_held_by_the_pids_limit(api, daemon, image):
+    sid = api.create(image, limits={"memory": 128 * 1024**2, "cpu": 1.0, "pids": 32, "disk": 16 * 1024**2})["id"]
+    pids_dir = next(d for d in daemon.cgroup_dirs(sid) if (d / "pids.max").exists())
+    # a real bomb: every process forks two more, for 2 seconds
+    api.sh(sid, "bomb() { bomb & bomb & wait; }; (bomb) 2>/dev/null & sleep 2; kill -9 -1 2>/dev/null; true",
+           timeout=20)
+    assert int((pids_dir / "pids.current").read_text()) <= 32
+    assert int((pids_dir / "pids.events").read_text().split()[-1]) > 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        r = api.http.post(f"/v1/sandboxes/{sid}/exec", json={"argv": ["echo", "alive"]})
+        if r.status_code == 200 and b"alive" in r.content:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the sandbox did not recover from its fork bomb")
+
+
+# --- nothing outlives its sandbox ---------------------------------------------------------------------
+
+SURVIVORS = ("trap '' TERM HUP INT; "
+             "setsid sh -c 'trap \"\" TERM HUP INT; while :; do sleep 1; done' </dev/null >/dev/null 2>&1 & "
+             "(sh -c 'trap \"\" TERM HUP; sleep 300' </dev/null >/dev/null 2>&1 &) ; "
+             "nohup sleep 301 </dev/null >/dev/null 2>&1 & "
+             "echo started")
+
+
+def _host_pids_with_start(pids) -> set[tuple[int, str]]:
+    out = set()
+    for pid in pids:
+        try:
+            out.add((pid, Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]))
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return out
+
+
+def _still_running(procs: set[tuple[int, str]]) -> set[int]:
+    return {pid for pid, _ in procs & _host_pids_with_start(pid for pid, _ in procs)}
+
+
+@pytest.mark.parametrize("how", ["terminate", "timeout"])
+def test_no_process_survives_the_end_of_its_sandbox(api, daemon, image, how):
+    sid = api.create(image, timeout=3.0 if how == "timeout" else 120)["id"]
+    out, _, _ = api.sh(sid, SURVIVORS)
+    assert out == "started\n"
+    time.sleep(0.2)
+    state = host_state(daemon, sid)
+    procs = _host_pids_with_start(state["pids"])
+    assert len(procs) >= 4, procs   # init + the three that try to stay
+    if how == "terminate":
+        api.terminate(sid)
+    else:
+        r = api.http.post(f"/v1/sandboxes/{sid}/wait", params={"timeout": 10})
+        assert r.json()["status"] == "timeout"
+    assert wait_gone(state, 2) == []
+    assert _still_running(procs) == set()
+
+
+def test_an_exec_timeout_leaves_nothing_once_the_sandbox_ends(api, daemon, image):
+    sid = api.create(image)["id"]
+    r = api.http.post(f"/v1/sandboxes/{sid}/exec", json={"argv": ["sh", "-c", SURVIVORS + "; sleep 100"],
+                                                        "timeout": 0.5})
+    assert r.status_code == 200
+    procs = _host_pids_with_start(host_state(daemon, sid)["pids"])
+    state = host_state(daemon, sid)
+    api.terminate(sid)
+    assert wait_gone(state, 2) == [] and _still_running(procs) == set()
+
+
+# --- snapshots of what a sandbox planted ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def store_daemon(tmp_path_factory):
+    """A daemon with a private state dir: snapshots land there."""
+    base = tmp_path_factory.mktemp("esc")
+    d = Daemon(base / "run", env={"HUTCH_STATE_DIR": str(base / "state")})
+    d.state_dir = base / "state"
+    try:
+        yield d.start()
+    finally:
+        d.stop()
+        d.cleanup_cgroups()
+
+
+def test_a_snapshot_copies_links_not_what_they_point_at(store_daemon, image):
+    sapi = Api(store_daemon.sock, store_daemon.run_dir)
+    try:
+        sid = sapi.create(image, workdir="/")["id"]
+        out, err, _ = sapi.sh(sid, "ln -s /etc/shadow /shadow; ln -s /proc/self/fd/2 /log; "
+                                   "ln -s /proc/1/root /hostroot; mkfifo /fifo; echo data > /f; ln /f /hard; "
+                                   "echo ok")
+        assert out == "ok\n", err
+        r = sapi.http.post(f"/v1/sandboxes/{sid}/snapshot", json={})
+        assert r.status_code == 201, r.text
+        fs = store_daemon.state_dir / "layers" / r.json()["layer"] / "fs"
+        assert os.readlink(fs / "shadow") == "/etc/shadow" and os.readlink(fs / "log") == "/proc/self/fd/2"
+        assert os.readlink(fs / "hostroot") == "/proc/1/root"
+        assert not (fs / "fifo").exists() and (fs / "hard").read_text() == "data\n"
+        assert stat.S_IMODE(fs.parent.parent.stat().st_mode) == 0o700   # no host user reaches a layer
+    finally:
+        sapi.close()
