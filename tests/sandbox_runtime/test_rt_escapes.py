@@ -53,6 +53,38 @@ def test_no_new_user_namespace_from_the_shell(api, image):
 
 # --- descriptors and /proc -----------------------------------------------------------------------
 
+FDS = """
+import json, os
+fds = {}
+for n in os.listdir("/proc/self/fd"):
+    try:
+        fds[n] = os.readlink(f"/proc/self/fd/{n}")
+    except OSError:
+        pass  # the directory listing's own fd, closed again by now
+print(json.dumps(fds))
+"""
+
+
+def test_a_command_holds_only_its_three_streams(api, pysb, image, py_mounts):
+    for stdin in (False, True):
+        fds = run_py(api, pysb, FDS, stdin=stdin)
+        assert sorted(fds) == ["0", "1", "2"], f"descriptors leaked into the command: {fds}"
+    # the main command of a sandbox too
+    info = api.create(image, mounts=py_mounts,
+                      command=[PY, "-S", "-c", FDS.replace("print(json.dumps(fds))",
+                                                           "open('/tmp/fds', 'w').write(json.dumps(fds))")
+                               + "\nimport time; time.sleep(30)"])
+    deadline = time.monotonic() + 10
+    while True:
+        r = api.http.get(f"/v1/sandboxes/{info['id']}/files/read", params={"path": "/tmp/fds"})
+        if r.status_code == 200 and r.content:
+            break
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.05)
+    fds = json.loads(r.content)
+    assert sorted(fds) == ["0", "1", "2"] and set(fds.values()) == {"/dev/null"}, fds
+
+
 PROC = """
 import json, os
 me = os.getpid()

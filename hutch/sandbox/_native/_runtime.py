@@ -39,7 +39,7 @@ class Channel:
     def _readable(self) -> None:
         while not self.closed:
             try:
-                data, fds, _f, _a = socket.recv_fds(self.sock, _wire.MAX_PACKET + 1024, _wire.MAX_FDS)
+                data, fds = _wire.recv_fds(self.sock)
             except BlockingIOError:
                 return
             except OSError:

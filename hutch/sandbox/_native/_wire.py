@@ -7,6 +7,7 @@ Standard library only: the zygote imports this module.
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import socket
@@ -55,9 +56,22 @@ def unpack(data: bytes, fds: list[int]) -> tuple[dict, list[int]]:
     return obj, fds
 
 
+def recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One packet and the descriptors riding on it, which arrive close-on-exec: the init dup2()s an
+    exec's pipes onto its 0-2, and the originals must not stay open in the command as well (they would
+    keep its output open after it closed it). socket.recv_fds drops its flags before Python 3.12."""
+    data, anc, _flags, _addr = sock.recvmsg(MAX_PACKET + 1024, socket.CMSG_SPACE(MAX_FDS * 4),
+                                            socket.MSG_CMSG_CLOEXEC)
+    fds = array.array("i")
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
+
+
 def recv(sock: socket.socket) -> tuple[dict | None, list[int]]:
     """Receive one message; (None, []) at end of file."""
-    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_PACKET + 1024, MAX_FDS)
+    data, fds = recv_fds(sock)
     if not data:
         for fd in fds:
             os.close(fd)
