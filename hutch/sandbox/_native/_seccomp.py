@@ -3,8 +3,10 @@
 Modelled on Docker's default profile, written as a deny list over x86_64:
 syscalls a container never needs and that widen the kernel's attack surface
 return EPERM; clone() with any namespace flag returns EPERM; clone3() returns
-ENOSYS so that libc falls back to clone(), whose flags we can inspect; any other
-architecture or the x32 ABI kills the process. Docker's profile is an allow list;
+ENOSYS so that libc falls back to clone(), whose flags we can inspect; socket()
+of AF_VSOCK returns EAFNOSUPPORT (vsock is not network-namespaced: it would reach
+the VM's host, and listeners of this host, whatever the sandbox's network; Docker
+refuses it too); any other architecture or the x32 ABI kills the process. Docker's profile is an allow list;
 a deny list admits syscalls that future kernels add (see docs/architecture.md).
 Standard library only: the zygote imports this module.
 """
@@ -22,6 +24,8 @@ RET_ALLOW = 0x7FFF0000
 NR_IOCTL = 16
 NR_CLONE = 56
 NR_CLONE3 = 435
+NR_SOCKET = 41
+AF_VSOCK = 40
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 NS_FLAGS = 0x7E020000  # every CLONE_NEW* flag: NS, CGROUP, UTS, IPC, USER, PID, NET
@@ -34,7 +38,7 @@ DENIED = {
     "iopl": 172, "io_uring_enter": 426, "io_uring_register": 427, "io_uring_setup": 425, "kcmp": 312,
     "kexec_file_load": 320, "kexec_load": 246, "keyctl": 250, "lookup_dcookie": 212, "mount": 165,
     "mount_setattr": 442, "move_mount": 429, "move_pages": 279, "name_to_handle_at": 303, "nfsservctl": 180,
-    "open_by_handle_at": 304, "open_tree": 428, "perf_event_open": 298, "pivot_root": 155,
+    "open_by_handle_at": 304, "open_tree": 428, "open_tree_attr": 467, "perf_event_open": 298, "pivot_root": 155,
     "process_vm_readv": 310, "process_vm_writev": 311, "ptrace": 101, "query_module": 178, "quotactl": 179,
     "quotactl_fd": 443, "reboot": 169, "request_key": 249, "setns": 308, "settimeofday": 164, "swapoff": 168,
     "swapon": 167, "syslog": 103, "sysfs": 139, "_sysctl": 156, "umount2": 166, "unshare": 272, "uselib": 134,
@@ -66,6 +70,7 @@ def build_filter() -> bytes:
     op(_JEQ, NR_CLONE, "clone", 0)
     op(_JEQ, NR_CLONE3, "enosys", 0)
     op(_JEQ, NR_IOCTL, "ioctl", 0)
+    op(_JEQ, NR_SOCKET, "socket", 0)
     for nr in sorted(DENIED.values()):
         op(_JEQ, nr, "eperm", 0)
     op(_RET, RET_ALLOW)
@@ -78,6 +83,12 @@ def build_filter() -> bytes:
     op(_JEQ, TIOCSTI, "eperm", 0)                      # typing into another terminal's input
     op(_JEQ, TIOCLINUX, "eperm", 0)
     op(_RET, RET_ALLOW)
+    label("socket")
+    op(_LD_W_ABS, 16)                                  # args[0] (domain)
+    op(_JEQ, AF_VSOCK, "eafnosupport", 0)
+    op(_RET, RET_ALLOW)
+    label("eafnosupport")
+    op(_RET, RET_ERRNO | errno.EAFNOSUPPORT)
     label("eperm")
     op(_RET, RET_ERRNO | errno.EPERM)
     label("enosys")
