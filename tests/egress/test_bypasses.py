@@ -109,6 +109,47 @@ def records(hs: bytes, size: int = 16384, content_type: int = 0x16) -> list[byte
             for i in range(0, len(hs), size)]
 
 
+def test_odd_client_hellos_dial_only_the_allowed_names_address(sandbox):
+    """Each hello goes to a forbidden address (203.0.113.10); only an allowed SNI may move it, and
+    only to the name's own address. Every refusal is logged with its reason."""
+    sb = sandbox(Network.allow(domains=["www.example.test"], ports=[443]))
+    ech = [(0xFE0D, b"\x00" + os.urandom(40))]
+    cases = [   # name, parts (each sent as its own segment), expected verdict, what the reason says
+        ("upper", records(client_hello((("WWW.EXAMPLE.TEST", 0),))), "allow", "matches"),
+        ("trailing-dot", records(client_hello((("www.example.test.", 0),))), "allow", "matches"),
+        ("tiny-records", records(client_hello(), size=7), "allow", "matches"),
+        ("segments", [bytes([b]) for b in b"".join(records(client_hello()))[:40]]
+         + [b"".join(records(client_hello()))[40:]], "allow", "matches"),
+        ("non-hostname-entry-ignored", records(client_hello((("evil.test", 1), ("www.example.test", 0)))),
+         "allow", "matches"),
+        ("two-names", records(client_hello((("www.example.test", 0), ("evil.test", 0)))), "deny", "more than one"),
+        ("sni-twice", records(client_hello(sni_twice=True)), "deny", "twice"),
+        ("nul", records(client_hello((("www.example.test\0.evil.test", 0),))), "deny", "not a DNS name"),
+        ("ip-literal", records(client_hello((("192.0.2.10", 0),))), "deny", "not a DNS name"),
+        ("non-ascii", records(client_hello((("www.ex\u00e4mple.test", 0),))), "deny", "ASCII"),
+        ("other-name", records(client_hello((("evil.test", 0),))), "deny", "not in the allowed"),
+        ("suffix", records(client_hello((("www.example.test.evil.test", 0),))), "deny", "not in the allowed"),
+        ("no-sni", records(client_hello(None)), "deny", "without a server name"),
+        ("ech", records(client_hello(extra=ech)), "deny", "ECH"),
+        ("esni", records(client_hello(extra=[(0xFFCE, os.urandom(40))])), "deny", "ECH"),
+        ("ccs-between-fragments", [records(client_hello(), size=30)[0], records(b"\x01", content_type=0x14)[0],
+                                   *records(client_hello(), size=30)[1:]], "deny", "other than a handshake"),
+        ("server-hello-first", records(client_hello(hs_type=2)), "deny", "not a ClientHello"),
+        ("huge-declared-length", records(client_hello(declared=1 << 20))[:1], "deny", "too large"),
+    ]
+    got = raw_cases(sb, [{"name": n, "host": "203.0.113.10", "port": 443, "parts": p, "gap": 0.002, "until": "\x00"}
+                         for n, p, _, _ in cases])
+    log = [d for d in sb.log() if d.protocol in ("tls", "tcp")]
+    assert len(log) == len(cases), (got, [(d.verdict, d.reason) for d in log])
+    for (name, _, verdict, needle), d in zip(cases, log):
+        assert d.verdict == verdict and needle in d.reason, (name, got[name], d)
+        if verdict == "allow":
+            assert d.address == "192.0.2.10" and d.name == "www.example.test", (name, d)
+            assert got[name] != "reset", (name, got[name])
+        else:
+            assert got[name] in ("reset", "eof"), (name, got[name])
+
+
 def test_tls_fronting_reaches_only_the_sni_names_address(sandbox, world):
     """Inside TLS the proxy sees only the SNI (documented), so it dials the SNI name's own address."""
     sb = sandbox(ALLOW_WWW)

@@ -241,7 +241,10 @@ class Proxy:
         while True:
             if buf:
                 if _sniff.looks_like_tls(buf):
-                    state, val = _sniff.parse_client_hello(bytes(buf))
+                    try:
+                        state, val = _sniff.parse_client_hello(bytes(buf))
+                    except _sniff.Refused as e:
+                        return self._deny(conn, str(e), address=odst, port=oport, protocol="tls")
                     if state == "sni":
                         if val is None:
                             return self._deny(conn, "a TLS ClientHello without a server name (SNI), "
