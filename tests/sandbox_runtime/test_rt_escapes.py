@@ -242,6 +242,36 @@ def test_proc_of_the_init_and_of_host_pids(api, daemon, pysb):
     assert max(got["pids"]) < 100, got["pids"]
 
 
+def test_files_api_does_not_follow_proc_magic_links(api, daemon, pysb):
+    """Symlinks the sandbox plants for the host to read or write through: /proc/self and /proc/1 are the
+    init serving the call, whose descriptors reach the daemon's log and its scratch mount."""
+    links = {"log1": "/proc/self/fd/1", "log2": "/proc/1/fd/2", "exe": "/proc/self/exe",
+             "root": "/proc/1/root/etc/marker"}
+    for n in range(3, 12):
+        links[f"up{n}"] = f"/proc/self/fd/{n}/.."
+    script = "; ".join(f"ln -s {t} /home/user/{name}" for name, t in links.items())
+    assert api.sh(pysb, script)[2]["returncode"] == 0
+    log = (daemon.log.read_bytes() or b"")[:64]
+    for name in links:
+        for direct in (f"/home/user/{name}", links[name]):
+            r = api.http.get(f"/v1/sandboxes/{pysb}/files/read", params={"path": direct})
+            assert r.status_code >= 400 or (log and log not in r.content and not r.content.startswith(b"\x7fELF")), \
+                (direct, r.status_code, r.content[:80])
+            r = api.http.get(f"/v1/sandboxes/{pysb}/files/list", params={"path": direct})
+            names = {e["name"] for e in r.json().get("entries", [])} if r.status_code == 200 else set()
+            assert not ({"upper", "work"} & names), (direct, names)
+    for n in range(3, 12):   # a write through the init's descriptors lands nowhere outside the root
+        r = api.http.put(f"/v1/sandboxes/{pysb}/files/write", params={"path": f"/home/user/up{n}/x/hutch-pwned"},
+                         content=b"x")
+        r2 = api.http.post(f"/v1/sandboxes/{pysb}/files/mkdir", params={"path": f"/home/user/up{n}/hutch-dir"})
+        assert r.status_code >= 400 and r2.status_code >= 400, (n, r.text, r2.text)
+    # a workdir through them would start a command outside its root
+    api.sh(pysb, "ln -s /proc/self/fd/5/.. /home/user/wd5; ln -s /proc/self/fd/4/.. /home/user/wd4")
+    for wd in ("/home/user/wd4", "/home/user/wd5"):
+        r = api.http.post(f"/v1/sandboxes/{pysb}/exec", json={"argv": ["sh", "-c", "ls -a"], "workdir": wd})
+        assert r.status_code >= 400 or b"upper" not in r.content, r.content
+
+
 # --- host processes ---------------------------------------------------------------------------------
 
 KILL_ALL = """

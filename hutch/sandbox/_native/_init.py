@@ -250,6 +250,7 @@ def _error(rid, e: OSError, what: str) -> dict:
         errno.EACCES: "the sandbox's root has no capabilities, so only files it owns or may access are reachable",
         errno.EROFS: "that path is on a read-only mount",
         errno.EINVAL: "only regular files can be read this way",
+        errno.ELOOP: "the path leads through a /proc link of a process or too many symlinks; give a plain path",
     }.get(e.errno, "check the path and try again")
     return {"rid": rid, "ok": False, "error": _ERRNO_CLASS.get(e.errno, "SandboxError"),
             "message": f"{what}: {os.strerror(e.errno or 0)}; {fix}.", "errno": e.errno}
@@ -267,16 +268,53 @@ class _SpawnError(Exception):
         self.cls, self.message = cls, message
 
 
-def _rmtree(path: str) -> None:
+# --- paths of the files API -----------------------------------------------------------------
+# The init resolves every path of a file call, and to the init /proc/self and /proc/1 are itself: a
+# symlink the sandbox planted at /proc/self/fd/2 (the daemon's log) or /proc/self/fd/<n>/.. (its scratch
+# mount, outside the root) must not lead there. So no path is followed through a /proc "magic link"
+# (openat2's RESOLVE_NO_MAGICLINKS, ELOOP); every other symlink resolves inside the sandbox as before.
+
+def _open(path: str, flags: int, dir_fd: int = L.AT_FDCWD) -> int:
+    return L.openat2(path, flags | os.O_CLOEXEC, L.RESOLVE_NO_MAGICLINKS, dir_fd)
+
+
+def _parent(path: str) -> tuple[int, str]:
+    """An O_PATH fd of the directory holding `path`'s last name, and that name."""
+    head, name = os.path.split(path.rstrip("/") or "/")
+    return _open(head or "/", os.O_PATH | os.O_DIRECTORY), name
+
+
+def _makedirs(path: str) -> int:
+    """os.makedirs(path, exist_ok=True), one directory fd at a time; returns an O_PATH fd of `path`."""
+    fd = _open("/", os.O_PATH | os.O_DIRECTORY)
+    try:
+        for part in [p for p in path.split("/") if p]:
+            try:
+                nfd = _open(part, os.O_PATH | os.O_DIRECTORY, fd)
+            except FileNotFoundError:
+                try:
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                nfd = _open(part, os.O_PATH | os.O_DIRECTORY, fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _rmtree(name: str, parent: int) -> None:
     """shutil.rmtree's walk by directory fds, which never follows a symlink. Written out because the init
     cannot import shutil late (after pivot_root no module path is reachable) and does not import it early
     (see the imports)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
     try:
         _rm_contents(fd)
     finally:
         os.close(fd)
-    os.rmdir(path)
+    os.rmdir(name, dir_fd=parent)
 
 
 def _rm_contents(dfd: int) -> None:
@@ -369,8 +407,12 @@ class Init:
                 actions.append((os.POSIX_SPAWN_DUP2, next(passed), target))
             else:
                 actions.append((os.POSIX_SPAWN_OPEN, target, "/dev/null", os.O_RDWR, 0))
-        try:
-            os.chdir(cwd)  # posix_spawn has no chdir action in Python: the init is single-threaded
+        try:  # posix_spawn has no chdir action in Python: the init is single-threaded
+            fd = _open(cwd, os.O_PATH | os.O_DIRECTORY)
+            try:
+                os.fchdir(fd)
+            finally:
+                os.close(fd)
         except OSError as e:
             raise _SpawnError("NotFoundError" if e.errno in (errno.ENOENT, errno.ENOTDIR) else "ConfigError",
                               f"working directory {cwd!r}: {os.strerror(e.errno or 0)}; create it or pass another workdir.")
@@ -409,7 +451,7 @@ class Init:
         return {"rid": msg["rid"], "ok": True} if "rid" in msg else None
 
     def op_read(self, msg, fds):
-        fd = os.open(msg["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        fd = _open(msg["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
@@ -419,23 +461,40 @@ class Init:
     def op_write_open(self, msg, fds):
         path = msg["path"]
         parent = os.path.dirname(path) or "/"
-        os.makedirs(parent, exist_ok=True)
-        if os.path.isdir(path):
-            raise OSError(errno.EISDIR, "is a directory")
-        tmp = os.path.join(parent, f".hutch-write-{os.urandom(6).hex()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        dfd = _makedirs(parent)
+        try:
+            try:
+                if stat.S_ISDIR(os.stat(os.path.basename(path), dir_fd=dfd).st_mode):
+                    raise OSError(errno.EISDIR, "is a directory")
+            except FileNotFoundError:
+                pass
+            name = f".hutch-write-{os.urandom(6).hex()}"
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+        finally:
+            os.close(dfd)
         os.fchmod(fd, msg["mode"])
-        return {"rid": msg["rid"], "ok": True, "tmp": tmp, "_fds": [fd]}
+        return {"rid": msg["rid"], "ok": True, "tmp": os.path.join(parent, name), "_fds": [fd]}
 
     def op_write_commit(self, msg, fds):
-        os.rename(msg["tmp"], msg["path"])
+        src, name = _parent(msg["tmp"])
+        try:
+            dst, new = _parent(msg["path"])
+            try:
+                os.rename(name, new, src_dir_fd=src, dst_dir_fd=dst)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
         return {"rid": msg["rid"], "ok": True}
 
     def op_write_abort(self, msg, fds):
+        dfd, name = _parent(msg["tmp"])
         try:
-            os.unlink(msg["tmp"])
+            os.unlink(name, dir_fd=dfd)
         except FileNotFoundError:
             pass
+        finally:
+            os.close(dfd)
         return {"rid": msg["rid"], "ok": True}
 
     def op_upper(self, msg, fds):
@@ -443,37 +502,52 @@ class Init:
         return {"rid": msg["rid"], "ok": True, "_fds": [os.dup(_UPPER)]}
 
     def op_stat(self, msg, fds):
-        return {"rid": msg["rid"], "ok": True, "entry": _entry(msg["path"], os.lstat(msg["path"]))}
+        fd = _open(msg["path"], os.O_PATH | os.O_NOFOLLOW)   # the link itself if it is one, as lstat
+        try:
+            return {"rid": msg["rid"], "ok": True, "entry": _entry(msg["path"], os.fstat(fd))}
+        finally:
+            os.close(fd)
 
     def op_list(self, msg, fds):
         path = msg["path"]
         out = []
-        with os.scandir(path) as it:
-            for de in it:
-                try:
-                    out.append(_entry(os.path.join(path, de.name), de.stat(follow_symlinks=False)))
-                except FileNotFoundError:
-                    continue
+        fd = _open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with os.scandir(fd) as it:
+                for de in it:
+                    try:
+                        out.append(_entry(os.path.join(path, de.name), de.stat(follow_symlinks=False)))
+                    except FileNotFoundError:
+                        continue
+        finally:
+            os.close(fd)
         out.sort(key=lambda e: e["name"])
         return {"rid": msg["rid"], "ok": True, "entries": out}
 
     def op_remove(self, msg, fds):
         path = msg["path"]
-        st = os.lstat(path)
-        if stat.S_ISDIR(st.st_mode):
-            if path.rstrip("/") in ("", "/"):
-                raise OSError(errno.EPERM, "refusing to remove /")
-            if msg.get("recursive"):
-                _rmtree(path)
+        if path.rstrip("/") in ("", "/"):
+            raise OSError(errno.EPERM, "refusing to remove /")
+        dfd, name = _parent(path)
+        try:
+            if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                if msg.get("recursive"):
+                    _rmtree(name, dfd)
+                else:
+                    os.rmdir(name, dir_fd=dfd)
             else:
-                os.rmdir(path)
-        else:
-            os.unlink(path)
+                os.unlink(name, dir_fd=dfd)
+        finally:
+            os.close(dfd)
         return {"rid": msg["rid"], "ok": True}
 
     def op_mkdir(self, msg, fds):
         if msg.get("parents"):
-            os.makedirs(msg["path"], exist_ok=True)
+            os.close(_makedirs(msg["path"]))
         else:
-            os.mkdir(msg["path"])
+            dfd, name = _parent(msg["path"])
+            try:
+                os.mkdir(name, 0o777, dir_fd=dfd)
+            finally:
+                os.close(dfd)
         return {"rid": msg["rid"], "ok": True}

@@ -105,6 +105,17 @@ def move_mount_fd(fd: int, target) -> None:
            f"move_mount {target}")
 
 
+NR_OPENAT2 = 437
+RESOLVE_NO_MAGICLINKS = 0x02
+
+
+def openat2(path, flags: int, resolve: int, dir_fd: int = AT_FDCWD) -> int:
+    """openat2(2): open `path` with `flags` (mode 0: never O_CREAT) under the RESOLVE_* flags `resolve`."""
+    how = struct.pack("QQQ", flags, 0, resolve)
+    return _check(_libc.syscall(NR_OPENAT2, ctypes.c_int(dir_fd), _b(path), how, ctypes.c_size_t(len(how))),
+                  f"open {path}")
+
+
 def pivot_root(new_root, put_old) -> None:
     _check(_libc.syscall(NR_PIVOT_ROOT, _b(new_root), _b(put_old)), "pivot_root")
 
