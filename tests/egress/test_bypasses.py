@@ -173,9 +173,145 @@ def req(target, *headers, method="GET", version="HTTP/1.1", body=b"") -> bytes:
     return head.encode("latin-1") + body
 
 
+def test_http_request_shapes_reach_only_the_allowed_host(sandbox, world):
+    sb = sandbox(ALLOW_WWW)
+    www = "Host: www.example.test"
+    smuggled = req("/c-smuggled", "Host: evil.test")
+    cases = [   # name, bytes, allowed
+        ("host-port", req("/c-host-port", "Host: www.example.test:8080"), True),
+        ("host-upper-dot", req("/c-host-upper-dot", "Host: WWW.Example.TEST."), True),
+        ("absolute-same", req("http://www.example.test/c-absolute-same", www), True),
+        ("userinfo-host-1", req("/c-u1", "Host: evil.test@www.example.test"), False),
+        ("userinfo-host-2", req("/c-u2", "Host: www.example.test@evil.test"), False),
+        ("host-list", req("/c-host-list", "Host: www.example.test, evil.test"), False),
+        ("host-empty", req("/c-host-empty", "Host: "), False),
+        ("host-ipv6", req("/c-host-ipv6", "Host: [::ffff:127.0.0.1]"), False),
+        ("host-ip", req("/c-host-ip", "Host: 192.0.2.10"), False),
+        ("host-twice-case", req("/c-twice", www, "host: evil.test"), False),
+        ("host-space-before-colon", req("/c-space", "Host : evil.test", www), False),
+        ("absolute-upper-scheme", req("HTTP://evil.test/c-abs-upper", www), False),
+        ("absolute-userinfo", req("http://www.example.test@evil.test/c-abs-ui", www), False),
+        ("absolute-fragment", req("http://evil.test#@www.example.test/c-abs-frag", www), False),
+        ("absolute-other-scheme", req("ftp://evil.test/c-abs-ftp", www), False),
+        ("http10-no-host", req("/c-10", version="HTTP/1.0"), False),
+        ("http10-absolute-no-host", req("http://www.example.test/c-10abs", version="HTTP/1.0"), False),
+        ("connect-forbidden", req("evil.test:443", "Host: evil.test:443", method="CONNECT"), False),
+        ("connect-allowed", req("www.example.test:443", "Host: www.example.test:443", method="CONNECT"), False),
+        ("websocket", req("/c-ws", www, "Upgrade: websocket", "Connection: Upgrade"), False),
+        ("lowercase-method", b"get /c-lower HTTP/1.1\r\nHost: evil.test\r\n\r\n", False),
+        ("tab-separated", b"GET\t/c-tab HTTP/1.1\r\nHost: evil.test\r\n\r\n", False),
+        ("http09", b"GET /c-09\r\n\r\n", False),
+        ("leading-crlf", b"\r\n" + req("/c-crlf", "Host: evil.test"), False),
+        ("pipelined-one-segment", req("/c-pipe1", www) + smuggled, False),
+        ("after-a-body", req("/c-body", www, "Content-Length: 4", method="POST", body=b"abcd") + smuggled, False),
+        ("te-on-http10", req("/c-te10", www, "Transfer-Encoding: chunked", method="POST", version="HTTP/1.0",
+                             body=b"0\r\n\r\n"), False),
+        ("te-underscore", req("/c-te_", www, "Content-Length: 5", "Transfer_Encoding: chunked", method="POST",
+                              body=b"0\r\n\r\n"), False),
+        ("cl-underscore", req("/c-cl_", www, "Content_Length: 5", method="POST", body=b"hello"), False),
+    ]
+    mark = world.mark()
+    got = raw_cases(sb, [{"name": n, "host": "203.0.113.10", "port": 80, "parts": [b]} for n, b, _ in cases])
+    evs = [e for e in world.events_since(mark) if e["kind"] in ("tcp", "http")]
+    assert not [e for e in evs if e.get("local") != "192.0.2.10"], evs
+    hosts = {e["path"]: e["host"] for e in evs if e["kind"] == "http"}
+    for name, raw, allowed in cases:
+        path = raw.split(b" ")[1].decode("latin-1")
+        if allowed:
+            assert body_of(got[name])["server"] == "192.0.2.10", (name, got[name])
+            assert path in hosts, (name, hosts)
+        else:
+            assert got[name] in ("reset", "eof"), (name, got[name])
+    assert all(h.lower().rstrip(".").startswith("www.example.test") for h in hosts.values()), hosts
+    assert "/c-smuggled" not in hosts
+    denies = [d for d in sb.log() if d.verdict == "deny"]
+    assert len(denies) == sum(1 for c in cases if not c[2]), [(d.name, d.reason) for d in denies]
+
+
 # A server that reads framing the way some real ones do: HTTP/1.0 bodies by Content-Length only
 # (Transfer-Encoding ignored), header names with "_" taken as "-" (CGI/WSGI style). It logs the
 # Host of every request it parses.
+LENIENT = r"""
+import json, socket, sys, threading, time
+ev, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((addr, port)); s.listen()
+def log(**kw):
+    kw.update(kind="lenient", t=time.time())
+    with open(ev, "a") as f: f.write(json.dumps(kw) + "\n")
+def serve(c):
+    buf = b""
+    try:
+        while True:
+            while b"\r\n\r\n" not in buf:
+                d = c.recv(65536)
+                if not d: return
+                buf += d
+            head, buf = buf.split(b"\r\n\r\n", 1)
+            lines = head.decode("latin-1").split("\r\n")
+            version = lines[0].rsplit(" ", 1)[-1]
+            h = {}
+            for ln in lines[1:]:
+                k, _, v = ln.partition(":")
+                h[k.strip().lower().replace("_", "-")] = v.strip()
+            log(line=lines[0], host=h.get("host"))
+            if version == "HTTP/1.1" and h.get("transfer-encoding", "").lower() == "chunked":
+                while True:
+                    while b"\r\n" not in buf: buf += c.recv(65536)
+                    line, buf = buf.split(b"\r\n", 1)
+                    n = int(line.split(b";")[0], 16)
+                    while len(buf) < n + 2: buf += c.recv(65536)
+                    buf = buf[n + 2:]
+                    if n == 0: break
+            elif "content-length" in h:
+                n = int(h["content-length"])
+                while len(buf) < n: buf += c.recv(65536)
+                buf = buf[n:]
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    except Exception:
+        pass
+    finally:
+        c.close()
+print("ready", flush=True)
+def accept():
+    while True:
+        c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+threading.Thread(target=accept, daemon=True).start()
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def lenient_server(world):
+    """The lenient server on 192.0.2.10:8081 in the fake internet; stopped (by its own pid) afterwards."""
+    p = subprocess.Popen(["ip", "netns", "exec", world.inet, sys.executable, "-c", LENIENT, str(world.events),
+                          "192.0.2.10", "8081"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        yield ("192.0.2.10", 8081)
+    finally:
+        p.kill()
+        p.wait(5)
+
+
+def test_framing_a_lenient_server_reads_differently_cannot_smuggle_a_request(sandbox, world, lenient_server):
+    sb = sandbox(Network.allow(domains=["www.example.test"], ports=[8081]))
+    www = "Host: www.example.test"
+    smuggled = req("/smuggled", "Host: evil.test")
+    # HTTP/1.0 with Transfer-Encoding: the proxy would read a chunk of size 0xFACE whose "data" is,
+    # for a server ignoring TE on 1.0, two more requests (the second for evil.test)
+    face = b"FACE ;x HTTP/1.1\r\n" + www.encode() + b"\r\n\r\n" + smuggled
+    te10 = req("/te10", www, "Transfer-Encoding: chunked", method="POST", version="HTTP/1.0") + face
+    te10 += b"x" * (0xFACE - (len(face) - len(b"FACE ;x HTTP/1.1\r\n"))) + b"\r\n0\r\n\r\n"
+    # "Transfer_Encoding" beside Content-Length: the proxy would frame by length, the server by chunks
+    inner = b"0\r\n\r\n" + smuggled
+    under = req("/under", www, f"Content-Length: {len(inner)}", "Transfer_Encoding: chunked", method="POST",
+                body=inner)
+    mark = world.mark()
+    got = raw_cases(sb, [{"name": n, "host": "www.example.test", "port": 8081, "parts": [b], "until": "\x00",
+                          "wait": 2} for n, b in (("te10", te10), ("under", under))])
+    seen = [e for e in world.events_since(mark) if e["kind"] == "lenient"]
+    assert not [e for e in seen if e["host"] != "www.example.test"], (seen, got)
+    assert got == {"te10": "reset", "under": "reset"}, got
 
 
 # --- DNS -------------------------------------------------------------------------------

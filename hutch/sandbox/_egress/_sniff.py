@@ -113,6 +113,7 @@ def _sni_from_hello(body: bytes) -> str | None:
 
 _TOKEN = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _METHOD_OK = re.compile(rb"^[A-Z]{1,20}$")
+_FRAMING = (b"content-length", b"transfer-encoding")
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,10 @@ def parse_request_head(buf: bytes | bytearray) -> RequestHead | None:
             raise Refused("a malformed HTTP header line")
         key = name.lower()
         val = value.strip(b" \t")
+        if b"_" in key and key.replace(b"_", b"-") in _FRAMING:
+            # CGI/WSGI-style servers read "_" as "-": they would frame the body by a header we ignored
+            raise Refused(f"an HTTP header {name.decode('latin-1')!r} that some servers read as "
+                          f"{key.replace(b'_', b'-').decode('latin-1')!r}")
         if key == b"host":
             hosts.append(val.decode("latin-1"))
         elif key == b"content-length":
@@ -181,6 +186,9 @@ def parse_request_head(buf: bytes | bytearray) -> RequestHead | None:
         raise Refused("an HTTP request target that is neither a path nor an absolute URL")
     if te and lengths:
         raise Refused("an HTTP request with both Content-Length and Transfer-Encoding")
+    if te and version == "HTTP/1.0":
+        # HTTP/1.0 has no chunked coding: a server may ignore the header and read the chunks as requests
+        raise Refused("an HTTP/1.0 request with Transfer-Encoding")
     if te:
         codings = [c.strip() for c in b",".join(te).split(b",")]
         if codings != [b"chunked"]:
