@@ -21,7 +21,7 @@ import pytest
 
 from hutch import Network
 
-from egress_world import GW, HOST_SERVICE_PORT
+from egress_world import GW, HOST_SERVICE_PORT, sh
 
 ALLOW_WWW = Network.allow(domains=["www.example.test"])
 
@@ -435,6 +435,36 @@ def test_names_resolving_to_never_or_special_addresses_are_refused(sandbox, worl
     assert not [e for e in evs if e["kind"] in ("tcp", "http", "host-tcp")], evs
     denied = {d.name for d in sb.log() if d.verdict == "deny"}
     assert set(NEVER_NAMES) <= denied, denied
+
+
+@pytest.fixture
+def host_local(world):
+    """198.51.100.77 made local on the fake host by a `local` route, 198.51.100.78 by a new address."""
+    made = []
+    try:
+        sh("ip", "-n", world.host, "route", "add", "local", "198.51.100.77/32", "dev", "lo", "table", "local")
+        made.append(("route", "del", "local", "198.51.100.77/32", "dev", "lo", "table", "local"))
+        sh("ip", "-n", world.host, "addr", "add", "198.51.100.78/32", "dev", "lo")
+        made.append(("addr", "del", "198.51.100.78/32", "dev", "lo"))
+        yield
+    finally:
+        for args in made:
+            sh("ip", "-n", world.host, *args, check=False)
+
+
+def test_host_local_routes_and_fresh_host_addresses_are_never_dialed(sandbox, world, host_local):
+    """The host's own addresses are never reachable, also those of a `local` route and one added a moment ago."""
+    sb = sandbox(Network.allow(domains=["*.example.test"], ports=None))
+    mark = world.mark()
+    got = raw_cases(sb, [{"name": name, "host": "192.0.2.10", "port": HOST_SERVICE_PORT, "wait": 2,
+                          "parts": [req("/local", f"Host: {name}")]}
+                         for name in ("anyip.example.test", "newaddr.example.test")])
+    r = sb.run("getent", "ahostsv4", "anyip.example.test", "newaddr.example.test")
+    time.sleep(0.2)
+    evs = [e for e in world.events_since(mark) if e["kind"].startswith("host-")]
+    assert not evs, (evs, got)
+    assert set(got.values()) <= {"reset", "eof"}, got
+    assert r.stdout.strip() == "", r.stdout
 
 
 # --- ICMP and raw sockets ------------------------------------------------------------

@@ -31,7 +31,7 @@ from hutch._core.errors import ConfigError, NotFoundError, SandboxError, StateEr
 from hutch.sandbox._egress import _netns
 from hutch.sandbox._egress._dns import ANSWER_TTL, Resolver, ResolveError, Upstream
 from hutch.sandbox._egress._policy import AddressRules, Verdict, name_allowed, normalize_name, port_allowed
-from hutch.sandbox._egress._proxy import Proxy
+from hutch.sandbox._egress._proxy import Proxy, delivered_locally
 from hutch.sandbox._spec import Network
 
 #: The sandbox link subnet. 198.18.0.0/15 is reserved for benchmarking (RFC 2544): never
@@ -425,10 +425,14 @@ class Gateway:
         except ResolveError as e:
             self._record(sb, name, None, 53, "dns", "deny", str(e))
             return RCODE.NXDOMAIN, (), 0
-        ok = [a for a in addrs if self._rules.address_allowed(sb.policy, a)]
+        ok, why = [], []
+        for a in addrs:
+            v = self._rules.address_allowed(sb.policy, a)
+            if v and delivered_locally(a):
+                v = Verdict(False, f"{a} is delivered to the host itself (a local address or route)")
+            (ok if v else why).append(a if v else v.reason)
         if not ok:
-            reasons = "; ".join(self._rules.address_allowed(sb.policy, a).reason for a in addrs)
-            self._record(sb, name, addrs[0], 53, "dns", "deny", f"only refused addresses: {reasons}")
+            self._record(sb, name, addrs[0], 53, "dns", "deny", f"only refused addresses: {'; '.join(why)}")
             return RCODE.NOERROR, (), 0
         self._record(sb, name, ",".join(ok), 53, "dns", "allow", v.reason)
         return RCODE.NOERROR, ok, min(ttl, ANSWER_TTL)

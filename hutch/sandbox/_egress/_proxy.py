@@ -45,6 +45,37 @@ def original_dst(sock: socket.socket) -> tuple[str, int]:
     return socket.inet_ntoa(raw[4:8]), port
 
 
+def delivered_locally(addr: str) -> bool:
+    """Would this host deliver a packet for `addr` to itself?
+
+    Asks the kernel now, so it also knows addresses added since the gateway last listed
+    them and `local` routes (AnyIP) that are no interface's address. Sends nothing.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((addr, 9))      # a route lookup: a local route makes the source the address itself
+        except OSError:
+            return False              # no route at all: a dial fails by itself
+        if s.getsockname()[0] == addr:
+            return True
+    if _nonlocal_bind():
+        return False
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((addr, 0))         # succeeds only for local (or broadcast) addresses
+            return True
+        except OSError:
+            return False
+
+
+def _nonlocal_bind() -> bool:
+    try:
+        with open("/proc/sys/net/ipv4/ip_nonlocal_bind", "rb") as f:
+            return f.read(1) != b"0"
+    except OSError:
+        return True
+
+
 def _hard_close(sock: socket.socket | None, reset: bool) -> None:
     if sock is None or sock.fileno() < 0:
         return
@@ -319,6 +350,11 @@ class Proxy:
         await self._relay(conn, first, stream)
 
     async def _dial(self, conn: Conn, addr: str, port: int) -> None:
+        if delivered_locally(addr):
+            # the policy checks know the host's addresses as last listed; the kernel knows them now
+            self.gw._record(conn.sandbox, conn.name, addr, port, conn.kind, "deny",
+                            f"{addr} is delivered to the host itself (a local address or route)")
+            raise ConnectionRefusedError(f"{addr} is local to the host")
         up = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         up.setblocking(False)
         up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
