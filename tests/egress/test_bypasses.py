@@ -120,6 +120,8 @@ def test_odd_client_hellos_dial_only_the_allowed_names_address(sandbox):
         ("tiny-records", records(client_hello(), size=7), "allow", "matches"),
         ("segments", [bytes([b]) for b in b"".join(records(client_hello()))[:40]]
          + [b"".join(records(client_hello()))[40:]], "allow", "matches"),
+        ("forbidden-byte-by-byte", [bytes([b]) for b in b"".join(records(client_hello((("evil.test", 0),))))],
+         "deny", "not in the allowed"),
         ("non-hostname-entry-ignored", records(client_hello((("evil.test", 1), ("www.example.test", 0)))),
          "allow", "matches"),
         ("two-names", records(client_hello((("www.example.test", 0), ("evil.test", 0)))), "deny", "more than one"),
@@ -211,7 +213,14 @@ def test_http_request_shapes_reach_only_the_allowed_host(sandbox, world):
         ("cl-underscore", req("/c-cl_", www, "Content_Length: 5", method="POST", body=b"hello"), False),
     ]
     mark = world.mark()
-    got = raw_cases(sb, [{"name": n, "host": "203.0.113.10", "port": 80, "parts": [b]} for n, b, _ in cases])
+    specs = [{"name": n, "host": "203.0.113.10", "port": 80, "parts": [b]} for n, b, _ in cases]
+    # the same requests one byte per segment: the decision waits for the whole head
+    for name, raw in (("dribbled-allowed", req("/c-dribbled-allowed", www)),
+                      ("dribbled-forbidden", req("/c-dribbled-forbidden", "Host: evil.test"))):
+        cases.append((name, raw, name.endswith("-allowed")))
+        specs.append({"name": name, "host": "203.0.113.10", "port": 80, "parts": [bytes([b]) for b in raw],
+                      "gap": 0.001})
+    got = raw_cases(sb, specs)
     evs = [e for e in world.events_since(mark) if e["kind"] in ("tcp", "http")]
     assert not [e for e in evs if e.get("local") != "192.0.2.10"], evs
     hosts = {e["path"]: e["host"] for e in evs if e["kind"] == "http"}
@@ -579,6 +588,77 @@ def test_policy_change_cuts_established_connections(sandbox, world, new_policy):
     assert len([d for d in sb.log() if "policy change" in d.reason]) == 2, sb.log()
 
 
+UNDECIDED = """
+import socket, sys
+s = socket.create_connection(("192.0.2.10", 80), timeout=5)
+print("connected", flush=True)
+sys.stdin.readline()
+try:
+    s.sendall(b"GET /undecided HTTP/1.1\\r\\nHost: www.example.test\\r\\n\\r\\n")
+    print("data" if s.recv(100) else "eof")
+except ConnectionResetError:
+    print("reset")
+except OSError as e:
+    print(type(e).__name__)
+"""
+
+
+@pytest.mark.parametrize("new_policy", [Network.none(), Network.allow(domains=["api.example.test"])],
+                         ids=["none", "other-name"])
+def test_a_connection_still_being_decided_is_refused_after_a_change(sandbox, world, new_policy):
+    sb = sandbox(ALLOW_WWW)
+    p = subprocess.Popen(["ip", "netns", "exec", sb.netns, sys.executable, "-c", UNDECIDED], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "connected", p.stderr.read() if p.poll() is not None else ""
+        time.sleep(0.1)    # accepted by the proxy, waiting for the request
+        mark = world.mark()
+        sb.set_policy(new_policy)
+        out, err = p.communicate("go\n", timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    assert out.strip() in ("reset", "eof", "BrokenPipeError"), out + err
+    assert not [e for e in world.events_since(mark) if e["kind"] in ("tcp", "http")]
+
+
+def test_dns_to_any_other_resolver_never_leaves(sandbox, world):
+    """UDP DNS only to the gateway, whatever the policy; DNS over TCP elsewhere only where raw TCP is allowed."""
+    sb = sandbox(Network.open())
+    strict = sandbox(Network.allow(domains=["*.example.test"], ports=None))
+    query = bytes.fromhex("123401000001000000000000") + b"\x06leaked\x04evil\x04test\x00\x00\x01\x00\x01"
+    code = textwrap.dedent(f"""
+        import json, socket, struct
+        out = {{}}
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for dst in [("192.0.2.53", 53), ("192.0.2.10", 53), ("203.0.113.10", 443)]:
+            try:
+                u.sendto({query!r}, dst); out[dst[0]] = "sent"
+            except OSError as e:
+                out[dst[0]] = type(e).__name__
+        try:
+            s = socket.create_connection(("192.0.2.53", 53), timeout=3)
+            s.sendall(struct.pack("!H", {len(query)}) + {query!r})
+            out["tcp"] = "answer" if s.recv(512) else "eof"
+        except ConnectionResetError:
+            out["tcp"] = "reset"
+        except OSError as e:
+            out["tcp"] = type(e).__name__
+        print(json.dumps(out))
+    """)
+    mark = world.mark()
+    got_open, got_strict = run_json(sb, code), run_json(strict, code)
+    time.sleep(0.3)
+    evs = world.events_since(mark)
+    assert all(v == "PermissionError" for k, v in got_open.items() if k != "tcp"), got_open
+    assert got_strict["tcp"] in ("reset", "eof"), got_strict
+    # Network.open() admits raw TCP to any public address: DNS over TCP to a public resolver is open by design
+    assert got_open["tcp"] == "answer", got_open
+    assert [e["name"] for e in evs if e["kind"] == "dns"] == ["leaked.evil.test"], evs
+    assert not [e for e in evs if e["kind"] == "udp"], evs
+
+
 def test_a_held_dns_connection_follows_the_new_policy(sandbox, world):
     sb = sandbox(ALLOW_WWW)
     p = subprocess.Popen(["ip", "netns", "exec", sb.netns, sys.executable, "-c", textwrap.dedent(f"""
@@ -610,9 +690,10 @@ def test_a_held_dns_connection_follows_the_new_policy(sandbox, world):
 # --- a real sandbox (the daemon's runtime) and its own network ------------------------------------
 
 
-@pytest.fixture(scope="module")
-def real_daemon(world):
-    """The real daemon in the fake host's netns; sandboxes in user namespaces, as by default."""
+@pytest.fixture(scope="module", params=["default", "opt-out"])
+def real_daemon(world, request):
+    """The real daemon in the fake host's netns: once as by default (sandboxes in user namespaces), once with
+    HUTCH_USERNS=0."""
     import shutil
     import tempfile
     from pathlib import Path
@@ -628,6 +709,8 @@ def real_daemon(world):
         run_dir = tmp / "run"
         run_dir.mkdir()
         env = {"HUTCH_EGRESS_RESOLVERS": "192.0.2.53", "HUTCH_EGRESS_SUBNET": "198.18.2.0/24"}
+        if request.param == "opt-out":
+            env["HUTCH_USERNS"] = "0"
         proc = start_daemon(run_dir, env, prefix=("nsenter", f"--net=/run/netns/{world.host}"))
         try:
             with sdk_pointed_at(run_dir):
