@@ -22,11 +22,14 @@ from hutch.sandbox._native import _wire
 # Paths under /proc that leak host information or reach host-wide knobs (Docker's list).
 PROC_MASK_FILES = ("kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug", "sysrq-trigger")
 PROC_MASK_DIRS = ("acpi", "asound", "scsi")
+# Root-only files that show physical memory and the kernel heap's layout (what rowhammer and heap exploits
+# want): unreadable to root in a user namespace, so masked only without one (HUTCH_USERNS=0: host root).
+PROC_ROOT_ONLY = ("kpagecgroup", "kpagecount", "kpageflags", "pagetypeinfo", "slabinfo", "vmallocinfo")
 PROC_READONLY = ("bus", "fs", "irq", "sys")
 SYS_MASK_DIRS = ("firmware", "devices/virtual/powercap")
 DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
 NODEV = L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC
-_MASKS: tuple | None = None   # (proc files, proc dirs, proc read-only, sys dirs) this kernel has
+_MASKS: tuple | None = None   # (proc files, root-only ones, proc dirs, proc read-only, sys dirs) this kernel has
 
 
 def precompute() -> None:
@@ -37,6 +40,7 @@ def precompute() -> None:
     """
     global _MASKS
     _MASKS = (tuple(n for n in PROC_MASK_FILES if os.path.exists(f"/proc/{n}")),
+              tuple(n for n in PROC_ROOT_ONLY if os.path.exists(f"/proc/{n}")),
               tuple(n for n in PROC_MASK_DIRS if os.path.isdir(f"/proc/{n}")),
               tuple(n for n in PROC_READONLY if os.path.exists(f"/proc/{n}")),
               tuple(n for n in SYS_MASK_DIRS if os.path.isdir(f"/sys/{n}")))
@@ -163,8 +167,8 @@ def _setup_root(plan: dict, trees=()) -> None:
     L.mount("proc", proc, "proc", NODEV)
     if _MASKS is None:
         precompute()
-    proc_files, proc_dirs, proc_ro, sys_dirs = _MASKS
-    for name in proc_files:
+    proc_files, root_only, proc_dirs, proc_ro, sys_dirs = _MASKS
+    for name in proc_files + (() if userns else root_only):
         L.mount("/dev/null", f"{proc}/{name}", None, L.MS_BIND)
     for name in proc_dirs:
         L.mount("hutch", f"{proc}/{name}", "tmpfs", NODEV | L.MS_RDONLY, "size=4k,mode=0555")
