@@ -101,3 +101,31 @@ def test_category_words_rarest_first_within_the_row_budget(mem, monkeypatch):
     assert si._within_budget(words) == ["accordion"]  # always at least the rarest word
     hits = mem.search("What instruments does John play?", k=3)
     assert {h.entity_id for h in hits if "category" in h.channels} == {"notes/accordion"}
+
+
+@needs_wordnet
+def test_the_question_is_embedded_once_for_dense_and_senses(mem, monkeypatch):
+    # The sense of "instruments" is chosen with the whole question's vector. Without a name in it, that is the dense
+    # channel's vector; with one, the dense channel embeds the question without the name and the whole question is
+    # embedded beside it in the worker. Either way the answer is the first search's, which embedded the question
+    # together with the senses' glosses.
+    import threading
+
+    mem.put("people", "John Smith", body="A friend from the choir.")
+    mem.put("notes", "Fair", body="John played the accordion at the fair.")
+    mem.put("notes", "Shed", body="John fixed the shed with a hammer and a screwdriver.")
+    named, unnamed = "What instruments does John play?", "What instruments does he play?"
+    assert _lexicon.ranks_senses(named) and not _lexicon.ranks_senses("What martial arts has John done?")
+    first = {q: mem.search(q, k=3) for q in (named, unnamed)}
+    prov = mem.index.provider
+    calls, real = [], prov.embed
+    monkeypatch.setattr(prov, "embed", lambda texts, *a, **kw: calls.append(
+        (threading.current_thread().name, list(texts))) or real(texts, *a, **kw))
+    for q in (named, unnamed):
+        calls.clear()
+        again = mem.search(q, k=3)
+        assert [(h.entity_id, h.score, dict(h.channels)) for h in again] == \
+            [(h.entity_id, h.score, dict(h.channels)) for h in first[q]]
+        assert {h.entity_id for h in again if "category" in h.channels} == {"notes/fair"}  # musical, not the hammer
+        assert all(name.startswith("hutch-embed") and len(texts) == 1 for name, texts in calls)
+        assert len(calls) == (2 if q == named else 1) and [q] in [texts for _, texts in calls]

@@ -179,6 +179,20 @@ def available() -> bool:
     return wordnet() is not None
 
 
+def ranks_senses(question: str) -> bool:
+    """Whether category_terms(question, ...) will ask its caller to rank senses (its category word has several),
+    so that the caller can embed the question early."""
+    wn = wordnet()
+    if wn is None:
+        return False
+    for cand in category_word(question):
+        lemma = wn.lemma(cand)
+        senses = wn.senses(lemma) if lemma is not None else []
+        if senses:
+            return len(senses) > 1
+    return False
+
+
 def category_terms(question: str, rank_senses) -> tuple[str, list[str]] | None:
     """(the category lemma, its instance words) for a list question, or None.
 

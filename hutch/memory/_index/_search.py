@@ -273,11 +273,14 @@ class SearchIndex:
         # mentions first: the dense query is the question without the names it mentions
         mentioned, titles = self._mentions(query)
         dense_on = self.idx.model_known and s.dense_ready()
-        future = None
+        future = qfuture = None
         if dense_on:
             # Embedding and the matrix product release the GIL: they overlap the FTS5 queries below.
             qtext = _units.strip_mentions(query, titles) if titles else query
             future = _pool().submit(self._dense_scores, qtext, mask)
+            if qtext != query and _lexicon.ranks_senses(query):
+                # the category channel compares the whole question with its word's senses: embed it beside too
+                qfuture = _pool().submit(self.provider.embed, [query])
         words = self._lexical_terms(query)
         fq = _units.fts_query(words)
         # lexical, per unit
@@ -355,7 +358,15 @@ class SearchIndex:
             tin = self._in_span(span)
             if 0 < (tin & mask).sum() < mask.sum():
                 channels.append(_rank.Channel("time", tin.astype(np.float64), tin))
-        cat = self._category(query, n, dense_on)
+        qvec = None  # the question's own vector, if already embedded (see _sense_ranker)
+        if dq is not None and qtext == query:
+            qvec = dq.qv
+        elif qfuture is not None:
+            try:
+                qvec = qfuture.result()[0]
+            except SearchIndexError:
+                pass  # the ranker tries again and falls back to the most frequent sense, as without a model
+        cat = self._category(query, n, dense_on, qvec)
         if cat is not None and (cat > 0).any():
             channels.append(_rank.Channel("category", cat, cat > 0))
         if dq is not None and dq.exact is not None:
@@ -434,10 +445,10 @@ class SearchIndex:
         qv = self.provider.embed([qtext])[0].astype(np.float32)
         return _rank.DenseQuery(self.snap, qv, mask)
 
-    def _category(self, query: str, n: int, dense_on: bool) -> np.ndarray | None:
+    def _category(self, query: str, n: int, dense_on: bool, qvec: np.ndarray | None = None) -> np.ndarray | None:
         """BM25 of the instances of the category a list question asks about ("What martial arts has John
         done?" -> taekwondo, judo, ...; see _lexicon), or None when the question names no category."""
-        found = _lexicon.category_terms(query, self._sense_ranker(dense_on))
+        found = _lexicon.category_terms(query, self._sense_ranker(dense_on, qvec))
         if found is None:
             return None
         words = self._within_budget(found[1])
@@ -476,19 +487,24 @@ class SearchIndex:
             total += d
         return kept
 
-    def _sense_ranker(self, dense_on: bool):
+    def _sense_ranker(self, dense_on: bool, qvec: np.ndarray | None = None):
         """Which of a word's senses a question means: the gloss the embedding model puts closest to the question
-        (sense vectors are cached per process); WordNet's most frequent sense when there is no model."""
+        (sense vectors are cached per process); WordNet's most frequent sense when there is no model. `qvec`: the
+        question's vector when the dense channel already embedded it (alone, as here: the same vector)."""
         def rank(question: str, texts: list[str]) -> int:
             if not dense_on:
                 return 0
-            try:
-                missing = [t for t in texts if t not in self._sense_vecs]
-                vecs = self.provider.embed([question, *missing])
-            except SearchIndexError:
-                return 0
-            self._sense_vecs.update(zip(missing, vecs[1:]))
-            return int(np.argmax([float(self._sense_vecs[t] @ vecs[0]) for t in texts]))
+            missing = [t for t in texts if t not in self._sense_vecs]
+            if missing or qvec is None:
+                try:
+                    vecs = self.provider.embed([question, *missing])
+                except SearchIndexError:
+                    return 0
+                self._sense_vecs.update(zip(missing, vecs[1:]))
+                q = vecs[0]
+            else:
+                q = qvec  # embedding the question again cost ~5 ms per list question on the main thread
+            return int(np.argmax([float(self._sense_vecs[t] @ q) for t in texts]))
         return rank
 
     def _mentions(self, query: str) -> tuple[set[str], list[str]]:
