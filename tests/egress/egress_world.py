@@ -80,7 +80,7 @@ ZONE = {
 }
 # answers that change from one query to the next, TTL 0 (DNS rebinding)
 REBIND = {"rebind.example.test": [["203.0.113.10"], ["10.0.0.1"]]}
-ZONE6 = {"www.example.test": ["2001:db8::10"]}
+ZONE6 = {"www.example.test": ["2001:db8::10"], "mapped.example.test": ["::ffff:127.0.0.1"]}
 
 
 def sh(*argv, check=True, timeout=30, **kw):
