@@ -9,6 +9,7 @@ against the fake internet of egress_world.py; every check also looks at what the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import struct
@@ -657,6 +658,31 @@ def test_dns_to_any_other_resolver_never_leaves(sandbox, world):
     assert got_open["tcp"] == "answer", got_open
     assert [e["name"] for e in evs if e["kind"] == "dns"] == ["leaked.evil.test"], evs
     assert not [e for e in evs if e["kind"] == "udp"], evs
+
+
+def test_a_policy_change_racing_detach_never_plumbs_another_namespace(sandbox, world):
+    """The sandbox ends (detach closes its netns fd) while set_policy still builds its link: the fd number
+    is taken at once by another namespace, which must not get the ended sandbox's link and policy."""
+    sb = sandbox(Network.none())
+    victim = sandbox(Network.none(), attach=False)
+    gw = world.gw.gw
+
+    async def race():
+        change = asyncio.get_running_loop().create_task(gw.set_policy(sb.id, Network.open()))
+        await asyncio.sleep(0)           # set_policy is now waiting for its link
+        await gw.detach(sb.id)
+        fd = os.open(f"/run/netns/{victim.netns}", os.O_RDONLY)   # most likely the number detach freed
+        try:
+            return repr(await asyncio.gather(change, return_exceptions=True))
+        finally:
+            os.close(fd)
+
+    outcome = world.gw.call(race())
+    links = sh("ip", "-n", victim.netns, "-o", "link").stdout
+    assert "eth0" not in links, (links, outcome)
+    assert not world.gw.sync(lambda: [a for a, s in gw._by_addr.items() if s.id == sb.id]), outcome
+    # set_policy either finished before the detach or says the sandbox is gone; never a failed setns
+    assert outcome == "[None]" or "NotFoundError" in outcome, outcome
 
 
 def test_a_held_dns_connection_follows_the_new_policy(sandbox, world):

@@ -82,6 +82,15 @@ class _Sandbox:
     address: str | None = None
     conns: set = field(default_factory=set)
     log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=LOG_LIMIT))
+    # link changes (attach, set_policy, detach) take turns: a detach must not close the netns fd
+    # while a link is being built through it (a reused fd number would name another namespace)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    detached: bool = False
+
+    def release(self) -> None:
+        if self.netns_fd >= 0:
+            os.close(self.netns_fd)
+            self.netns_fd = -1
 
 
 def _resolvers_from(value) -> list[tuple[str, int]]:
@@ -286,11 +295,13 @@ class Gateway:
         sb = _Sandbox(sandbox_id, policy, fd)
         self._sandboxes[sandbox_id] = sb
         try:
-            if policy.mode != "none":
-                await self._plumb(sb)
+            async with sb.lock:
+                if policy.mode != "none" and not sb.detached:
+                    await self._plumb(sb)
         except BaseException:
-            self._sandboxes.pop(sandbox_id, None)
-            os.close(fd)
+            if self._sandboxes.get(sandbox_id) is sb:
+                self._sandboxes.pop(sandbox_id)
+                sb.release()
             raise
         return self.attachment(sandbox_id)
 
@@ -314,10 +325,15 @@ class Gateway:
                 self._record(sb, conn.name, conn.address, conn.port, conn.kind, "deny",
                              f"reset by a policy change: {v.reason}")
                 conn.close(reset=True)
-        if policy.mode == "none" and sb.link:
-            await self._unplumb(sb)
-        elif policy.mode != "none" and not sb.link:
-            await self._plumb(sb)
+        async with sb.lock:
+            if sb.detached:
+                raise NotFoundError(f"sandbox {sandbox_id} was detached from the egress gateway while its "
+                                    "policy changed; it has no network.")
+            # the latest policy decides: calls queue in order on the lock
+            if sb.policy.mode == "none" and sb.link:
+                await self._unplumb(sb)
+            elif sb.policy.mode != "none" and not sb.link:
+                await self._plumb(sb)
 
     def log(self, sandbox_id: str) -> list[Decision]:
         """Every decision for this sandbox, oldest first (the last LOG_LIMIT)."""
@@ -329,17 +345,19 @@ class Gateway:
         The sandbox is cut off at once. With `wait=False` the kernel objects (a veth
         deletion takes ~20 ms) go in the background; `stop()` waits for them.
         """
-        sb = self._sandboxes.get(sandbox_id)
+        sb = self._sandboxes.pop(sandbox_id, None)
         if sb is None:
             return
+        sb.detached = True
+        sb.policy = Network.none()    # a link still being built serves nothing
         for conn in list(sb.conns):
             conn.close(reset=True)
-        try:
-            if sb.link:
-                await self._unplumb(sb, wait=wait)
-        finally:
-            self._sandboxes.pop(sandbox_id, None)
-            os.close(sb.netns_fd)
+        async with sb.lock:           # waits for a link being built, then removes it
+            try:
+                if sb.link:
+                    await self._unplumb(sb, wait=wait)
+            finally:
+                sb.release()
 
     # --- internals ---------------------------------------------------------
 
@@ -374,7 +392,8 @@ class Gateway:
             self._used.discard(i)
             raise
         sb.index, sb.link, sb.address = i, link, addr
-        self._by_addr[addr] = sb
+        if not sb.detached:
+            self._by_addr[addr] = sb
 
     async def _unplumb(self, sb: _Sandbox, wait: bool = True) -> None:
         for conn in list(sb.conns):
