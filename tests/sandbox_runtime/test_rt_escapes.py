@@ -289,6 +289,25 @@ def test_files_api_does_not_follow_proc_magic_links(api, daemon, pysb):
         assert r.status_code >= 400 or b"upper" not in r.content, r.content
 
 
+def test_an_image_cannot_plant_its_workdir_in_the_inits_descriptors(api, busybox_root, tmp_path):
+    """A snapshot of a hostile sandbox is an image: its workdir's parent may be a symlink to
+    /proc/self/fd/<n>, which the init (making the workdir) would resolve to one of its own descriptors,
+    an image layer's tree among them (the host's directory, owned by root inside)."""
+    img = tmp_path / "img"
+    shutil.copytree(busybox_root, img, symlinks=True)
+    src = tmp_path / "ro"
+    src.mkdir()
+    for k in range(3, 12):
+        os.symlink(f"/proc/self/fd/{k}", img / f"w{k}")
+        r = api.http.post("/v1/sandboxes", json={"spec": {
+            "image": f"dir:{img}", "detach": True, "timeout": 30, "workdir": f"/w{k}/made-by-sandbox",
+            "mounts": [{"kind": "bind", "source": str(src), "target": "/ro", "readonly": True, "size": None}]}})
+        if r.status_code == 201:
+            api.created.append(r.json()["id"])
+    assert list(img.rglob("made-by-sandbox")) == [] and list(src.iterdir()) == []
+    assert list(busybox_root.rglob("made-by-sandbox")) == []
+
+
 # --- host processes ---------------------------------------------------------------------------------
 
 KILL_ALL = """

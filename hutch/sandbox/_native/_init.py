@@ -215,7 +215,7 @@ def _setup_root(plan: dict, trees=()) -> None:
     os.umask(0o022)
     L.sethostname(plan["hostname"])
     L.loopback_up()
-    os.makedirs(plan["workdir"], exist_ok=True)
+    os.close(_makedirs(plan["workdir"]))   # not through /proc/self/fd/<a layer's tree> an image planted
 
 
 def _lockdown(seccomp: bytes, caps=()) -> None:

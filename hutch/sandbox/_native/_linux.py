@@ -149,17 +149,19 @@ def clone(flags: int) -> int:
 NR_MOUNT_SETATTR = 442
 AT_RECURSIVE = 0x8000
 AT_EMPTY_PATH = 0x1000
+MOUNT_ATTR_RDONLY = 0x00000001
 MOUNT_ATTR_IDMAP = 0x00100000
 
 
-def idmapped_tree(source: str, userns_fd: int) -> int:
+def idmapped_tree(source: str, userns_fd: int, readonly: bool = False) -> int:
     """A detached copy of the mount tree at `source` whose ids go through `userns_fd`'s mapping, as a mount
     fd (attach it with move_mount_fd; closed unattached, it is gone). Not recursive: mounts below `source`
-    stay out, as with a plain bind. OSError if its filesystem cannot idmap (FUSE, for one)."""
+    stay out, as with a plain bind. OSError if its filesystem cannot idmap (FUSE, for one). `readonly`
+    makes the copy read-only (an image layer: through it, root inside would own the host's layer)."""
     tree = _check(_libc.syscall(NR_OPEN_TREE, -100, _b(source), OPEN_TREE_CLONE | os.O_CLOEXEC),
                   f"open_tree {source}")
     try:
-        attr = struct.pack("QQQQ", MOUNT_ATTR_IDMAP, 0, 0, userns_fd)
+        attr = struct.pack("QQQQ", MOUNT_ATTR_IDMAP | (MOUNT_ATTR_RDONLY if readonly else 0), 0, 0, userns_fd)
         _check(_libc.syscall(NR_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH | AT_RECURSIVE, attr, len(attr)),
                f"idmapping {source}")
     except BaseException:

@@ -229,7 +229,7 @@ def bind_trees(plan: dict, userns_fd: int = -1) -> list[int]:
         if userns_fd >= 0:
             plan["lower_trees"] = []
             for d in plan["lowerdirs"]:
-                fds.append(_linux.idmapped_tree(d, userns_fd))
+                fds.append(_linux.idmapped_tree(d, userns_fd, readonly=True))
                 plan["lower_trees"].append(len(fds) - 1)
         for m in plan["mounts"]:
             if m["kind"] == "bind":
