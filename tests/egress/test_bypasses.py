@@ -22,7 +22,7 @@ import pytest
 
 from hutch import Network
 
-from egress_world import GW, HOST_SERVICE_PORT, sh
+from egress_world import GW, HOST_SERVICE_PORT, sh, wait_for
 
 ALLOW_WWW = Network.allow(domains=["www.example.test"])
 
@@ -769,5 +769,25 @@ def test_a_real_sandbox_cannot_change_its_own_network(real_daemon, world):
         assert r.returncode != 0, r.stdout
         assert "198.18.2.77" not in sb.run("ip", "addr").stdout
         assert not [e for e in world.events_since(mark) if e["kind"] in ("tcp", "http", "udp")]
+    finally:
+        sb.terminate()
+
+
+def test_set_network_none_through_the_sdk_cuts_a_running_download(real_daemon, world):
+    import hutch
+
+    sb = hutch.Sandbox.create(image=hutch.Image.from_directory(real_daemon), timeout=60,
+                              network=Network.allow(domains=["www.example.test"]))
+    try:
+        mark = world.mark()
+        # /slow streams for a minute; the command's own timeout is 30 s
+        p = sb.exec("wget", "-q", "-O", "/dev/null", "http://www.example.test/slow-sdk", timeout=30)
+        assert wait_for(lambda: any(e.get("path") == "/slow-sdk" for e in world.events_since(mark)), 10)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        sb.set_network(Network.none())
+        code = p.wait()
+        assert code != 0 and time.monotonic() - t0 < 10, (code, time.monotonic() - t0)
+        assert any("policy change" in d["reason"] for d in sb.network_log()), sb.network_log()
     finally:
         sb.terminate()
