@@ -350,6 +350,15 @@ def test_signals_and_ptrace_reach_no_host_process(api, daemon, pysb):
         victim.wait()
 
 
+def test_the_init_ignores_every_signal_from_inside(api, image):
+    sid = api.create(image)["id"]
+    for sig in ("INT", "TERM", "HUP", "QUIT", "USR1", "USR2", "PIPE", "ALRM", "CHLD", "STOP", "KILL"):
+        api.sh(sid, f"kill -{sig} 1")
+    out, _, _ = api.sh(sid, "sleep 0.1; echo alive; sh -c 'kill -INT $$; echo not-reached'; echo $?")
+    assert out == "alive\n130\n", out   # and a command still dies of SIGINT (its default again)
+    assert api.info(sid)["status"] == "running"
+
+
 # --- devices, /sys, /proc/sys, kernel modules ----------------------------------------------------
 
 def test_no_device_node_kernel_log_or_module_is_reachable(api, image):

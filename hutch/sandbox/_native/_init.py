@@ -358,6 +358,10 @@ class Init:
         self.main_pid: int | None = None
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        # From inside its namespace pid 1 gets only the signals it handles, and Python's SIGINT handler raises
+        # KeyboardInterrupt: `kill -INT 1` in the sandbox would end it. Handled, it does nothing (an exec'd
+        # command starts with the default again).
+        signal.signal(signal.SIGINT, lambda *_: None)
         signal.set_wakeup_fd(self.wake_w)
 
     def serve(self) -> None:
