@@ -3,6 +3,12 @@
 Identity is set per commit through the environment, and user hooks, signing
 and global excludes are switched off, so commits work the same on a machine
 with no git configuration at all.
+
+A store's `.git/config` is not trusted to run programs or to move the work
+tree: hooks, `core.fsmonitor`, every filter driver it defines (clean, smudge,
+process: `update-index --add` would run them), external diff and textconv,
+and signature display are switched off on every command, and the work tree is
+always the store (`core.worktree` could make a commit read files outside it).
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ _CONFIG = [
     "-c", "gc.auto=0",
     "-c", "maintenance.auto=false",
     "-c", "init.defaultBranch=main",
+    "-c", "core.fsmonitor=false",
+    "-c", "log.showSignature=false",
+    "-c", "diff.external=",
 ]
 _SEP_FIELD = "\x1f"
 _SEP_RECORD = "\x1e"
@@ -53,13 +62,48 @@ class Git:
 
     def __init__(self, root: Path):
         self.root = root
+        self._filters: tuple[object, list[str]] | None = None  # (.git/config's stat, the -c pairs)
+
+    def _env(self, extra: dict | None = None) -> dict:
+        env = dict(os.environ)
+        env.update({"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C",
+                    "GIT_DIR": str(self.root / ".git"), "GIT_WORK_TREE": str(self.root)})
+        if extra:
+            env.update(extra)
+        return env
+
+    def _argv(self, *args: str) -> list[str]:
+        return ["git", "-C", str(self.root), *_CONFIG, *self._no_filters(), *args]
+
+    def _no_filters(self) -> list[str]:
+        """`-c` pairs that empty every filter driver git's configuration defines (a driver named by a
+        .gitattributes line runs its command on `update-index --add`). Recomputed when .git/config changes
+        (a change only in a file it includes is seen by the next process)."""
+        try:
+            st = os.stat(self.root / ".git" / "config")
+            key: object = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            key = None
+        if self._filters is not None and self._filters[0] == key:
+            return self._filters[1]
+        try:
+            p = subprocess.run(["git", "-C", str(self.root), *_CONFIG, "config", "-z", "--name-only",
+                                "--get-regexp", r"^filter\."], capture_output=True, env=self._env())
+        except FileNotFoundError:
+            return []
+        out: list[str] = []
+        names = {n.split(".", 1)[1].rsplit(".", 1)[0]
+                 for n in p.stdout.decode("utf-8", errors="surrogateescape").split("\0") if n.count(".") >= 2}
+        for name in sorted(names):
+            for k in ("clean", "smudge", "process"):
+                out += ["-c", f"filter.{name}.{k}="]
+            out += ["-c", f"filter.{name}.required=false"]
+        self._filters = (key, out)
+        return out
 
     def run(self, *args: str, input: bytes | None = None, env: dict | None = None, check: bool = True) -> str:
-        argv = ["git", "-C", str(self.root), *_CONFIG, *args]
-        full_env = dict(os.environ)
-        full_env.update({"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"})
-        if env:
-            full_env.update(env)
+        argv = self._argv(*args)
+        full_env = self._env(env)
         try:
             p = subprocess.run(argv, input=input, capture_output=True, env=full_env, check=False)
         except FileNotFoundError as e:
@@ -75,9 +119,7 @@ class Git:
         return p.stdout.decode("utf-8", errors="surrogateescape")
 
     def ok(self, *args: str) -> bool:
-        return subprocess.run(
-            ["git", "-C", str(self.root), *_CONFIG, *args], capture_output=True
-        ).returncode == 0
+        return subprocess.run(self._argv(*args), capture_output=True, env=self._env()).returncode == 0
 
     def init(self) -> None:
         self.run("init", "-q")
@@ -203,9 +245,7 @@ class Git:
 
     def show(self, rev: str, path: str) -> str | None:
         """The text of `path` at `rev`, or None if it did not exist there."""
-        p = subprocess.run(
-            ["git", "-C", str(self.root), *_CONFIG, "show", f"{rev}:{path}"], capture_output=True
-        )
+        p = subprocess.run(self._argv("show", f"{rev}:{path}"), capture_output=True, env=self._env())
         if p.returncode != 0:
             return None
         return p.stdout.decode("utf-8", errors="surrogateescape")
@@ -235,9 +275,9 @@ class BlobStream:
 
         self._err = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(
-            ["git", "-C", str(git.root), *_CONFIG, "fast-import", "--quiet", "--done"],
+            git._argv("fast-import", "--quiet", "--done"),
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self._err,
-            env={**os.environ, "LC_ALL": "C"},
+            env=git._env(),
         )
         self.marks: dict[str, tuple[int, int, int]] = {}  # path -> (mark, length, hash of bytes)
         self._next = 1

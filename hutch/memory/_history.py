@@ -161,4 +161,4 @@ def diff(mem: "Memory", entity_id: str | None, since: str) -> str:
         paths = [f"{cls}/{slug}.md", f"{cls}/{slug}.links"]
     if not mem.git.ok("rev-parse", "-q", "--verify", f"{since}^{{commit}}"):
         since = EMPTY_TREE
-    return mem.git.run("diff", since, "--", *paths)
+    return mem.git.run("diff", "--no-ext-diff", "--no-textconv", since, "--", *paths)

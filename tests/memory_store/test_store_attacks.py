@@ -1,0 +1,169 @@
+"""Files planted in a store (by hand, a hostile agent on the host, or a hostile clone) never make hutch read or
+write outside the store, run a program, or hang. Real git, real SQLite; every secret is a canary of the test's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+
+import pytest
+
+import hutch
+from hutch._core.errors import MalformedEntityError, StorePathError
+from hutch.memory._index._db import INDEX_NAME
+
+SECRET = "SECRET-CANARY-7f3a"
+
+
+@pytest.fixture
+def outside(store_dir):
+    """A directory of the test's next to the store (not in it), holding a canary file with a secret."""
+    d = store_dir.parent / "outside"
+    d.mkdir()
+    (d / "canary.txt").write_text(SECRET + "\n")
+    return d
+
+
+@pytest.fixture
+def seeded(mem):
+    mem.put("topics", "Pricing", body="Tiered pricing was decided in November.")
+    mem.put("orgs", "Acme", body="Acme worries about customer churn.")
+    mem.put("actors", "Alice Chen", body="Head of data at Acme.")
+    mem.link("actors/alice-chen", "works_at", "orgs/acme")
+    return mem
+
+
+def _listing(d):
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+
+
+def _in_time(fn, seconds=30.0):
+    """fn() run in a thread; fails (instead of hanging the suite) if it has not returned in `seconds`."""
+    out = {}
+
+    def go():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # handed to the caller
+            out["error"] = e
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"{fn} still running after {seconds} s"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def _everything_readable(mem) -> str:
+    """What hutch hands out of the store: every entity, link, search hit, check issue and profile-like listing."""
+    parts = [repr(mem.ls()), repr(list(mem.iter_links())), repr(mem.check())]
+    for eid in mem.ls():
+        try:
+            e = mem.get(eid)
+            parts += [e.text, repr(e.link_ids)]
+        except hutch.Error as err:
+            parts.append(str(err))
+    for q in ("SECRET CANARY", SECRET, "pricing", "canary"):
+        for h in mem.search(q, k=20):
+            parts += [h.entity_id, repr(h.channels), mem.get(h.entity_id).text]
+    return "\n".join(parts)
+
+
+def test_entity_and_relation_symlinks_to_host_files_are_never_read(seeded, outside):
+    root = seeded.root
+    canary = outside / "canary.txt"
+    os.symlink(canary, root / "topics" / "evil.md")                          # an entity file that is a link
+    os.symlink(os.path.relpath(canary, root / "topics"), root / "topics" / "evil2.md")
+    os.symlink(outside, root / "evilclass")                                  # a class directory that is a link
+    (outside / "planted.md").write_text(f"---\ntitle: Planted\n---\n{SECRET}\n")
+    rdir = root / "actors" / "alice-chen.links" / "knows"
+    rdir.mkdir()
+    os.symlink(canary, rdir / "abs.md")                                      # a relation link pointing outside
+    os.symlink("../../../../" * 8 + str(canary).lstrip("/"), rdir / "dotdot.md")
+    os.symlink(outside, root / "actors" / "alice-chen.links" / "reads")     # a relation directory that is a link
+    mem = hutch.Memory(root)
+    with pytest.raises(StorePathError):
+        mem.get("topics/evil")
+    with pytest.raises(StorePathError):
+        mem.get("evilclass/planted")
+    seen = _everything_readable(mem)
+    assert SECRET not in seen
+    assert "topics/evil" not in mem.ls() and "evilclass/planted" not in mem.ls()
+    assert mem.get("actors/alice-chen").links.keys() == {"works_at"}
+    with pytest.raises(StorePathError):  # writes refuse the link too (and never write through it)
+        mem.update("topics/evil", body="x")
+    assert canary.read_text() == SECRET + "\n"
+
+
+def test_a_hard_link_to_a_host_file_is_never_written_through(seeded, outside):
+    canary = outside / "canary.txt"
+    os.link(canary, seeded.root / "topics" / "hard.md")  # needs host access to plant; hutch cannot tell it apart
+    canary.write_text(f"---\ntitle: Hard\n---\n{SECRET}\n")
+    seeded.update("topics/hard", body="replaced")
+    seeded.forget("topics/pricing", reason="test")
+    assert canary.read_text() == f"---\ntitle: Hard\n---\n{SECRET}\n"  # the update replaced the file, not wrote it
+
+
+def _git(mem, *args):
+    subprocess.run(["git", "-C", str(mem.root), *args], check=True, capture_output=True)
+
+
+def _exercise(mem):
+    """Every git-backed operation of the store API."""
+    before = mem.git.run("rev-parse", "HEAD").strip()
+    mem.update("orgs/acme", body="changed by the test")
+    mem.put("topics", "Churn", body="churn")
+    mem.link("topics/churn", "about", "orgs/acme")
+    mem.unlink("topics/churn", "about", "orgs/acme")
+    with mem.transaction("many") as tx:
+        tx.kind = "test"
+        for i in range(70):  # > the bulk threshold: git fast-import
+            mem.put("notes", f"Note {i}", body="n")
+    mem.forget("topics/churn", reason="test")
+    mem.history("orgs/acme")
+    mem.as_of("2020-01-01").ls()
+    assert "changed by the test" in mem.diff("orgs/acme", since=before)
+    mem.check()
+
+
+@pytest.mark.parametrize("attack", ["fsmonitor", "filter", "diff-external", "textconv", "include"])
+def test_git_config_in_the_store_runs_no_program(seeded, outside, attack):
+    marker = outside / f"ran-{attack}"
+    cmd = f"touch {marker}; cat"
+    if attack == "fsmonitor":
+        _git(seeded, "config", "core.fsmonitor", f"touch {marker}; false")
+    elif attack == "filter":
+        _git(seeded, "config", "filter.x.clean", cmd)
+        _git(seeded, "config", "filter.x.smudge", cmd)
+        _git(seeded, "config", "filter.x.process", f"touch {marker}")
+        (seeded.root / ".gitattributes").write_text("* filter=x\n")
+        (seeded.root / "orgs" / ".gitattributes").write_text("*.md filter=x\n")
+    elif attack == "diff-external":
+        _git(seeded, "config", "diff.external", f"touch {marker}")
+    elif attack == "textconv":
+        _git(seeded, "config", "diff.x.textconv", f"sh -c 'touch {marker}; cat \"$0\"'")
+        (seeded.root / ".gitattributes").write_text("*.md diff=x\n")
+    elif attack == "include":
+        (outside / "inc.cfg").write_text(f"[core]\n\tfsmonitor = touch {marker}; false\n"
+                                         f"[filter \"y\"]\n\tclean = {cmd}\n")
+        (seeded.root / ".gitattributes").write_text("* filter=y\n")
+        _git(seeded, "config", "include.path", str(outside / "inc.cfg"))
+    _exercise(hutch.Memory(seeded.root))
+    assert not marker.exists(), f"a git command hutch ran executed the store's {attack} configuration"
+    # the filter never changed what was committed either
+    assert seeded.git.show("HEAD", "orgs/acme.md") == (seeded.root / "orgs" / "acme.md").read_text()
+
+
+def test_core_worktree_cannot_pull_host_files_into_history(seeded, outside):
+    (outside / "topics").mkdir()
+    (outside / "topics" / "stolen.md").write_text(f"---\ntitle: Stolen\n---\n{SECRET}\n")
+    _git(seeded, "config", "core.worktree", str(outside))
+    mem = hutch.Memory(seeded.root)
+    mem.put("topics", "Stolen", body="mine")
+    assert SECRET not in (mem.git.show("HEAD", "topics/stolen.md") or "")
+    assert "mine" in mem.git.show("HEAD", "topics/stolen.md")
+    assert SECRET not in mem.git.run("log", "-p", "HEAD")
