@@ -16,8 +16,18 @@ import threading
 from pathlib import Path
 
 from hutch._core.atomic import TEMP_PREFIX, atomic_write
+from hutch._core.errors import StorePathError
 
 LOCK_NAME = "write.lock"
+
+
+def check_derived_dir(path: Path) -> None:
+    """Refuse a `.hutch` that is a symbolic link: hutch writes its lock and search index there, and a link
+    (planted by hand, or checked out of a hostile clone) would make it write outside the store."""
+    if path.is_symlink():
+        raise StorePathError(
+            f"{path} is a symbolic link: hutch keeps its lock and search index there and does not write through "
+            f"a link (it could lead outside the store). Remove the link (rm {path}); hutch recreates the directory.")
 
 
 class StoreLock:
@@ -33,8 +43,14 @@ class StoreLock:
         self._thread.acquire()
         try:
             if self._depth == 0:
+                check_derived_dir(self.path.parent)
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+                except OSError as e:
+                    raise StorePathError(
+                        f"{self.path} cannot be opened as the store's lock ({e.strerror}); if it is a symbolic "
+                        f"link, remove it (rm {self.path}): hutch makes a new one.") from None
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX)
                 except BaseException:

@@ -73,6 +73,36 @@ def _everything_readable(mem) -> str:
     return "\n".join(parts)
 
 
+def test_a_dot_hutch_symlink_is_refused_and_nothing_is_written_through_it(seeded, outside):
+    before = _listing(outside)
+    mem = hutch.Memory(seeded.root)
+    subprocess.run(["rm", "-rf", str(mem.root / ".hutch")], check=True)
+    os.symlink(outside, mem.root / ".hutch")
+    with pytest.raises(StorePathError, match="symbolic link"):
+        mem.put("topics", "Churn", body="churn words")
+    with pytest.raises(StorePathError, match="symbolic link"):
+        hutch.Memory(mem.root).search("pricing")
+    assert _listing(outside) == before, "hutch wrote its lock or index through a planted .hutch link"
+    assert not (mem.root / "topics" / "churn.md").exists()
+
+
+def test_an_index_file_symlink_is_replaced_not_written_through(seeded, outside):
+    seeded.search("pricing")  # the index exists
+    mem = hutch.Memory(seeded.root)
+    idx = mem.root / ".hutch" / INDEX_NAME
+    for suffix in ("", "-wal", "-shm"):
+        p = f"{idx}{suffix}"
+        if os.path.lexists(p):
+            os.unlink(p)
+    os.symlink(outside / "planted.db", idx)               # dangling: SQLite would create it
+    os.symlink(outside / "canary.txt", f"{idx}-wal")      # SQLite would write its log into the canary
+    assert [h.entity_id for h in mem.search("pricing")][:1] == ["topics/pricing"]
+    assert _listing(outside) == ["canary.txt"]
+    assert (outside / "canary.txt").read_text() == SECRET + "\n"
+    assert not idx.is_symlink() and idx.is_file()
+    assert any("symbolic link" in r for r in mem.index.idx.recovered)
+
+
 def test_entity_and_relation_symlinks_to_host_files_are_never_read(seeded, outside):
     root = seeded.root
     canary = outside / "canary.txt"

@@ -29,6 +29,7 @@ import numpy as np
 from hutch._core.errors import MalformedEntityError, SearchIndexError
 from hutch.memory import _format
 from hutch.memory._index import _units
+from hutch.memory._tx import check_derived_dir
 
 SCHEMA_VERSION = "4"  # 3: units.ev_from / ev_to (the time a turn speaks of); 4: ent_fts holds only entities of
 # several units (an entity of one unit is its unit: search reads its BM25 from units_fts)
@@ -103,6 +104,7 @@ class IndexDB:
     def open(self) -> sqlite3.Connection:
         if self.db is not None:
             return self.db
+        check_derived_dir(self.dir)
         self.dir.mkdir(exist_ok=True)
         problem = self._verify_file()
         if problem:
@@ -136,6 +138,9 @@ class IndexDB:
 
     def _verify_file(self) -> str | None:
         """Why the index file cannot be trusted, or None. Cheap checks first, then SQLite's quick_check."""
+        for suffix in ("", "-wal", "-shm", "-journal"):  # SQLite would write where a planted link points
+            if os.path.islink(str(self.path) + suffix):
+                return f"{self.path.name}{suffix} is a symbolic link"
         if not self.path.exists():
             return None
         try:
@@ -409,11 +414,14 @@ class IndexDB:
 
     def _refresh_file(self, entity_id: str, path: Path, mtime: int, size: int, stats: SyncStats,
                       removed: set[int], added: set[int]) -> None:
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:  # deleted between scan and read: the next pass sees it gone
+        try:  # the file may have become a symlink or a FIFO since the scan: never follow or block
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # deleted (or replaced) between scan and read: the next pass sees what it is
             return
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return
+            raw = f.read()
         digest = hashlib.sha256(raw).hexdigest()
         old = self._files.get(entity_id)
         if old is not None and old[3] == digest:
