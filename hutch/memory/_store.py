@@ -7,6 +7,7 @@ goes through a transaction (see _tx.py) and becomes exactly one git commit.
 from __future__ import annotations
 
 import os
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -122,6 +123,15 @@ class Memory:
     def _links_dir(self, cls: str, slug: str) -> Path:
         return self.root / cls / f"{slug}{fmt.LINKS_SUFFIX}"
 
+    def _check_link_dirs(self, rdir: Path) -> None:
+        """Refuse to write links through a `.links` or relation directory that is a symbolic link: the
+        link (and the directories made for it) would land wherever that link points, outside the store."""
+        for d in (rdir.parent, rdir):
+            if d.is_symlink():
+                raise StorePathError(
+                    f"{d} is a symbolic link: links live in real directories inside the store (a link there "
+                    f"could lead outside it). Remove it (rm {d}) and link again.")
+
     def resolve_path(self, path: str | os.PathLike) -> str:
         """The entity id for a file path inside the store; StorePathError if it escapes the store."""
         p = Path(os.path.abspath(os.path.join(self.root, os.fspath(path))))
@@ -150,7 +160,8 @@ class Memory:
 
     def _read(self, entity_id: str, path: Path) -> Entity:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO planted as an entity file would otherwise block the open forever
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             raise EntityNotFoundError(
                 f"There is no entity {entity_id} (no file {path}): create it with put(), "
@@ -161,6 +172,12 @@ class Memory:
                 f"{path} is a symbolic link or unreadable ({e.strerror}): an entity must be a regular file "
                 "inside the store. Replace it with the file it points to."
             ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise StorePathError(
+                f"{path} is not a regular file (a FIFO, device or directory): an entity must be a regular file "
+                "inside the store. Remove it, or move it out of the store."
+            )
         with os.fdopen(fd, "rb") as f:
             raw = f.read()
         text = raw.decode("utf-8", errors="surrogateescape")
@@ -515,6 +532,7 @@ class Memory:
         dcls, dslug, dpath = self._paths(did)
         rdir = self._links_dir(scls, sslug) / relation
         target = f"../../../{dcls}/{dslug}.md"
+        self._check_link_dirs(rdir)
         with self._op("link", f"{sid} -[{relation}]-> {did}", source=source) as tx:
             for eid, p in ((sid, spath), (did, dpath)):  # checked under the lock: no writer can forget them now
                 if not p.is_file() or p.is_symlink():
@@ -541,6 +559,7 @@ class Memory:
         scls, sslug, _ = self._paths(sid)
         self._paths(did)
         rdir = self._links_dir(scls, sslug) / relation
+        self._check_link_dirs(rdir)
         with self._op("unlink", f"{sid} -[{relation}]-> {did}", source=source) as tx:
             for name in sorted(os.listdir(rdir)) if rdir.is_dir() else []:
                 if self._target_id(rdir / name) == did:

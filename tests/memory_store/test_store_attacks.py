@@ -129,6 +129,45 @@ def test_entity_and_relation_symlinks_to_host_files_are_never_read(seeded, outsi
     assert canary.read_text() == SECRET + "\n"
 
 
+def test_a_links_directory_symlink_is_refused_before_writing(seeded, outside):
+    root = seeded.root
+    os.symlink(outside, root / "topics" / "pricing.links")
+    with pytest.raises(StorePathError, match="symbolic link"):
+        seeded.link("topics/pricing", "about", "orgs/acme")
+    (root / "orgs" / "acme.links").mkdir()
+    os.symlink(outside, root / "orgs" / "acme.links" / "about")
+    with pytest.raises(StorePathError, match="symbolic link"):
+        seeded.link("orgs/acme", "about", "topics/pricing")
+    with pytest.raises(StorePathError, match="symbolic link"):
+        seeded.unlink("orgs/acme", "about", "topics/pricing")
+    assert _listing(outside) == ["canary.txt"]
+
+
+def test_fifos_and_device_nodes_in_the_store_never_block(seeded):
+    root = seeded.root
+    fifo = root / "topics" / "fifo.md"
+    os.mkfifo(fifo)
+    os.mknod(root / "topics" / "zero.md", 0o644 | 0o020000, os.makedev(1, 5))  # /dev/zero: reads never end
+    try:
+        mem = hutch.Memory(root)
+        for eid in ("topics/fifo", "topics/zero"):
+            with pytest.raises(StorePathError, match="not a regular file"):
+                _in_time(lambda: mem.get(eid))
+        with pytest.raises(StorePathError):
+            _in_time(lambda: mem.put("topics", "Fifo", body="x"))
+        hits = _in_time(lambda: [h.entity_id for h in mem.search("pricing")])
+        assert hits[0] == "topics/pricing" and "topics/fifo" not in hits
+        _in_time(lambda: mem.check())
+        _in_time(lambda: mem.update("topics/pricing", add_facts=["still writable"]))
+    finally:
+        # if a read did block on the FIFO, a writer end unblocks it so no thread is left waiting
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def test_a_hard_link_to_a_host_file_is_never_written_through(seeded, outside):
     canary = outside / "canary.txt"
     os.link(canary, seeded.root / "topics" / "hard.md")  # needs host access to plant; hutch cannot tell it apart
