@@ -168,6 +168,13 @@ def parse(text: str, where: str = "<text>") -> tuple[dict[str, Any], str]:
         ) from e
     if meta is None:
         meta = {}
+    if _too_many_nodes(meta):
+        raise MalformedEntityError(
+            f"{where} has front matter that expands to more than {MAX_META_NODES} values (YAML aliases: '*name' "
+            "repeating an '&name' anchor, or a value that contains itself). Write the values out instead of "
+            "aliasing them.",
+            path=where,
+        )
     if not isinstance(meta, dict):
         raise MalformedEntityError(
             f"{where} has front matter that is not a mapping of keys to values: write 'key: value' lines "
@@ -175,6 +182,26 @@ def parse(text: str, where: str = "<text>") -> tuple[dict[str, Any], str]:
             path=where,
         )
     return meta, body
+
+
+#: Values front matter may hold once YAML aliases are expanded: a tiny file of nested aliases (a "billion
+#: laughs") expands exponentially in whatever walks it (str(), the indexer), and one that contains itself never ends.
+MAX_META_NODES = 10_000
+
+
+def _too_many_nodes(value: Any) -> bool:
+    stack, n = [value], 0
+    while stack:
+        v = stack.pop()
+        n += 1
+        if n > MAX_META_NODES:
+            return True
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set)):
+            stack.extend(v)
+    return False
 
 
 _FAST_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*):(?: (.*))?$")

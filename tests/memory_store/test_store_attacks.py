@@ -168,6 +168,30 @@ def test_fifos_and_device_nodes_in_the_store_never_block(seeded):
             pass
 
 
+def _bomb(depth: int = 8) -> str:
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, depth + 1)]
+    return "---\n" + "\n".join(lines) + f"\ntitle: *a{depth}\ntags: *a{depth}\n---\nlaughing words\n"
+
+
+def test_a_yaml_alias_bomb_is_malformed_not_a_hang(seeded):
+    """9^9 values from a 600-byte file: str() of its title alone would not end. Refused as malformed at once."""
+    (seeded.root / "topics" / "bomb.md").write_text(_bomb())
+    (seeded.root / "topics" / "loop.md").write_text("---\ntitle: &t [*t]\n---\nloop words\n")
+    mem = hutch.Memory(seeded.root)
+    for eid in ("topics/bomb", "topics/loop"):
+        with pytest.raises(MalformedEntityError, match="expands to more than"):
+            _in_time(lambda: mem.get(eid))
+    hits = _in_time(lambda: [h.entity_id for h in mem.search("laughing words")])
+    assert "topics/bomb" in hits  # still findable by its words, so it can be fixed
+    report = _in_time(lambda: mem.check())
+    assert any(i.path == "topics/bomb.md" for i in report.issues)
+    with pytest.raises(MalformedEntityError):  # and never written by hutch
+        from hutch.fuse._write import commit_bytes
+        commit_bytes(mem, "topics/bomb2", _bomb().encode(), "test")
+    assert not (seeded.root / "topics" / "bomb2.md").exists()
+
+
 def test_a_hard_link_to_a_host_file_is_never_written_through(seeded, outside):
     canary = outside / "canary.txt"
     os.link(canary, seeded.root / "topics" / "hard.md")  # needs host access to plant; hutch cannot tell it apart
