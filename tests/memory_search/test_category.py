@@ -129,3 +129,24 @@ def test_the_question_is_embedded_once_for_dense_and_senses(mem, monkeypatch):
         assert {h.entity_id for h in again if "category" in h.channels} == {"notes/fair"}  # musical, not the hammer
         assert all(name.startswith("hutch-embed") and len(texts) == 1 for name, texts in calls)
         assert len(calls) == (2 if q == named else 1) and [q] in [texts for _, texts in calls]
+
+
+@needs_wordnet
+def test_the_row_budget_follows_the_index(mem):
+    # _within_budget's answer is kept per index generation: an edit that changes which word is rarer changes it
+    for i in range(3):
+        mem.put("notes", f"Piano {i}", body=f"Someone played the piano in room {i}.")
+    mem.put("notes", "Accordion", body="John played the accordion at the fair.")
+    mem.search("warm up the index", k=1)
+    si = mem.index
+    words = ["piano", "accordion"]
+    assert si._within_budget(words) == ["accordion", "piano"]
+    assert si._within_budget(words) == ["accordion", "piano"]  # kept
+    for i in range(4):
+        mem.put("notes", f"Accordion {i}", body=f"An accordion played in hall {i}.")
+    mem.search("warm up the index", k=1)
+    assert si._within_budget(words) == ["piano", "accordion"]  # 3 pianos against 5 accordions now
+    for i in range(4):
+        mem.forget(f"notes/accordion-{i}", reason="test")
+    mem.search("warm up the index", k=1)
+    assert si._within_budget(words) == ["accordion", "piano"]

@@ -47,3 +47,26 @@ def test_fuse_and_top_k_match_their_definitions(share):
         assert not fused[~mask].any()
         for k in (1, 3, 10, 100):
             assert _rank.top_k(fused, mask, k) == reference_top_k(fused, mask, k)
+
+
+def test_ranks_and_scalings_match_their_definitions():
+    # ranks_of compares with the values above the lowest asked for; minmax / maxnorm skip the select when
+    # nothing is filtered: the same numbers as the plain definitions, ties and NaN included
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        n = int(rng.integers(1, 60))
+        x = np.round(rng.normal(size=n), 1)
+        if rng.random() < 0.2:
+            x[rng.integers(0, n)] = np.nan
+        mask = np.ones(n, bool) if rng.random() < 0.5 else rng.random(n) < 0.6
+        if not mask.any():
+            continue
+        pos = [int(p) for p in rng.choice(np.flatnonzero(mask), size=min(5, int(mask.sum())), replace=False)]
+        assert _rank.ranks_of(x, mask, pos) == [1 + int(np.sum(x[mask] > x[p])) for p in pos]
+        y = np.abs(np.nan_to_num(x))
+        lo, hi = y[mask].min(), y[mask].max()
+        want = np.where(mask, (y - lo) / (hi - lo), 0.0) if hi > lo else np.zeros(n)
+        assert np.array_equal(_rank.minmax(y, mask), want)
+        top = y[mask].max()
+        want = np.where(mask, y / top, 0.0) if top > 0 else np.zeros(n)
+        assert np.array_equal(_rank.maxnorm(y, mask), want)

@@ -65,6 +65,7 @@ class Snapshot:
         self.n = 0
         self.cap = 0
         self.gen: str | None = None
+        self.memo: dict[tuple, object] = {}  # answers of the index's current generation (keys start (name, gen))
         self.uid = np.zeros(0, np.int64)
         self.epos = np.zeros(0, np.int64)
         self.alive = np.zeros(0, bool)
@@ -79,6 +80,7 @@ class Snapshot:
         self.anchor: list[str | None] = []
         self.hash: list[str] = []
         self.upos: dict[int, int] = {}
+        self.uid_pos = np.zeros(0, np.int64)  # upos as an array: uid -> position of its alive unit, -1 for none
         # entities
         self.ne = 0
         self.eid_pos: dict[int, int] = {}
@@ -172,6 +174,12 @@ class Snapshot:
         self.anchor.extend(anchor_l)
         self.hash.extend(hash_l)
         self.upos.update(zip(uid_l, range(start, start + m)))
+        top = max(uid_l) + 1
+        if top > len(self.uid_pos):
+            grown = np.full(max(top, 2 * len(self.uid_pos), 1024), -1, np.int64)
+            grown[:len(self.uid_pos)] = self.uid_pos
+            self.uid_pos = grown
+        self.uid_pos[uid_l] = np.arange(start, start + m)
         self.n += m
         self._load_vectors(db, np.arange(start, start + m))
 
@@ -220,6 +228,7 @@ class Snapshot:
             p = self.upos.pop(uid, None)
             if p is not None:
                 self.alive[p] = False
+                self.uid_pos[uid] = -1
 
     def fill_vectors(self, db) -> None:
         """Load vectors for alive units that have none yet (after embedding caught up)."""
@@ -240,6 +249,25 @@ class Snapshot:
             self._seg = (ap, starts, e[starts] if len(ap) else np.zeros(0, np.int64))
             self._seg_key = key
         return self._seg
+
+    def sole_units(self) -> np.ndarray:
+        """Per unit position: its entity's position if it is that entity's only alive unit, else -1. Cached per
+        change, like segments()."""
+        key = (self.n, self.gen, len(self.upos))
+        if getattr(self, "_sole_key", None) != key:
+            ap, starts, seg_e = self.segments()
+            one = np.diff(np.r_[starts, len(ap)]) == 1  # runs of one alive unit
+            sole = np.full(self.n, -1, np.int64)
+            sole[ap[starts[one]]] = seg_e[one]
+            self._sole, self._sole_key = sole, key
+        return self._sole
+
+    def positions(self, uids: np.ndarray) -> np.ndarray:
+        """The positions of the alive units with these uids (int64), -1 for any other uid."""
+        out = np.full(len(uids), -1, np.int64)
+        ok = (uids >= 0) & (uids < len(self.uid_pos))
+        out[ok] = self.uid_pos[uids[ok]]
+        return out
 
     def dense_ready(self) -> bool:
         n = self.n
@@ -355,24 +383,31 @@ def minmax(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Scale x to [0, 1] over the masked candidates (0 elsewhere); a constant channel contributes nothing."""
     if not mask.any():
         return np.zeros_like(x)
-    lo, hi = x[mask].min(), x[mask].max()
+    full = bool(mask.all())  # no filter: no gathered copy, no select
+    xs = x if full else x[mask]
+    lo, hi = xs.min(), xs.max()
     if hi <= lo:
         return np.zeros_like(x)
-    return np.where(mask, (x - lo) / (hi - lo), 0.0)
+    return (x - lo) / (hi - lo) if full else np.where(mask, (x - lo) / (hi - lo), 0.0)
 
 
 def maxnorm(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Scale a non-negative score whose zero means "no match" (BM25) by its maximum over the candidates."""
     if not mask.any():
         return np.zeros_like(x)
+    if mask.all():
+        hi = x.max()
+        return x / hi if hi > 0 else np.zeros_like(x)
     hi = x[mask].max()
     return np.where(mask, x / hi, 0.0) if hi > 0 else np.zeros_like(x)
 
 
 def ranks_of(x: np.ndarray, mask: np.ndarray, positions) -> list[int]:
     """1-based rank of each position among the masked candidates by x (ties share the better rank)."""
-    xs = x[mask]
     vals = x[np.asarray(positions, dtype=np.int64)]
+    # only values above the lowest of them can be above any of them: compare with those, not every candidate
+    lowest = np.min(vals, initial=np.inf, where=~np.isnan(vals))  # NaN is above nothing and has nothing above it
+    xs = x[mask & (x > lowest)]
     return [int(r) + 1 for r in (xs[None, :] > vals[:, None]).sum(1)]
 
 
@@ -403,7 +438,16 @@ def fuse(channels: list[Channel], mask: np.ndarray, fusion: str) -> np.ndarray:
             r[order] = np.arange(1, len(mask) + 1)
             total += np.where(cand, 1.0 / (RRF_K + r), 0.0)
             continue
-        vals = np.where(cand, ch.scores, 0.0)
+        count = int(np.count_nonzero(cand))
+        if ch.zero_based and count <= len(mask) // 8:
+            # few units found (BM25 keeps at most LEXICAL_LIMIT): the same sums on just those positions
+            at = np.flatnonzero(cand)
+            vals = ch.scores[at]
+            hi = vals.max()
+            if hi > 0:
+                total[at] += vals / hi
+            continue
+        vals = ch.scores if count == len(mask) else np.where(cand, ch.scores, 0.0)
         if ch.zero_based:
             # vals is 0 outside cand (a subset of mask), so its maximum is the maximum over the masked candidates
             # whenever that is positive, the only case that contributes

@@ -309,10 +309,10 @@ class SearchIndex:
                     elex[p] = score
             # an entity of one unit is not in ent_fts (its text is its unit's): the unit's BM25 over the same words
             # (repeating it at entity level cost ~5-7 ms per question at 100,000 one-unit entities)
-            ap, starts, seg_e = s.segments()
-            one = np.diff(np.r_[starts, len(ap)]) == 1  # runs of one alive unit: those entities' only unit
-            sole, sole_e = ap[starts[one]], seg_e[one]
-            elex[sole_e] = np.where(lex_words[sole] > 0, lex_words[sole], elex[sole_e])
+            hit = np.flatnonzero(lex_words > 0)
+            ent_of = s.sole_units()[hit]
+            one = ent_of >= 0
+            elex[ent_of[one]] = lex_words[hit[one]]
         dense, dq = np.zeros(n), None
         if future is not None:
             try:
@@ -337,7 +337,8 @@ class SearchIndex:
                 # all units alive (the usual case): ap is 0..n-1, so take views instead of gathered copies
                 vals = (np.where(mask, dense, -np.inf) if len(ap) == n else
                         np.where(mask[ap], dense[ap], -np.inf))
-                seg_max = np.maximum.reduceat(vals, starts)
+                # every entity one unit (a store of notes): each run is its one value
+                seg_max = vals if len(starts) == len(vals) else np.maximum.reduceat(vals, starts)
                 edense = np.zeros(ne)
                 emask = np.zeros(ne, bool)
                 ok = np.isfinite(seg_max)
@@ -431,14 +432,14 @@ class SearchIndex:
         out = np.zeros(n)
         if not fq:
             return out
-        bm = f"bm25(units_fts, 1.0, {_rank.CONTEXT_WEIGHT})"
-        upos = self.snap.upos
-        for uid, score in self.idx.db.execute(
-                f"select rowid, -{bm} from units_fts where units_fts match ? order by {bm} "
-                f"limit {_rank.LEXICAL_LIMIT}", (fq,)):
-            p = upos.get(uid)
-            if p is not None and p < n:
-                out[p] = score
+        # bm25() once per row (as the sort key and the value) and the rows as arrays, not a Python loop over them
+        rows = self.idx.db.execute(f"select rowid, bm25(units_fts, 1.0, {_rank.CONTEXT_WEIGHT}) as s from units_fts "
+                                   f"where units_fts match ? order by s limit {_rank.LEXICAL_LIMIT}", (fq,)).fetchall()
+        if rows:
+            uid, bm = np.array(rows).T
+            p = self.snap.positions(uid.astype(np.int64))
+            ok = (p >= 0) & (p < n)
+            out[p[ok]] = -bm[ok]
         return out
 
     def _dense_scores(self, qtext: str, mask: np.ndarray) -> _rank.DenseQuery:
@@ -460,7 +461,19 @@ class SearchIndex:
         A category lists up to 1,000 instance words; FTS5 scores every unit that holds any of them before it
         keeps the best LEXICAL_LIMIT, so common instance words ("piano" in 3% of 100,000 units) cost ~17 ms
         per question and can only crowd out the specific ones. Document frequencies come from FTS5's own
-        vocabulary (the words go through the same porter tokenizer in a temp table): ~2 ms."""
+        vocabulary (the words go through the same porter tokenizer in a temp table): ~2 ms, so the answer is kept
+        until the index changes (a category's words are asked again in every question about it)."""
+        s = self.snap
+        if s is None:
+            return self._rarest_within_budget(words)
+        key = ("budget", s.gen, _rank.LEXICAL_LIMIT, tuple(words))
+        if key not in s.memo:
+            if len(s.memo) >= 256 or any(k[1] != s.gen for k in s.memo):
+                s.memo.clear()
+            s.memo[key] = self._rarest_within_budget(words)
+        return list(s.memo[key])
+
+    def _rarest_within_budget(self, words: list[str]) -> list[str]:
         db = self.idx.db
         db.execute("create virtual table if not exists temp.hutch_stem using fts5(x, tokenize='porter unicode61')")
         db.execute("create virtual table if not exists temp.hutch_stem_v using fts5vocab('temp', 'hutch_stem', "

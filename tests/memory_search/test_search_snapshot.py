@@ -1,0 +1,40 @@
+"""The snapshot's lookup arrays (uid -> position, the units that are their entity's only one) stay equal to their
+definitions while entities are added, edited (one unit <-> several) and forgotten (real store, real SQLite)."""
+
+import numpy as np
+
+from _search_helpers import CONVERSATION
+
+
+def check(mem):
+    s = mem.index.snap
+    assert s is not None
+    live = np.flatnonzero(s.uid_pos >= 0)
+    assert dict(zip(live.tolist(), s.uid_pos[live].tolist())) == s.upos
+    uids = np.array(sorted(s.upos) + [0, -3, len(s.uid_pos) + 5], np.int64)
+    assert s.positions(uids).tolist() == [s.upos.get(int(u), -1) for u in uids]
+    alive = np.flatnonzero(s.alive[:s.n])
+    per_entity = np.bincount(s.epos[alive], minlength=s.ne)
+    want = np.full(s.n, -1)
+    for p in alive:
+        if per_entity[s.epos[p]] == 1:
+            want[p] = s.epos[p]
+    assert s.sole_units().tolist() == want.tolist()
+
+
+def test_lookup_arrays_follow_the_index(mem):
+    for i in range(5):
+        mem.put("notes", f"Note {i}", body=f"Plain note number {i} about gardening.")
+    mem.ingest_conversation(CONVERSATION, conv_id="conv-t")
+    mem.search("gardening", k=3)
+    check(mem)
+    mem.update("notes/note-1", body="### D1:1 · Ann\nfirst turn\n\n### D1:2 · Bob\nsecond turn about gardening\n")
+    mem.search("gardening", k=3)  # note-1 has two units now
+    check(mem)
+    mem.update("notes/note-1", body="Back to one unit about gardening.")
+    mem.forget("notes/note-3", reason="test")
+    mem.put("notes", "Note 9", body="A new note about gardening.")
+    hits = mem.search("gardening", k=10)
+    check(mem)
+    assert {h.entity_id for h in hits} >= {"notes/note-1", "notes/note-9"}
+    assert "notes/note-3" not in {h.entity_id for h in hits}
