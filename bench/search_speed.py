@@ -1,6 +1,6 @@
 """Speed of the search index at scale: build rate, query latency, one-file re-index, freshness scan.
 
-    .venv/bin/python bench/search_speed.py [--n 100000] [--queries 200] [--json out.json]
+    .venv/bin/python bench/search_speed.py [--n 100000] [--queries 200] [--questions natural] [--json out.json]
 
 A synthetic store of N entities (notes/<i>.md, 20-word bodies drawn by Zipf's
 law from a 20,000-word vocabulary, fixed seed) is written straight to disk (hand-written
@@ -15,6 +15,10 @@ prints median and p99 with a peer measured side by side on the same machine:
   (the floor the index cannot beat);
 - query: `mem.search(q, k=10)` (freshness check + query embedding + all channels + fusion)
   vs. a bare FTS5 BM25 query on the same index;
+- with `--questions natural`, also 20 natural-language questions (4-7 content words: names, phrases,
+  category words, time expressions read against a fixed `now=`), asked --queries / 20 times each
+  on the same store: their first asking in the process (caches of new words and senses cold) and
+  the askings after, with median, p90 and p99;
 - one changed file: edit a file, then the next `search()` (it re-indexes that file first)
   vs. an unchanged `search()`;
 - freshness without notifications: a full stat scan of the store (the fallback).
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import sqlite3
@@ -81,6 +86,34 @@ def sentence(rng: random.Random, vocab: list[str], weights: list[float], n: int)
     return " ".join(rng.choices(vocab, cum_weights=weights, k=n)).capitalize() + "."
 
 
+#: Natural-language questions (written for this bench; none from LoCoMo): names the store does not know, adjacent
+#: content words (phrases), category words ("instruments", "vegetables"), relative and absolute time words.
+QUESTIONS = [
+    "What musical instruments does Sarah play?",
+    "Which sports did the team practice last summer?",
+    "What books has Daniel read this year?",
+    "How many dogs does Maria own?",
+    "What did Peter cook for dinner last weekend?",
+    "When did the database migration finish in March?",
+    "Why was the product launch delayed after the security incident?",
+    "What kind of fruit did Anna buy at the farmers market?",
+    "Where did Tom go hiking with his brother two weeks ago?",
+    "Which countries has Lisa visited since 2024?",
+    "What vegetables grow in the community garden?",
+    "How did the quarterly revenue forecast change after the pricing review?",
+    "What did the support team decide about refund requests yesterday?",
+    "Who gave the keynote talk at the design conference in May?",
+    "What games did the children play at the birthday party?",
+    "Which birds did Emma photograph near the river last month?",
+    "What is the deadline for the mobile app prototype?",
+    "How many cars does the family own now?",
+    "What flowers did Grace plant in her backyard this spring?",
+    "What happened at the hospital after the car accident on Friday?",
+]
+#: What the questions' time words are read against (the store's notes are dated in 2026).
+NOW = "2026-06-15T12:00:00+00:00"
+
+
 def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
@@ -90,6 +123,13 @@ def row(name, ours, peer, unit="ms"):
     m1, m2 = statistics.median(ours), statistics.median(peer)
     print(f"{name:34s} median {m1:9.2f} {unit}  p99 {pct(ours, 99):9.2f} {unit} | peer median {m2:9.2f} {unit} "
           f"p99 {pct(peer, 99):9.2f} {unit} | ratio {m1 / m2 if m2 else float('inf'):6.2f}")
+
+
+def row3(name, ours, peer, unit="ms"):
+    """Like row(), with p90 too."""
+    m1, m2 = statistics.median(ours), statistics.median(peer)
+    print(f"{name:34s} median {m1:9.2f} {unit}  p90 {pct(ours, 90):9.2f} {unit}  p99 {pct(ours, 99):9.2f} {unit} | "
+          f"peer median {m2:9.2f} {unit} p99 {pct(peer, 99):9.2f} {unit} | ratio {m1 / m2 if m2 else float('inf'):6.2f}")
 
 
 def main() -> None:
@@ -103,6 +143,8 @@ def main() -> None:
     ap.add_argument("--dir", help="where to build the store (default: a temp dir, removed at the end)")
     ap.add_argument("--words", choices=["english", "pseudo"], default="english",
                     help="vocabulary of the synthetic texts (pseudo: the first runs' syllable words)")
+    ap.add_argument("--questions", choices=["words", "natural"], default="words",
+                    help="natural: also time 20 natural-language questions (--queries / 20 askings each)")
     ap.add_argument("--json")
     args = ap.parse_args()
     rng = random.Random(7)
@@ -180,6 +222,24 @@ def main() -> None:
         row(f"query at {rep.entities} entities", lat, peer)
         out["query_ms"] = {"p50": statistics.median(lat), "p99": pct(lat, 99),
                            "peer_bm25_p50": statistics.median(peer)}
+        if args.questions == "natural":
+            first, again, npeer = [], [], []
+            for r in range(max(2, args.queries // len(QUESTIONS))):
+                for q in QUESTIONS:
+                    t = time.perf_counter()
+                    mem.search(q, k=10, now=NOW)
+                    (again if r else first).append((time.perf_counter() - t) * 1000)
+                    t = time.perf_counter()
+                    db.execute("select rowid from units_fts where units_fts match ? order by rank limit 10",
+                               (_units.fts_query(q),)).fetchall()
+                    npeer.append((time.perf_counter() - t) * 1000)
+            row3("natural questions, first asking", first, npeer)
+            row3("natural questions, asked again", again, npeer)
+            out["natural_ms"] = {"first": {"p50": statistics.median(first), "p90": pct(first, 90),
+                                           "p99": pct(first, 99)},
+                                 "again": {"p50": statistics.median(again), "p90": pct(again, 90),
+                                           "p99": pct(again, 99)},
+                                 "peer_bm25_p50": statistics.median(npeer), "load": os.getloadavg()}
 
         edit, same, reidx, idle = [], [], [], []
         for j in range(30):
