@@ -263,7 +263,7 @@ def test_files_api_does_not_follow_proc_magic_links(api, daemon, pysb):
     """Symlinks the sandbox plants for the host to read or write through: /proc/self and /proc/1 are the
     init serving the call, whose descriptors reach the daemon's log and its scratch mount."""
     links = {"log1": "/proc/self/fd/1", "log2": "/proc/1/fd/2", "exe": "/proc/self/exe",
-             "root": "/proc/1/root/etc/marker"}
+             "root": "/proc/1/root/etc/marker", "stderr": "/dev/stderr", "task": "/proc/thread-self/fd/2"}
     for n in range(3, 12):
         links[f"up{n}"] = f"/proc/self/fd/{n}/.."
     script = "; ".join(f"ln -s {t} /home/user/{name}" for name, t in links.items())
@@ -277,6 +277,9 @@ def test_files_api_does_not_follow_proc_magic_links(api, daemon, pysb):
             r = api.http.get(f"/v1/sandboxes/{pysb}/files/list", params={"path": direct})
             names = {e["name"] for e in r.json().get("entries", [])} if r.status_code == 200 else set()
             assert not ({"upper", "work"} & names), (direct, names)
+    for path in ("/proc/self/environ", "/proc/1/environ", "/proc/self/cmdline"):   # the daemon's environment
+        r = api.http.get(f"/v1/sandboxes/{pysb}/files/read", params={"path": path})
+        assert b"HUTCH_RUN_DIR" not in r.content and b"zygote" not in r.content, (path, r.content[:80])
     for n in range(3, 12):   # a write through the init's descriptors lands nowhere outside the root
         r = api.http.put(f"/v1/sandboxes/{pysb}/files/write", params={"path": f"/home/user/up{n}/x/hutch-pwned"},
                          content=b"x")
