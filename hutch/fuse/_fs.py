@@ -30,7 +30,7 @@ from mfusepy import Operations
 
 from hutch._core.errors import ConfigError, MemoryStoreError
 from hutch.fuse import _view
-from hutch.fuse._fs_write import WriteOps, _err, _Handle, _pin_thread, read_file
+from hutch.fuse._fs_write import WriteOps, _err, _Handle, _pin_thread, open_regular, read_file
 from hutch.fuse._kcache import DIRECT, ESTALE, KEEP, KernelCache, stat_key
 from hutch.memory import _format as fmt
 
@@ -346,10 +346,7 @@ class MemoryFS(WriteOps, Operations):
             fi.fh = self._new_handle(_Handle("mem", path, data=bytes(src)))
             fi.direct_io = 1
             return 0
-        try:
-            fd = os.open(self._real(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise _err(errno.ENOENT) from None
+        fd = open_regular(self._real(path))  # never a symlink, FIFO or device planted in the store
         # The kernel may hold this file's size and pages for cache_seconds: keep them if they are of this very
         # version. Otherwise the path walk before this open trusted a stale entry, and a splice reader (busybox
         # cat's sendfile) would stop at the old size: answer ESTALE, on which the kernel walks the path again

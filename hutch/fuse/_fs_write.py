@@ -11,6 +11,7 @@ import ctypes
 import errno
 import logging
 import os
+import stat
 import threading
 from dataclasses import dataclass, field
 
@@ -27,6 +28,13 @@ log = logging.getLogger("hutch.fuse")
 
 #: Seconds a write waits for the mount to learn its provenance (the sandbox id, right after the sandbox starts).
 SOURCE_WAIT = 30.0
+#: The largest file a write through the mount may make (EFBIG beyond): the server buffers a file until
+#: close, and a sandbox must not make it allocate without bound (`truncate -s 1T`, a write at offset 2^40).
+MAX_FILE_BYTES = 64 << 20
+#: What all write buffers and temp files of one mount may hold together (ENOSPC beyond).
+MAX_BUFFERED_BYTES = 256 << 20
+#: How many temp files (names that are not entities) one mount keeps in memory at once (ENOSPC beyond).
+MAX_SCRATCH_FILES = 1024
 _LINKS = fmt.LINKS_SUFFIX
 
 
@@ -46,16 +54,25 @@ def _pin_thread() -> None:
         _tls.pinned = True
 
 
-def read_file(path: str) -> bytes:
-    """The bytes of a regular file of the store, never through a symlink (one planted in a class
-    directory could otherwise lead out of the store)."""
+def open_regular(path: str) -> int:
+    """An fd of a regular file of the store, never through a symlink (one planted in a class directory
+    could otherwise lead out of the store) and never of a FIFO or device planted there (opening a FIFO
+    blocks until a writer comes: O_NONBLOCK, then the type is checked on the fd). EACCES otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         raise _err(errno.ENOENT) from None
     except OSError as e:
-        raise _err(errno.EACCES if e.errno == errno.ELOOP else (e.errno or errno.EIO)) from None
-    with os.fdopen(fd, "rb") as f:
+        raise _err(errno.EACCES if e.errno in (errno.ELOOP, errno.ENXIO) else (e.errno or errno.EIO)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _err(errno.EACCES)
+    return fd  # O_NONBLOCK means nothing to a regular file
+
+
+def read_file(path: str) -> bytes:
+    """The bytes of a regular file of the store (see `open_regular`)."""
+    with os.fdopen(open_regular(path), "rb") as f:
         return f.read()
 
 
@@ -84,6 +101,8 @@ class _Handle:
     dirty: bool = False
     append: bool = False
     written: bool = False          # a write() came: flush commits (a bare O_TRUNC waits for release)
+    base: bytes | None = None      # O_APPEND: the file's bytes the appends follow (see _commit_handle)
+    refused: int = 0               # the errno a write was refused with (EFBIG, ENOSPC): nothing is committed
     refs: int = 1
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -91,6 +110,19 @@ class _Handle:
 
 class WriteOps:
     """Mutating FUSE operations of the view (see the module docstring)."""
+
+    def _room(self, buf, size: int) -> None:
+        """Refuse to let the buffer `buf` grow to `size` bytes past the mount's limits (EFBIG, ENOSPC)."""
+        if size <= len(buf):
+            return
+        if size > MAX_FILE_BYTES:
+            raise _err(errno.EFBIG)
+        with self._lock:
+            held = {id(b): b for b in self._scratch.values()}
+            held.update((id(h.data), h.data) for h in self._pending.values())
+        held.pop(id(buf), None)
+        if sum(map(len, held.values())) + size > MAX_BUFFERED_BYTES:
+            raise _err(errno.ENOSPC)
 
     def _open_write(self, path: str, parts: list[str], fi, flags: int) -> int:
         eid = self._entity_id(parts)
@@ -117,7 +149,8 @@ class WriteOps:
         if flags & os.O_TRUNC and not os.path.lexists(self._real(path)):
             raise _err(errno.ENOENT)
         h = _Handle("buf", path, data=data, entity_id=eid, dirty=bool(flags & os.O_TRUNC),
-                    append=bool(flags & os.O_APPEND))
+                    append=bool(flags & os.O_APPEND),
+                    base=bytes(data) if flags & os.O_APPEND and not flags & os.O_TRUNC else None)
         with self._lock:
             self._pending[path] = h
         fi.fh = self._new_handle(h)
@@ -137,6 +170,8 @@ class WriteOps:
             if parts[1].startswith(".tmp-"):
                 raise _err(errno.EACCES)
             with self._lock:
+                if path not in self._scratch and len(self._scratch) >= MAX_SCRATCH_FILES:
+                    raise _err(errno.ENOSPC)
                 buf = self._scratch.setdefault(path, bytearray())
                 buf.clear()
             fi.fh = self._new_handle(_Handle("buf", path, data=buf))
@@ -156,6 +191,11 @@ class WriteOps:
         with h.lock:
             if h.append:
                 offset = len(h.data)
+            try:
+                self._room(h.data, offset + len(data))
+            except FuseOSError as e:  # a file cut short is not committed (as if the write never began)
+                h.refused, h.dirty = e.errno, False
+                raise
             if offset > len(h.data):
                 h.data.extend(b"\0" * (offset - len(h.data)))
             h.data[offset:offset + len(data)] = data
@@ -171,11 +211,13 @@ class WriteOps:
         h = self._pending.get(path)
         if h is None and path in self._scratch:
             buf = self._scratch[path]
+            self._room(buf, length)
             del buf[length:]
             buf.extend(b"\0" * (length - len(buf)))
             return 0
         if h is not None:
             with h.lock:
+                self._room(h.data, length)
                 del h.data[length:]
                 h.data.extend(b"\0" * (length - len(h.data)))
                 h.dirty = True
@@ -183,6 +225,7 @@ class WriteOps:
         eid = self._entity_id(parts) if self._store_path_ok(parts) else None
         if eid is None:
             raise _err(errno.EACCES if parts and parts[0] not in _view.RESERVED else errno.EROFS)
+        self._room(b"", length)
         data = read_file(self._real(path))[:length]
         self._commit(eid, data.ljust(length, b"\0"))
         return 0
@@ -205,6 +248,22 @@ class WriteOps:
             self._invalidate()
             self._forget_kernel_cache("/" + entity_id + ".md")
 
+    def _commit_handle(self, h: _Handle, data: bytes) -> None:
+        """Commit what a write handle holds. An appender commits the file as it is now plus what it appended:
+        two writers that opened the file at once (`echo a >> f & echo b >> f`), or a commit through the API
+        since the open, lose nothing (the old bytes it read at open would otherwise overwrite theirs)."""
+        base = h.base
+        if base is None or not data.startswith(base):
+            self._commit(h.entity_id, data)
+            return
+        with self.mem._lock:  # the store's write lock: no commit between reading the file and writing it
+            try:
+                now = read_file(self._real(h.path))
+            except FuseOSError:
+                now = base  # gone (or no longer a file): write what this writer saw and added
+            self._commit(h.entity_id, now + data[len(base):])
+        h.base = data  # what this handle holds up to here is in the file: later appends follow it
+
     def _forget_kernel_cache(self, path: str) -> None:
         """Make the kernel drop the pages and attributes it cached of `path`: the committed file may
         differ from what was written (front matter added). See hutch/fuse/_kcache.py."""
@@ -215,12 +274,14 @@ class WriteOps:
         if h is None or h.kind != "buf" or h.entity_id is None:
             return 0
         with h.lock:
+            if h.refused:
+                raise _err(h.refused)
             # a shell closes a dup of the fd before it writes: an O_TRUNC alone is committed at release
             if not (h.dirty and h.written):
                 return 0
             data = bytes(h.data)
             h.dirty = False
-        self._commit(h.entity_id, data)
+        self._commit_handle(h, data)
         with self._lock:  # committed: the file on disk is the truth again (release may come much later)
             if self._pending.get(h.path) is h:
                 del self._pending[h.path]
@@ -241,10 +302,10 @@ class WriteOps:
         if h.kind == "buf" and h.entity_id is not None:
             try:
                 with h.lock:
-                    dirty, data = h.dirty, bytes(h.data)
+                    dirty, data = h.dirty and not h.refused, bytes(h.data)
                     h.dirty = False
                 if dirty:  # a writer that never flushed (or whose flush failed and wrote again)
-                    self._commit(h.entity_id, data)
+                    self._commit_handle(h, data)
             except FuseOSError:
                 pass
             finally:
@@ -363,6 +424,12 @@ class WriteOps:
             raise _err(errno.EPERM if self._entity_id(op) else errno.EACCES)
         eid = self._entity_id(np) if self._store_path_ok(np) else None
         if eid is None:
+            # a temp file stays a temp file of a class directory: not `.gitattributes` at the top, nor anywhere
+            # the view does not show (it would only hold memory)
+            if len(np) != 2 or not self._store_path_ok(np) or np[1].startswith(".tmp-"):
+                raise _err(errno.EACCES)
+            if not os.path.isdir(self._real("/" + np[0])):
+                raise _err(errno.ENOENT)
             with self._lock:
                 self._scratch[new] = self._scratch.pop(old)
             return 0
