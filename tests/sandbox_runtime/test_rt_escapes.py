@@ -663,3 +663,32 @@ def test_a_snapshot_copies_links_not_what_they_point_at(store_daemon, image):
         assert stat.S_IMODE(fs.parent.parent.stat().st_mode) == 0o700   # no host user reaches a layer
     finally:
         sapi.close()
+
+
+def test_volume_calls_stay_in_the_volume_whatever_a_sandbox_planted(store_daemon, image, tmp_path):
+    """The daemon does a volume's file calls on the host: links a sandbox left there resolve in the volume."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "secret").write_text("host secret\n")
+    sapi = Api(store_daemon.sock, store_daemon.run_dir)
+    try:
+        name = f"esc-{os.urandom(3).hex()}"
+        assert sapi.http.post("/v1/volumes", json={"name": name, "create": True}).status_code == 200
+        sid = sapi.create(image, mounts=[{"kind": "volume", "source": name, "target": "/vol", "readonly": False,
+                                          "size": None}])["id"]
+        out, err, _ = sapi.sh(sid, f"ln -s {host}/secret /vol/abs; ln -s ../../../../../../../..{host} /vol/up; "
+                                   f"ln -s {host} /vol/dir; ln -s /proc/self/fd/2 /vol/log; echo ok")
+        assert out == "ok\n", err
+        base = f"/v1/volumes/{name}/files"
+        for p in ("/abs", "/up/secret", "/dir/secret", "/log"):
+            r = sapi.http.get(f"{base}/read", params={"path": p})
+            assert r.status_code >= 400 and b"host secret" not in r.content, (p, r.text)
+        for p in ("/dir/new", "/up/new"):
+            sapi.http.put(f"{base}/write", params={"path": p}, content=b"x")
+        sapi.http.post(f"{base}/remove", params={"path": "/dir/secret"})
+        sapi.http.post(f"{base}/remove", params={"path": "/up/secret"})
+        assert sorted(os.listdir(host)) == ["secret"] and (host / "secret").read_text() == "host secret\n"
+        sapi.terminate(sid)
+        sapi.http.delete(f"/v1/volumes/{name}")
+    finally:
+        sapi.close()
