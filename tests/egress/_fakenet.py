@@ -37,6 +37,8 @@ async def main(cfg):
     zone = {k.lower(): v for k, v in cfg["zone"].items()}
     zone6 = {k.lower(): v for k, v in cfg.get("zone6", {}).items()}
     rebind = {k.lower(): v for k, v in cfg.get("rebind", {}).items()}
+    slow = [b"".join(bytes([len(p)]) + p.encode() for p in n.split(".")).decode("latin-1")
+            for n in cfg.get("slow_dns", [])]
     asked = {}
     loop = asyncio.get_running_loop()
 
@@ -68,6 +70,9 @@ async def main(cfg):
 
         def datagram_received(self, data, addr):
             try:
+                if any(n.encode() in data.lower() for n in slow):
+                    loop.call_later(1.0, self.t.sendto, dns_answer(data), addr)
+                    return
                 self.t.sendto(dns_answer(data), addr)
             except Exception as e:  # noqa: BLE001
                 ev.add("dns-error", error=str(e))

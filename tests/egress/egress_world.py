@@ -77,7 +77,10 @@ ZONE = {
     # made local on the host only while a test runs (a `local` route, a new address)
     "anyip.example.test": ["198.51.100.77"],
     "newaddr.example.test": ["198.51.100.78"],
+    # answered a second late (a policy change while its lookup is in flight)
+    "slow.example.test": ["192.0.2.10"],
 }
+SLOW_DNS = ["slow.example.test"]
 # answers that change from one query to the next, TTL 0 (DNS rebinding)
 REBIND = {"rebind.example.test": [["203.0.113.10"], ["10.0.0.1"]]}
 ZONE6 = {"www.example.test": ["2001:db8::10"], "mapped.example.test": ["::ffff:127.0.0.1"]}
@@ -230,7 +233,7 @@ class World:
         self.ca, cert, key = make_ca(self.tmp)
         cfg = {"events": str(self.events), "zone": ZONE, "zone6": ZONE6, "dns": DNS_ADDR, "web": WEB,
                "cert": str(cert), "key": str(key), "echo": ECHO, "udp": UDP, "proxy": PROXY_ADDR,
-               "rebind": REBIND}
+               "rebind": REBIND, "slow_dns": SLOW_DNS}
         (self.tmp / "fakenet.json").write_text(json.dumps(cfg))
         self.spawn(i, sys.executable, str(HERE / "_fakenet.py"), str(self.tmp / "fakenet.json"))
         # a service only the host has: on every host address and on loopback

@@ -685,6 +685,31 @@ def test_a_policy_change_racing_detach_never_plumbs_another_namespace(sandbox, w
     assert outcome == "[None]" or "NotFoundError" in outcome, outcome
 
 
+def test_a_dns_answer_in_flight_follows_a_policy_change(sandbox, world):
+    """slow.example.test is answered upstream a second late; the policy stops allowing it meanwhile."""
+    sb = sandbox(Network.allow(domains=["*.example.test"]))
+    p = subprocess.Popen(["ip", "netns", "exec", sb.netns, sys.executable, "-c", textwrap.dedent(f"""
+        import socket, struct
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(5)
+        msg = struct.pack("!HHHHHH", 9, 0x0100, 1, 0, 0, 0) + b"\\x04slow\\x07example\\x04test\\x00\\x00\\x01\\x00\\x01"
+        s.sendto(msg, ({GW!r}, 53))
+        print("asked", flush=True)
+        data = s.recv(512)
+        print("%d/%d" % (data[3] & 0xF, struct.unpack("!H", data[6:8])[0]), flush=True)
+    """)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "asked", p.stderr.read() if p.poll() is not None else ""
+        time.sleep(0.3)    # the gateway's upstream lookup is under way
+        sb.set_policy(Network.allow(domains=["www.example.test"]))
+        out, err = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    assert out.strip() == "3/0", out + err
+    assert any(d.name == "slow.example.test" and d.verdict == "deny" for d in sb.log()), sb.log()
+
+
 def test_a_held_dns_connection_follows_the_new_policy(sandbox, world):
     sb = sandbox(ALLOW_WWW)
     p = subprocess.Popen(["ip", "netns", "exec", sb.netns, sys.executable, "-c", textwrap.dedent(f"""

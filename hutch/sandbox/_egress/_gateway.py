@@ -444,6 +444,12 @@ class Gateway:
         except ResolveError as e:
             self._record(sb, name, None, 53, "dns", "deny", str(e))
             return RCODE.NXDOMAIN, (), 0
+        if sb.policy is not policy:
+            # the policy changed during the lookup: the answer follows the one in force now
+            v = name_allowed(sb.policy, name)
+            if not v:
+                self._record(sb, name, None, 53, "dns", "deny", f"{v.reason} (the policy changed during the lookup)")
+                return RCODE.NXDOMAIN, (), 0
         ok, why = [], []
         for a in addrs:
             v = self._rules.address_allowed(sb.policy, a)
