@@ -816,3 +816,37 @@ def test_set_network_none_through_the_sdk_cuts_a_running_download(real_daemon, w
         assert any("policy change" in d["reason"] for d in sb.network_log()), sb.network_log()
     finally:
         sb.terminate()
+
+
+def test_two_gateways_on_one_host_keep_apart(real_daemon, world, sandbox):
+    """A sandbox of the test's gateway, even without its own rules, reaches nothing of the daemon's gateway."""
+    import hutch
+
+    real = hutch.Sandbox.create(image=hutch.Image.from_directory(real_daemon), timeout=60,
+                                network=Network.allow(domains=["*.example.test"]))
+    try:
+        other_gw = real.run("ip", "route").stdout.split("default via ")[1].split()[0]
+        assert other_gw.startswith("198.18.2."), other_gw
+        sb = sandbox(Network.allow(domains=["*.example.test"]))
+        sb.run("nft", "flush", "ruleset", caps=True, check=True)
+        got = run_json(sb, f"""
+            import json, socket
+            out = {{}}
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(0.7)
+            u.sendto(bytes.fromhex("abcd01000001000000000000") + b"\\x03www\\x07example\\x04test\\x00\\x00\\x01\\x00\\x01",
+                     ({other_gw!r}, 53))
+            try:
+                u.recv(512); out["udp53"] = "answered"
+            except OSError:
+                out["udp53"] = "silent"
+            for port in (53, 15001):
+                try:
+                    socket.create_connection(({other_gw!r}, port), timeout=0.7); out[port] = "connected"
+                except OSError as e:
+                    out[port] = type(e).__name__
+            print(json.dumps(out))
+        """, caps=True)
+        assert got["udp53"] == "silent" and "connected" not in got.values(), got
+        assert not [d for d in real.network_log() if d["name"] == "www.example.test"], real.network_log()
+    finally:
+        real.terminate()
