@@ -392,6 +392,9 @@ def test_dns_tricks_never_send_a_forbidden_name_upstream(sandbox, world):
     assert got == {case: want for case, (_, want) in cases.items()}, got
     asked = [(e["name"], e["qtype"]) for e in world.events_since(mark) if e["kind"] == "dns"]
     assert set(asked) <= {("www.example.test", "A")}, asked
+    # an answer is logged with the rule that allowed its name
+    allowed = [d for d in sb.log() if d.protocol == "dns" and d.verdict == "allow"]
+    assert allowed and all(d.reason == "matches *.example.test" for d in allowed), allowed
 
 
 def test_dns_rebinding_is_checked_when_the_proxy_dials(sandbox, world):

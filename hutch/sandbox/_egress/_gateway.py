@@ -452,10 +452,10 @@ class Gateway:
                 return RCODE.NXDOMAIN, (), 0
         ok, why = [], []
         for a in addrs:
-            v = self._rules.address_allowed(sb.policy, a)
-            if v and delivered_locally(a):
-                v = Verdict(False, f"{a} is delivered to the host itself (a local address or route)")
-            (ok if v else why).append(a if v else v.reason)
+            av = self._rules.address_allowed(sb.policy, a)
+            if av and delivered_locally(a):
+                av = Verdict(False, f"{a} is delivered to the host itself (a local address or route)")
+            (ok if av else why).append(a if av else av.reason)
         if not ok:
             self._record(sb, name, addrs[0], 53, "dns", "deny", f"only refused addresses: {'; '.join(why)}")
             return RCODE.NOERROR, (), 0
