@@ -46,7 +46,7 @@ def explain(query: str, hits) -> bytes:
         chans = " ".join(_channel(n, h.channels[n]) for n in sorted(h.channels))
         anchor = f"  anchor={h.anchor}" if h.anchor else ""
         lines.append(f"{hit_name(i, h.entity_id, h.anchor)}  {h.score:.4f}  {chans}{anchor}")
-    return ("\n".join(lines) + "\n").encode()
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
 
 
 def profile(mem, *, commits, ids, links) -> bytes:
@@ -71,4 +71,4 @@ def profile(mem, *, commits, ids, links) -> bytes:
     if not commits:
         out.append("- (none yet)")
     out.append("")
-    return "\n".join(out).encode()
+    return "\n".join(out).encode("utf-8", "surrogateescape")  # a name that is not UTF-8

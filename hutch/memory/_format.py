@@ -91,10 +91,10 @@ def check_slug(slug: str) -> str:
         or slug.endswith(LINKS_SUFFIX)
         or slug.endswith(".md")
         or slug in (".", "..")
-        or any(ord(c) < 32 for c in slug)
+        or any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in slug)  # surrogates: a name that is not UTF-8
     ):
         raise StorePathError(
-            f"{slug!r} is not a valid slug: use a file name without '/', without a leading '.', "
+            f"{slug!r} is not a valid slug: use a UTF-8 file name without '/', without a leading '.', "
             "not ending in '.md' or '.links', at most 120 characters (hutch.memory slugify() makes one)."
         )
     return slug

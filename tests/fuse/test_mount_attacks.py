@@ -55,6 +55,8 @@ def planted(store, tmp_path):
     os.symlink(canary, rdir / "abs.md")
     os.symlink("../" * 12 + str(canary).lstrip("/"), rdir / "dotdot.md")
     os.mkfifo(root / "topics" / "fifo.md")
+    with open(os.path.join(os.fsencode(str(root)), b"topics", b"bad\xff.md"), "wb") as f:  # not UTF-8
+        f.write(b"---\ntitle: Bad\n---\nlaughing at a bad name\n")
     try:
         yield mem, outside
     finally:
@@ -119,7 +121,8 @@ ATTACKS = [
     ("read-fifo", "timeout 2 cat /memory/topics/fifo.md"),
 ]
 SHOULD_WORK = [
-    ("search-after", "ls /memory/search/laughing/ /memory/search/secret/ && cat /memory/search/secret/*"),
+    ("search-after", "ls /memory/search/laughing/ /memory/search/secret/ && cat /memory/search/secret/* && "
+                     "cat /memory/profile.md && ls /memory/topics/"),
     ("weird-query", "ls \"/memory/search/$(printf '..\\001\\n%%s;`id`')/\""),
     ("chmod-suid", "chmod 6755 /memory/orgs/acme.md && stat -c 'mode=%a' /memory/orgs/acme.md"),
     ("alive", "cat /memory/orgs/acme.md"),

@@ -260,3 +260,24 @@ def test_core_worktree_cannot_pull_host_files_into_history(seeded, outside):
     assert SECRET not in (mem.git.show("HEAD", "topics/stolen.md") or "")
     assert "mine" in mem.git.show("HEAD", "topics/stolen.md")
     assert SECRET not in mem.git.run("log", "-p", "HEAD")
+
+
+def test_a_file_name_that_is_not_utf8_breaks_no_search(seeded):
+    """A hostile clone can hold any bytes as a name; SQLite cannot store such a name, and one of them made
+    every search of the store raise UnicodeEncodeError. It is skipped; the API refuses to make one."""
+    root = os.fsencode(str(seeded.root))
+    with open(os.path.join(root, b"topics", b"bad\xff.md"), "wb") as f:
+        f.write(b"---\ntitle: Bad\n---\npricing in a badly named file\n")
+    os.makedirs(os.path.join(root, b"cl\xfeass"))
+    with open(os.path.join(root, b"cl\xfeass", b"x.md"), "wb") as f:
+        f.write(b"---\ntitle: X\n---\npricing again\n")
+    rdir = os.path.join(root, b"orgs", b"acme.links", b"knows")
+    os.makedirs(rdir)
+    os.symlink(b"../../../topics/bad\xff.md", os.path.join(rdir, b"bad\xff.md"))
+    mem = hutch.Memory(seeded.root)
+    assert _in_time(lambda: [h.entity_id for h in mem.search("pricing")])[0] == "topics/pricing"
+    mem.update("topics/pricing", add_facts=["searched again after a write"])
+    assert "topics/pricing" in [h.entity_id for h in mem.search("searched again")]
+    mem.check()
+    with pytest.raises(StorePathError, match="UTF-8"):
+        mem.put("topics", "Whatever", slug=os.fsdecode(b"new\xfe"))

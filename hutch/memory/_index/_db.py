@@ -276,7 +276,7 @@ class IndexDB:
         except FileNotFoundError:
             raise SearchIndexError(f"The store {self.root} is gone: recreate it or point Memory at another path.")
         for d in top:
-            if d.name.startswith(".") or not d.is_dir(follow_symlinks=False):
+            if d.name.startswith(".") or not _utf8(d.name) or not d.is_dir(follow_symlinks=False):
                 continue
             if only is not None and d.name not in only:
                 continue
@@ -284,7 +284,7 @@ class IndexDB:
             with os.scandir(d.path) as it:
                 for e in it:
                     name = e.name
-                    if name.startswith("."):
+                    if name.startswith(".") or not _utf8(name):
                         continue
                     if name.endswith(".md"):
                         if e.is_file(follow_symlinks=False):
@@ -380,6 +380,8 @@ class IndexDB:
                     fchg |= set(files) | set(inside)
                     lchg |= set(linkdirs) | set(inside)
                 for eid in fchg - set(files):
+                    if not _utf8(eid):
+                        continue
                     p = self.root / f"{eid}.md"
                     try:
                         st = os.lstat(p)
@@ -388,6 +390,8 @@ class IndexDB:
                     if stat.S_ISREG(st.st_mode):
                         files[eid] = (p, st.st_mtime_ns, st.st_size)
                 for eid in lchg - set(linkdirs):
+                    if not _utf8(eid):
+                        continue
                     ldir = self.root / (eid + LINKS_SUFFIX)
                     try:
                         if stat.S_ISDIR(os.lstat(ldir).st_mode):
@@ -562,6 +566,16 @@ class IndexDB:
             raise
 
 
+def _utf8(name: str) -> bool:
+    """False for a file name that is not UTF-8 (os gives it with surrogates): SQLite cannot store it, and one
+    such file (planted by hand, or by a clone) made every search of the store raise UnicodeEncodeError."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _linkstamp(path: str) -> str:
     """A cheap fingerprint of a links directory: its mtime and each relation directory's mtime and name."""
     parts = [str(os.lstat(path).st_mtime_ns)]
@@ -597,5 +611,5 @@ def _read_links(root: Path, ldir: Path) -> Iterable[tuple[str, str]]:
                 rel_path = full.relative_to(root)
             except ValueError:
                 continue
-            if len(rel_path.parts) == 2 and rel_path.parts[1].endswith(".md"):
+            if len(rel_path.parts) == 2 and rel_path.parts[1].endswith(".md") and _utf8(rel + target):
                 yield rel, f"{rel_path.parts[0]}/{rel_path.parts[1][:-3]}"
