@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -273,14 +274,14 @@ class SearchIndex:
         # mentions first: the dense query is the question without the names it mentions
         mentioned, titles = self._mentions(query)
         dense_on = self.idx.model_known and s.dense_ready()
-        future = qfuture = None
+        future = vecs = None
         if dense_on:
             # Embedding and the matrix product release the GIL: they overlap the FTS5 queries below.
             qtext = _units.strip_mentions(query, titles) if titles else query
-            future = _pool().submit(self._dense_scores, qtext, mask)
-            if qtext != query and _lexicon.ranks_senses(query):
-                # the category channel compares the whole question with its word's senses: embed it beside too
-                qfuture = _pool().submit(self.provider.embed, [query])
+            # the category channel compares the whole question with its word's senses: embed it there too
+            full = query if qtext != query and _lexicon.ranks_senses(query) else None
+            vecs = Future()
+            future = _pool().submit(self._dense_scores, qtext, mask, vecs, full)
         words = self._lexical_terms(query)
         fq = _units.fts_query(words)
         # lexical, per unit
@@ -313,6 +314,18 @@ class SearchIndex:
             ent_of = s.sole_units()[hit]
             one = ent_of >= 0
             elex[ent_of[one]] = lex_words[hit[one]]
+        # the channels that need no dense scores, while the worker computes them (added below, in this order)
+        boost = self._mention_units(mentioned, titles) if mentioned else None
+        span = _time.find(query, ref)
+        tin = self._in_span(span) if span is not None else None
+        cat_dense, qvec = dense_on, None  # qvec: the question's own vector once embedded (see _sense_ranker)
+        if vecs is not None:
+            try:
+                qv, fv = vecs.result()
+                qvec = qv if qtext == query else fv
+            except SearchIndexError:
+                cat_dense = False  # the dense channel is off (below): senses are ranked as without a model
+        cat = self._category(query, n, cat_dense, qvec)
         dense, dq = np.zeros(n), None
         if future is not None:
             try:
@@ -349,25 +362,13 @@ class SearchIndex:
             ent += self._propagated(elex)
         unit_ent = ent[s.epos[:n]]
         channels.append(_rank.Channel("entity", unit_ent, unit_ent > 0))
-        if mentioned:
-            boost = self._mention_units(mentioned, titles)
+        if boost is not None:
             hit = boost & mask
             if 0 < hit.sum() < mask.sum():
                 channels.append(_rank.Channel("mention", boost.astype(np.float64), boost))
-        span = _time.find(query, ref)
-        if span is not None:
-            tin = self._in_span(span)
+        if tin is not None:
             if 0 < (tin & mask).sum() < mask.sum():
                 channels.append(_rank.Channel("time", tin.astype(np.float64), tin))
-        qvec = None  # the question's own vector, if already embedded (see _sense_ranker)
-        if dq is not None and qtext == query:
-            qvec = dq.qv
-        elif qfuture is not None:
-            try:
-                qvec = qfuture.result()[0]
-            except SearchIndexError:
-                pass  # the ranker tries again and falls back to the most frequent sense, as without a model
-        cat = self._category(query, n, dense_on, qvec)
         if cat is not None and (cat > 0).any():
             channels.append(_rank.Channel("category", cat, cat > 0))
         if dq is not None and dq.exact is not None:
@@ -442,8 +443,24 @@ class SearchIndex:
             out[p[ok]] = -bm[ok]
         return out
 
-    def _dense_scores(self, qtext: str, mask: np.ndarray) -> _rank.DenseQuery:
-        qv = self.provider.embed([qtext])[0].astype(np.float32)
+    def _dense_scores(self, qtext: str, mask: np.ndarray, vecs: Future | None = None,
+                      full: str | None = None) -> _rank.DenseQuery:
+        """The dense channel (run in the worker). `vecs` gets (qtext's vector, `full`'s or None) as soon as they are
+        embedded, before the channel is computed: the category channel needs only those."""
+        try:
+            qv = self.provider.embed([qtext])[0].astype(np.float32)
+        except BaseException as e:
+            if vecs is not None:
+                vecs.set_exception(e)
+            raise
+        fv = None
+        if full is not None:
+            try:
+                fv = self.provider.embed([full])[0]
+            except SearchIndexError:
+                pass  # the sense ranker tries again itself, and without it takes the most frequent sense
+        if vecs is not None:
+            vecs.set_result((qv, fv))
         return _rank.DenseQuery(self.snap, qv, mask)
 
     def _category(self, query: str, n: int, dense_on: bool, qvec: np.ndarray | None = None) -> np.ndarray | None:
