@@ -9,6 +9,7 @@ are empty), and only with addresses the proxy would also dial.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import socket
 import struct
@@ -22,6 +23,7 @@ MAX_TTL = 300
 ANSWER_TTL = 30          # what sandboxes are told; short, so the proxy's view and theirs stay close
 NEGATIVE_TTL = 5
 UPSTREAM_TIMEOUT = 2.0
+CACHE_MAX = 10_000       # names the upstream cache holds at most (oldest dropped first)
 
 
 class ResolveError(Exception):
@@ -54,33 +56,39 @@ class Upstream:
             if e.error:
                 raise ResolveError(e.error)
             return e.addrs, max(MIN_TTL, int(e.expires - now))
-        fut = self._inflight.get(name)
-        if fut is None:
-            fut = asyncio.get_running_loop().create_future()
-            self._inflight[name] = fut
-            entry = None
-            try:
-                entry = await self._lookup(name)
-            except Exception as ex:  # noqa: BLE001 - every failure becomes a short negative entry
-                entry = _Entry((), time.monotonic() + NEGATIVE_TTL, f"{name} did not resolve: {ex}")
-            finally:
-                self._inflight.pop(name, None)
-                if entry is None:  # cancelled: release the waiters, cache nothing
-                    fut.set_result(_Entry((), 0.0, f"the lookup of {name} was cancelled"))
-            self._cache[name] = entry
-            fut.set_result(entry)
-            if len(self._cache) > 10000:
-                self._expire()
-        else:
-            entry = await asyncio.shield(fut)
+        task = self._inflight.get(name)
+        if task is None:
+            # The lookup is a task of its own, not the first asker's: when that asker is cancelled (its
+            # sandbox went away), the others waiting for the same name still get the answer.
+            task = asyncio.ensure_future(self._fill(name))
+            self._inflight[name] = task
+            task.add_done_callback(lambda _t, n=name: self._inflight.pop(n, None))
+        entry = await asyncio.shield(task)
         if entry.error:
             raise ResolveError(entry.error)
         return entry.addrs, max(MIN_TTL, int(entry.expires - time.monotonic()))
 
+    async def _fill(self, name: str) -> _Entry:
+        try:
+            entry = await self._lookup(name)
+        except Exception as ex:  # noqa: BLE001 - every failure becomes a short negative entry
+            entry = _Entry((), time.monotonic() + NEGATIVE_TTL, f"{name} did not resolve: {ex}")
+        self._cache.pop(name, None)  # re-inserted last: the dict's order is the order of filling
+        self._cache[name] = entry
+        if len(self._cache) > CACHE_MAX:
+            self._expire()
+        return entry
+
     def _expire(self) -> None:
+        """Drop expired entries; if that is not enough (a sandbox under `open` asking for ever new names),
+        the oldest ones too, so the cache stays bounded."""
         now = time.monotonic()
         for k in [k for k, v in self._cache.items() if v.expires <= now]:
             del self._cache[k]
+        excess = len(self._cache) - CACHE_MAX * 9 // 10
+        if excess > 0:
+            for k in list(itertools.islice(self._cache, excess)):
+                del self._cache[k]
 
     async def _lookup(self, name: str) -> _Entry:
         last = "no upstream resolver answered"
