@@ -333,6 +333,7 @@ class MemoryFS(WriteOps, Operations):
             # generated anew: if its size differs from what getattr told, refresh the kernel's (as below)
             if self.kcache.check_open(path, (0, 0, len(data))) == ESTALE:
                 raise _err(errno.ESTALE)
+            self._hold(len(data))
             fi.fh = self._new_handle(_Handle("mem", path, data=data))
             fi.direct_io = 1  # generated on open: its size may differ from what getattr said a moment ago
             return 0
@@ -343,6 +344,7 @@ class MemoryFS(WriteOps, Operations):
             return self._open_write(path, parts, fi, flags)
         if path in self._scratch or path in self._pending:
             src = self._pending[path].data if path in self._pending else self._scratch[path]
+            self._hold(len(src))
             fi.fh = self._new_handle(_Handle("mem", path, data=bytes(src)))
             fi.direct_io = 1
             return 0

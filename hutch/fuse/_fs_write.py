@@ -31,7 +31,9 @@ SOURCE_WAIT = 30.0
 #: The largest file a write through the mount may make (EFBIG beyond): the server buffers a file until
 #: close, and a sandbox must not make it allocate without bound (`truncate -s 1T`, a write at offset 2^40).
 MAX_FILE_BYTES = 64 << 20
-#: What all write buffers and temp files of one mount may hold together (ENOSPC beyond).
+#: What the open files and temp files of one mount may hold in the server's memory together: write buffers
+#: and temp files (ENOSPC beyond), and the copies a reader of a generated file or of a file being written
+#: gets at open (ENOMEM beyond), so that many opens of one big file cannot exhaust the host's memory.
 MAX_BUFFERED_BYTES = 256 << 20
 #: How many temp files (names that are not entities) one mount keeps in memory at once (ENOSPC beyond).
 MAX_SCRATCH_FILES = 1024
@@ -111,18 +113,29 @@ class _Handle:
 class WriteOps:
     """Mutating FUSE operations of the view (see the module docstring)."""
 
+    def _held(self, skip=None) -> int:
+        """Bytes the server holds for this mount's open handles and temp files (each buffer once)."""
+        with self._lock:
+            bufs = {id(b): b for b in self._scratch.values()}
+            for h in (*self._handles.values(), *self._pending.values()):
+                if h.kind != "fd":
+                    bufs[id(h.data)] = h.data
+        bufs.pop(id(skip), None)
+        return sum(map(len, bufs.values()))
+
     def _room(self, buf, size: int) -> None:
         """Refuse to let the buffer `buf` grow to `size` bytes past the mount's limits (EFBIG, ENOSPC)."""
         if size <= len(buf):
             return
         if size > MAX_FILE_BYTES:
             raise _err(errno.EFBIG)
-        with self._lock:
-            held = {id(b): b for b in self._scratch.values()}
-            held.update((id(h.data), h.data) for h in self._pending.values())
-        held.pop(id(buf), None)
-        if sum(map(len, held.values())) + size > MAX_BUFFERED_BYTES:
+        if self._held(skip=buf) + size > MAX_BUFFERED_BYTES:
             raise _err(errno.ENOSPC)
+
+    def _hold(self, size: int, err: int = errno.ENOMEM) -> None:
+        """Refuse a new in-memory handle of `size` bytes past MAX_BUFFERED_BYTES (ENOMEM for a reader)."""
+        if size and self._held() + size > MAX_BUFFERED_BYTES:
+            raise _err(err)
 
     def _open_write(self, path: str, parts: list[str], fi, flags: int) -> int:
         eid = self._entity_id(parts)
@@ -146,6 +159,7 @@ class WriteOps:
             fi.fh = self._new_handle(h)
             return 0
         data = bytearray(b"" if flags & os.O_TRUNC else read_file(self._real(path)))
+        self._hold(len(data), errno.ENOSPC)
         if flags & os.O_TRUNC and not os.path.lexists(self._real(path)):
             raise _err(errno.ENOENT)
         h = _Handle("buf", path, data=data, entity_id=eid, dirty=bool(flags & os.O_TRUNC),

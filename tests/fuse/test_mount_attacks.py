@@ -110,9 +110,12 @@ ATTACKS = [
     ("truncate-1T", "truncate -s 1099511627776 /memory/topics/pricing.md"),
     ("seek-1T", "echo x | dd of=/memory/topics/pricing.md bs=1 seek=1099511627776 conv=notrunc"),
     ("write-70MB", f"head -c {MAX_FILE_BYTES + (1 << 20)} /dev/zero > /memory/topics/huge.md"),
-    ("scratch-flood", f"i=0; while [ $i -lt {MAX_SCRATCH_FILES + 10} ]; do : > /memory/topics/.s$i || exit 1; "
-                      "i=$((i+1)); done"),
+    ("scratch-flood", f"i=0; while [ $i -lt {MAX_SCRATCH_FILES + 10} ]; do touch /memory/topics/.s$i || break; "
+                      f"i=$((i+1)); done; rm -f /memory/topics/.s*; [ $i -ge {MAX_SCRATCH_FILES + 10} ]"),
     # a shell ignores the error close() returns for a refused write: the test asks what the view then holds
+    # every open of a temp file copies it: five opens of a 60 MiB one would hold 300 MiB in the server
+    ("hold-copies", "head -c 62914560 /dev/zero > /memory/topics/.big && exec 3</memory/topics/.big "
+                    "4</memory/topics/.big 5</memory/topics/.big 6</memory/topics/.big 7</memory/topics/.big"),
     ("yaml-bomb", "cat /tmp/bomb.md > /memory/topics/bomb.md; grep -q laughing /memory/topics/bomb.md"),
     ("read-entity-link", "cat /memory/topics/evil.md"),
     ("read-class-link", "cat /memory/evilclass/planted.md /memory/evilclass/canary.txt"),
@@ -150,7 +153,8 @@ def test_sandbox_code_cannot_escape_a_writable_mount(daemon, image, planted):
         assert "mode=644" in r.stdout  # chmod is accepted and ignored: no set-id bit reaches the store
         mounts = r.stdout.strip().splitlines()[-1]
         assert "nosuid" in mounts and "nodev" in mounts, mounts
-        for why in ("File too large", "No space left on device", "Read-only file system", "Invalid argument"):
+        for why in ("File too large", "No space left on device", "Read-only file system", "Invalid argument",
+                    "Cannot allocate memory"):
             assert why in errs, f"expected some attack to be refused with {why!r}:\n{errs}"
         assert "Acme worries" in r.stdout  # the view still serves
     after = _state(mem, outside)
