@@ -171,7 +171,6 @@ class Gateway:
         self._refresher: asyncio.Task | None = None
         self._host_fd = -1
         self._started = False
-        self._lock = asyncio.Lock()
 
     # --- lifecycle ---------------------------------------------------------
 
