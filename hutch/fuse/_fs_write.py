@@ -35,7 +35,8 @@ MAX_FILE_BYTES = 64 << 20
 #: and temp files (ENOSPC beyond), and the copies a reader of a generated file or of a file being written
 #: gets at open (ENOMEM beyond), so that many opens of one big file cannot exhaust the host's memory.
 MAX_BUFFERED_BYTES = 256 << 20
-#: How many temp files (names that are not entities) one mount keeps in memory at once (ENOSPC beyond).
+#: How many temp files (names that are not entities), and how many empty link directories made with mkdir,
+#: one mount keeps in memory at once (ENOSPC beyond).
 MAX_SCRATCH_FILES = 1024
 _LINKS = fmt.LINKS_SUFFIX
 
@@ -403,6 +404,8 @@ class WriteOps:
                 if len(parts) == 3:
                     fmt.check_relation(parts[2])
                 with self._lock:
+                    if len(self._vdirs) >= MAX_SCRATCH_FILES:  # they live in memory until they hold a link
+                        raise _err(errno.ENOSPC)
                     self._vdirs.add(path)
                 return 0
         except ConfigError:

@@ -113,6 +113,8 @@ ATTACKS = [
     ("scratch-flood", f"i=0; while [ $i -lt {MAX_SCRATCH_FILES + 10} ]; do touch /memory/topics/.s$i || break; "
                       f"i=$((i+1)); done; rm -f /memory/topics/.s*; [ $i -ge {MAX_SCRATCH_FILES + 10} ]"),
     # a shell ignores the error close() returns for a refused write: the test asks what the view then holds
+    ("linkdir-flood", f"i=0; while [ $i -lt {MAX_SCRATCH_FILES + 10} ]; do mkdir /memory/orgs/acme.links/r$i || break; "
+                      f"i=$((i+1)); done; rmdir /memory/orgs/acme.links/r*; [ $i -ge {MAX_SCRATCH_FILES + 10} ]"),
     # every open of a temp file copies it: five opens of a 60 MiB one would hold 300 MiB in the server
     ("hold-copies", "head -c 62914560 /dev/zero > /memory/topics/.big && exec 3</memory/topics/.big "
                     "4</memory/topics/.big 5</memory/topics/.big 6</memory/topics/.big 7</memory/topics/.big"),
