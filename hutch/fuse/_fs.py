@@ -348,12 +348,12 @@ class MemoryFS(WriteOps, Operations):
             fi.fh = self._new_handle(_Handle("mem", path, data=bytes(src)))
             fi.direct_io = 1
             return 0
-        fd = open_regular(self._real(path))  # never a symlink, FIFO or device planted in the store
+        fd, st = open_regular(self._real(path))  # never a symlink, FIFO or device planted in the store
         # The kernel may hold this file's size and pages for cache_seconds: keep them if they are of this very
         # version. Otherwise the path walk before this open trusted a stale entry, and a splice reader (busybox
         # cat's sendfile) would stop at the old size: answer ESTALE, on which the kernel walks the path again
         # with a lookup per component (fresh size) and retries the open once; that open drops the pages.
-        how = self.kcache.check_open(path, stat_key(os.fstat(fd)))
+        how = self.kcache.check_open(path, stat_key(st))
         if how == ESTALE:
             os.close(fd)
             raise _err(errno.ESTALE)

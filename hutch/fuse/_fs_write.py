@@ -57,25 +57,27 @@ def _pin_thread() -> None:
         _tls.pinned = True
 
 
-def open_regular(path: str) -> int:
+def open_regular(path: str) -> tuple[int, os.stat_result]:
     """An fd of a regular file of the store, never through a symlink (one planted in a class directory
     could otherwise lead out of the store) and never of a FIFO or device planted there (opening a FIFO
-    blocks until a writer comes: O_NONBLOCK, then the type is checked on the fd). EACCES otherwise."""
+    blocks until a writer comes: O_NONBLOCK, then the type is checked on the fd). EACCES otherwise.
+    Returns the fd and its fstat."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         raise _err(errno.ENOENT) from None
     except OSError as e:
         raise _err(errno.EACCES if e.errno in (errno.ELOOP, errno.ENXIO) else (e.errno or errno.EIO)) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise _err(errno.EACCES)
-    return fd  # O_NONBLOCK means nothing to a regular file
+    return fd, st  # O_NONBLOCK means nothing to a regular file
 
 
 def read_file(path: str) -> bytes:
     """The bytes of a regular file of the store (see `open_regular`)."""
-    with os.fdopen(open_regular(path), "rb") as f:
+    with os.fdopen(open_regular(path)[0], "rb") as f:
         return f.read()
 
 
