@@ -217,3 +217,15 @@ def test_concurrent_writers_in_a_sandbox_leave_a_valid_store(daemon, image, plan
     assert not [i for i in mem.check().issues if i.severity == "error" and "fifo" not in i.path
                 and "evil" not in i.path and "knows" not in i.path]
     assert _settled() == []
+
+
+def test_extended_attributes_are_refused(mounted):
+    """No xattr (a file capability, an ACL, a user attribute) reaches the store through the view."""
+    import errno
+
+    f = mounted.p("orgs", "acme.md")
+    for name in ("user.x", "security.capability", "system.posix_acl_access", "trusted.x"):
+        with pytest.raises(OSError) as e:
+            os.setxattr(f, name, b"\x01\x00\x00\x02")
+        assert e.value.errno in (errno.ENOTSUP, errno.EPERM, errno.EINVAL), (name, e.value)
+    assert os.listxattr(mounted.mem.root / "orgs" / "acme.md") == []
