@@ -553,6 +553,35 @@ def test_memory_and_shm_exhaustion_stay_inside(api, daemon, image, py_mounts):
     assert daemon.proc.poll() is None
 
 
+PTYS = """
+import os, sys, time
+fds = []
+try:
+    while len(fds) < 4000:
+        fds.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+except OSError:
+    pass
+print(len(fds), flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_one_sandbox_cannot_take_every_pty(api, pysb, image, py_mounts):
+    """kernel.pty.max is shared by every devpts instance: each sandbox gets a share, not all of them."""
+    other = api.create(image, mounts=py_mounts)["id"]
+    code = "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (5000, 5000))\n" + textwrap.dedent(PTYS)
+    with api.http.stream("POST", f"/v1/sandboxes/{pysb}/exec", json={"argv": [PY, "-S", "-c", code, "20"]}) as held:
+        buf = b""   # the hog prints how many it holds (one stdout frame), then keeps them
+        for chunk in held.iter_bytes():
+            buf += chunk
+            if len(buf) >= 5 and len(buf) >= 5 + int.from_bytes(buf[1:5], "big"):
+                break
+        assert buf[0] == 1 and 0 < int(buf[5:5 + int.from_bytes(buf[1:5], "big")]) <= 256, buf
+        out, err, _ = api.exec(other, PY, "-S", "-c", code, "0")
+        assert int(out) >= 8, err   # the other sandbox still gets its own
+        api.http.post(f"/v1/sandboxes/{pysb}/exec/{held.headers['X-Hutch-Exec-Id']}/kill", json={"signal": 9})
+
+
 def test_a_fork_bomb_is_held_by_the_pids_limit(api, daemon, image):
     sid = api.create(image, limits={"memory": 128 * 1024**2, "cpu": 1.0, "pids": 32, "disk": 16 * 1024**2})["id"]
     pids_dir = next(d for d in daemon.cgroup_dirs(sid) if (d / "pids.max").exists())

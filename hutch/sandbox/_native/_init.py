@@ -28,6 +28,9 @@ PROC_ROOT_ONLY = ("kpagecgroup", "kpagecount", "kpageflags", "pagetypeinfo", "sl
 PROC_READONLY = ("bus", "fs", "irq", "sys")
 SYS_MASK_DIRS = ("firmware", "devices/virtual/powercap")
 DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
+# Ptys one sandbox may hold: kernel.pty.max (4096, 1024 of them kept for the host's own /dev/pts) is shared
+# by every devpts instance, so without a bound one sandbox could take them all from the others.
+MAX_PTYS = 64
 NODEV = L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC
 _MASKS: tuple | None = None   # (proc files, root-only ones, proc dirs, proc read-only, sys dirs) this kernel has
 
@@ -187,7 +190,7 @@ def _setup_root(plan: dict, trees=()) -> None:
         L.mount(f"/dev/{name}", os.path.join(dev, name), None, L.MS_BIND)
     os.mkdir(os.path.join(dev, "pts"), 0o755)
     L.mount("devpts", os.path.join(dev, "pts"), "devpts", L.MS_NOSUID | L.MS_NOEXEC,
-            "newinstance,ptmxmode=0666,mode=0620")
+            f"newinstance,ptmxmode=0666,mode=0620,max={MAX_PTYS}")
     os.symlink("pts/ptmx", os.path.join(dev, "ptmx"))
     os.mkdir(os.path.join(dev, "shm"), 0o1777)
     L.mount("hutch", os.path.join(dev, "shm"), "tmpfs", NODEV, f"mode=1777,size={plan['shm']}")
