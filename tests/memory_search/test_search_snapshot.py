@@ -38,3 +38,26 @@ def test_lookup_arrays_follow_the_index(mem):
     check(mem)
     assert {h.entity_id for h in hits} >= {"notes/note-1", "notes/note-9"}
     assert "notes/note-3" not in {h.entity_id for h in hits}
+
+
+def test_one_to_one_store_answers_as_the_general_path(mem, monkeypatch):
+    # In a store whose unit p is entity p the entity channel skips the mapping between them: the same answers
+    # (hits, scores, per-channel ranks) as the general path, with and without filters
+    for i in range(40):
+        mem.put("notes" if i % 3 else "ideas", f"Item {i}", body=f"Item {i} is about {'gardening' if i % 2 else 'sailing'} "
+                f"and {'boats' if i % 5 else 'roses'} in week {i % 7}.")
+    mem.search("warm up", k=1)
+    s = mem.index.snap
+    assert s.one_to_one()
+    queries = [("gardening roses", {}), ("sailing boats week 3", {"k": 5}), ("Item 7", {"classes": ["ideas"]}),
+               ("what about roses", {"k": 20, "classes": ["notes"]})]
+
+    def answers():
+        return [[(h.entity_id, h.score, dict(h.channels)) for h in mem.search(q, **kw)] for q, kw in queries]
+    fast = answers()
+    monkeypatch.setattr(type(s), "one_to_one", lambda self: False)
+    assert answers() == fast
+    monkeypatch.undo()
+    mem.update("notes/item-1", body="Item 1 is about sailing now.")
+    mem.search("warm up", k=1)
+    assert not mem.index.snap.one_to_one()  # the edited entity's unit moved to the end

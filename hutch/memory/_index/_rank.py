@@ -250,6 +250,17 @@ class Snapshot:
             self._seg_key = key
         return self._seg
 
+    def one_to_one(self) -> bool:
+        """Whether unit p is entity p for every p (every unit alive, one per entity, in the same order): a store of
+        single-unit entities as loaded. Per-entity sums then need no mapping between the two. Cached per change."""
+        key = (self.n, self.gen, len(self.upos), self.ne)
+        if getattr(self, "_o2o_key", None) != key:
+            n = self.n
+            self._o2o = bool(n == self.ne and len(self.upos) == n and self.e_alive[:n].all()
+                             and np.array_equal(self.epos[:n], np.arange(n)))
+            self._o2o_key = key
+        return self._o2o
+
     def sole_units(self) -> np.ndarray:
         """Per unit position: its entity's position if it is that entity's only alive unit, else -1. Cached per
         change, like segments()."""
@@ -321,12 +332,14 @@ class DenseQuery:
             return
         bits = snap.binary()
         qb = _pack(qv[None, :], snap.center)[0]
-        h = np.bitwise_count(bits[0, :n] ^ qb[0]).astype(np.uint16)
-        for w in range(1, len(qb)):
-            h += np.bitwise_count(bits[w, :n] ^ qb[w])
+        h = np.zeros(n, np.uint16)
+        x, c = np.empty(n, np.uint64), np.empty(n, np.uint8)  # reused: no temporaries per word
+        for w in range(len(qb)):
+            np.bitwise_xor(bits[w, :n], qb[w], out=x)
+            h += np.bitwise_count(x, out=c)
         far = 64 * len(qb) + 1  # beyond any distance: what the units outside the mask are given
-        near = _smallest(np.where(mask, h, np.uint16(far)), max(SHORTLIST if shortlist is None else shortlist,
-                                                                  n // 25), far)
+        near = _smallest(h if len(cand) == n else np.where(mask, h, np.uint16(far)),
+                         max(SHORTLIST if shortlist is None else shortlist, n // 25), far)
         size = SAMPLE if sample is None else sample
         samp = cand if len(cand) <= size else cand[np.linspace(0, len(cand) - 1, size).round().astype(np.int64)]
         exact = np.zeros(n, bool)

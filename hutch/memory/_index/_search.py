@@ -334,17 +334,25 @@ class SearchIndex:
             except SearchIndexError as e:
                 self.idx.embed_error = str(e)
                 dense_on = False
+        o2o = s.one_to_one()  # unit p is entity p: the same sums below without mapping between them
         if dense_on:
             if dq.exact is not None:  # approximate dense channel (large store): exact where BM25 found something
-                dq.make_exact((lex > 0) | (elex > 0)[s.epos[:n]])
+                dq.make_exact((lex > 0) | ((elex > 0) if o2o else (elex > 0)[s.epos[:n]]))
             channels.append(_rank.Channel("dense", dense, mask.copy(), zero_based=False, moments=dq.moments))
         # entity level: BM25 over the whole entity + its best unit's dense score
         ent = np.zeros(ne)
-        if fq:
+        if o2o:
+            if fq:
+                ent += _rank.maxnorm(elex, mask)
+            if dense_on:
+                vals = np.where(mask, dense, -np.inf)
+                ok = np.isfinite(vals)
+                ent += _rank.minmax(np.where(ok, vals, 0.0), ok)
+        if fq and not o2o:
             emask = np.zeros(ne, bool)
             emask[s.epos[:n][mask]] = True
             ent += _rank.maxnorm(elex, emask)
-        if dense_on:
+        if dense_on and not o2o:
             ap, starts, seg_e = s.segments()
             if len(ap):
                 # all units alive (the usual case): ap is 0..n-1, so take views instead of gathered copies
@@ -360,7 +368,7 @@ class SearchIndex:
                 ent += _rank.minmax(edense, emask)
         if fq and _rank.LINK_PROPAGATION:
             ent += self._propagated(elex)
-        unit_ent = ent[s.epos[:n]]
+        unit_ent = ent if o2o else ent[s.epos[:n]]
         channels.append(_rank.Channel("entity", unit_ent, unit_ent > 0))
         if boost is not None:
             hit = boost & mask
