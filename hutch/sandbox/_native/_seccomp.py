@@ -3,11 +3,14 @@
 Modelled on Docker's default profile, written as a deny list over x86_64:
 syscalls a container never needs and that widen the kernel's attack surface
 return EPERM; clone() with any namespace flag returns EPERM; clone3() returns
-ENOSYS so that libc falls back to clone(), whose flags we can inspect; socket()
-of AF_VSOCK returns EAFNOSUPPORT (vsock is not network-namespaced: it would reach
-the VM's host, and listeners of this host, whatever the sandbox's network; Docker
-refuses it too); any other architecture or the x32 ABI kills the process. Docker's profile is an allow list;
-a deny list admits syscalls that future kernels add (see docs/architecture.md).
+ENOSYS so that libc falls back to clone(), whose flags we can inspect; io_setup()
+returns ENOSYS, as on a kernel without AIO (fs.aio-max-nr counts contexts
+host-wide: one sandbox could take them all from the host and the others);
+socket() of AF_VSOCK returns EAFNOSUPPORT (vsock is not network-namespaced: it
+would reach the VM's host whatever the sandbox's network; Docker refuses it too);
+any other architecture or the x32 ABI kills the process. Docker's profile is an
+allow list; a deny list admits syscalls that future kernels add (see
+docs/architecture.md).
 Standard library only: the zygote imports this module.
 """
 
@@ -24,6 +27,7 @@ RET_ALLOW = 0x7FFF0000
 NR_IOCTL = 16
 NR_CLONE = 56
 NR_CLONE3 = 435
+NR_IO_SETUP = 206
 NR_SOCKET = 41
 AF_VSOCK = 40
 TIOCSTI = 0x5412
@@ -69,6 +73,7 @@ def build_filter() -> bytes:
     op(_JGE, 0x40000000, "kill", 0)                    # the x32 ABI
     op(_JEQ, NR_CLONE, "clone", 0)
     op(_JEQ, NR_CLONE3, "enosys", 0)
+    op(_JEQ, NR_IO_SETUP, "enosys", 0)
     op(_JEQ, NR_IOCTL, "ioctl", 0)
     op(_JEQ, NR_SOCKET, "socket", 0)
     for nr in sorted(DENIED.values()):
