@@ -61,3 +61,22 @@ def test_one_to_one_store_answers_as_the_general_path(mem, monkeypatch):
     mem.update("notes/item-1", body="Item 1 is about sailing now.")
     mem.search("warm up", k=1)
     assert not mem.index.snap.one_to_one()  # the edited entity's unit moved to the end
+
+
+def test_unsorted_bm25_read_is_the_sorted_one(mem, monkeypatch):
+    # _unit_bm25(few=True) reads the matches unsorted when they are all within LEXICAL_LIMIT, and falls back to
+    # the sorted, limited query when there are more: the same rows and scores either way
+    from hutch.memory._index import _rank, _units
+
+    for i in range(30):
+        mem.put("notes", f"Garden {i}", body=f"The garden {'roses ' * (i % 4)}and {'tomatoes' if i % 3 else 'beans'} {i}.")
+    mem.search("warm up", k=1)
+    si, n = mem.index, mem.index.snap.n
+    for query in ("garden roses", "tomatoes", "beans roses"):
+        fq = _units.fts_query(query)
+        for limit in (5, 12, 100):
+            monkeypatch.setattr(_rank, "LEXICAL_LIMIT", limit)
+            matches = si.idx.db.execute("select count(*) from units_fts where units_fts match ?", (fq,)).fetchone()[0]
+            sorted_ = si._unit_bm25(fq, n)
+            assert np.count_nonzero(sorted_) == min(limit, matches)
+            assert np.array_equal(si._unit_bm25(fq, n, True), sorted_)
