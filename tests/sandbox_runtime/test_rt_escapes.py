@@ -584,6 +584,40 @@ def test_one_sandbox_cannot_take_every_pty(api, pysb, image, py_mounts):
         api.http.post(f"/v1/sandboxes/{pysb}/exec/{held.headers['X-Hutch-Exec-Id']}/kill", json={"signal": 9})
 
 
+INOTIFY = """
+import ctypes, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+n = 0
+while n < 1000 and libc.inotify_init1(0) >= 0:
+    n += 1
+print(n, flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_per_user_kernel_counts_are_the_sandboxs_own(api, daemon, pysb):
+    """The kernel charges a user namespace's per-user counts to its owner as well: a sandbox holding every
+    inotify instance it may have must leave host root's (128 for all of root's daemons) alone."""
+    if "0" in (daemon.extra_env.get("HUTCH_USERNS"), os.environ.get("HUTCH_USERNS")):
+        pytest.skip("without a user namespace root inside is host root: these are root's counts (documented)")
+    libc = ctypes.CDLL(None, use_errno=True)
+    with api.http.stream("POST", f"/v1/sandboxes/{pysb}/exec", json={"argv": [PY, "-S", "-c", INOTIFY, "20"]}) as held:
+        buf = b""
+        for chunk in held.iter_bytes():
+            buf += chunk
+            if len(buf) >= 5 and len(buf) >= 5 + int.from_bytes(buf[1:5], "big"):
+                break
+        assert int(buf[5:5 + int.from_bytes(buf[1:5], "big")]) > 8, buf   # the sandbox got its own
+        fds = [libc.inotify_init1(os.O_CLOEXEC) for _ in range(4)]
+        try:
+            assert min(fds) >= 0, f"host root got no inotify instance: {os.strerror(ctypes.get_errno())}"
+        finally:
+            for fd in fds:
+                if fd >= 0:
+                    os.close(fd)
+        api.http.post(f"/v1/sandboxes/{pysb}/exec/{held.headers['X-Hutch-Exec-Id']}/kill", json={"signal": 9})
+
+
 def test_a_fork_bomb_is_held_by_the_pids_limit(api, daemon, image):
     sid = api.create(image, limits={"memory": 128 * 1024**2, "cpu": 1.0, "pids": 32, "disk": 16 * 1024**2})["id"]
     pids_dir = next(d for d in daemon.cgroup_dirs(sid) if (d / "pids.max").exists())

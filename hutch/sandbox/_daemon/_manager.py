@@ -168,6 +168,13 @@ class Manager(Calls):
         for sb in list(self.sandboxes.values()):
             if sb.active:
                 sb.status = "failed"
+        dead, self.pool = self.pool, []   # none may serve a create while it dies
+        for sb in dead:   # a warm init of a user namespace arms its PDEATHSIG only once it has a plan
+            if sb.pidfd >= 0:
+                try:
+                    signal.pidfd_send_signal(sb.pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         self.zygote = Zygote(self._on_reaped, self._on_zygote_death)
         asyncio.get_running_loop().create_task(self.zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF)))
 
@@ -276,7 +283,8 @@ class Manager(Calls):
             if userns:
                 sb.uid_base = self.ranges.take()
             self.cgroups.create(sb.id)
-            pid, sock = await self.zygote.spawn({"cgroup_procs": self.cgroups.procs_files(sb.id), "userns": userns})
+            pid, sock = await self.zygote.spawn({"cgroup_procs": self.cgroups.procs_files(sb.id), "userns": userns,
+                                                 "uid_base": sb.uid_base})
         except BaseException:
             sb.cleaning = True
             await self._cleanup(sb)

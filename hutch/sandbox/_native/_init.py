@@ -58,16 +58,14 @@ def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=()) -> int:
     wait for the root's plan (a warm pool keeps inits parked here); then build
     the root, lock down, and serve.
     """
-    L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
+    userns = bool(plan.get("userns"))
+    if not userns:   # else the parent is a helper about to exit (_zygote.clone_init): armed in _setup_root
+        L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
     os.closerange(3, min(keep))
     os.closerange(max(keep) + 1, 65536)
     try:
-        for path in plan["cgroup_procs"]:  # "0": this process; before any namespace exists
-            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
+        if not userns:   # the helper joined them
+            join_cgroups(plan["cgroup_procs"])
         L.unshare(L.UNSHARE_NS_FLAGS)
         _wire.send(ctl, {"op": "warm"})
         msg, trees = _wire.recv(ctl)
@@ -87,6 +85,15 @@ def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=()) -> int:
         return 1
     Init(ctl, plan).serve()
     return 0
+
+
+def join_cgroups(procs_files) -> None:
+    for path in procs_files:  # "0": this process; before any namespace exists
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
 
 
 # --- building the root -----------------------------------------------------------------
@@ -128,10 +135,10 @@ def _setup_root(plan: dict, trees=()) -> None:
     """Build the sandbox's root under the scratch mount point, then pivot into it.
 
     Paths below are relative to the scratch tmpfs (the working directory): with a
-    user namespace the init becomes its root (an unprivileged host uid) before the
-    overlay is mounted, and that uid may not traverse the host directories on the
-    way; the image's layers and the bind sources therefore come from the daemon as
-    detached, idmapped mount fds (`trees`), attached here.
+    user namespace the init is its root (an unprivileged host uid, from its clone on),
+    and that uid may not traverse the host directories on the way; the image's layers
+    and the bind sources therefore come from the daemon as detached, idmapped mount
+    fds (`trees`), attached here.
     """
     os.umask(0)
     # Nothing we mount from here on may propagate back to the host.
@@ -141,11 +148,13 @@ def _setup_root(plan: dict, trees=()) -> None:
     # a bind's tree (from the daemon, _runtime.bind_trees) stands for its source from here on
     sources = {i: f"/proc/self/fd/{trees[m['tree']]}" if m.get("tree") is not None else m["source"]
                for i, m in enumerate(plan["mounts"]) if m["kind"] == "bind"}
-    scratch = plan["scratch"]
+    # With a user namespace the init is the sandbox's host uid from the start, which may not traverse
+    # the run directory's parents: its scratch covers /tmp of its own mount namespace instead.
+    scratch = "/tmp" if userns else plan["scratch"]
     L.mount("hutch", scratch, "tmpfs", L.MS_NOSUID | L.MS_NODEV,
             f"size={plan['disk']},mode=0755" + (",uid=0,gid=0" if userns else ""))
     os.chdir(scratch)
-    if userns:  # from here on: root of the sandbox's user namespace, not of the host
+    if userns:  # root of the sandbox's user namespace (its host uid already: the ids map to it)
         os.setgroups([])
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)

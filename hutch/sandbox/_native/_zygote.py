@@ -2,7 +2,8 @@
 
 The daemon spawns one zygote: a small, single-threaded Python process that
 imports only the standard library. For each sandbox it clone()s a child into a
-new pid namespace. That child is the sandbox's init (pid 1): it joins the
+new pid namespace (with a user namespace, through a helper: see clone_init).
+That child is the sandbox's init (pid 1): it joins the
 sandbox's cgroups, unshares mount, net, ipc, uts and cgroup namespaces (so they
 are charged to the sandbox), builds the root, drops every
 privilege, and then serves the daemon over its own socket: it forks every exec
@@ -10,12 +11,14 @@ privilege, and then serves the daemon over its own socket: it forks every exec
 inside the sandbox's root. The init never runs anything from the image itself.
 
 Lifetimes: the zygote dies with the daemon (PDEATHSIG), each init dies with the
-zygote (PDEATHSIG) and also exits when the daemon's end of its socket closes;
+zygote (PDEATHSIG; a warm init of a user namespace, which arms it only with its
+plan, is killed by the daemon) and also exits when the daemon's end of its socket closes;
 an init's exit ends its pid namespace, which kills every process in it.
 """
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import select
@@ -50,6 +53,7 @@ class Zygote:
         self.config = msg
         self.seccomp = bytes.fromhex(msg["seccomp"])
         self.home = [p.encode() if isinstance(p, str) else p for p in msg["home_procs"]]
+        _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)   # inits whose helper exited (clone_init) come here
         _init.precompute()
         _write_pid(self.home, str(os.getpid()).encode())
         _wire.send(self.sock, {"op": "ready", "pid": os.getpid()})
@@ -80,24 +84,68 @@ class Zygote:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         gc.freeze()  # what the zygote made since: the child's collector must not touch (copy) it either
         try:
-            pid = _linux.clone(_linux.CLONE_NEWPID | (_linux.CLONE_NEWUSER if plan.get("userns") else 0))
+            pid = self.clone_init(plan, child_end)
         except OSError as e:
             parent_end.close()
             child_end.close()
             _wire.send(self.sock, {"op": "error", "rid": msg["rid"], "message": f"could not start the sandbox: {e}"})
             return
-        if pid == 0:
-            code = 1
-            try:
-                parent_end.close()
-                code = _init.main(child_end, plan, self.seccomp, keep=(child_end.fileno(),))
-            finally:
-                os._exit(code)
         child_end.close()
         try:
             _wire.send(self.sock, {"op": "started", "rid": msg["rid"], "pid": pid}, [parent_end.fileno()])
         finally:
             parent_end.close()
+
+    def clone_init(self, plan: dict, child_end: socket.socket) -> int:
+        """clone() the sandbox's init into a new pid namespace; returns its pid.
+
+        With a user namespace, a helper clones it as the sandbox's own host uid (plan["uid_base"]):
+        the namespace's owner, whom the kernel also charges with what the sandbox counts against
+        per-user limits (inotify instances, message queues, queued signals). Owned by root, every
+        sandbox's would count against host root's. The helper joins the cgroups first (as root) and
+        exits once the init exists; the zygote, a subreaper, becomes the init's parent.
+        """
+        if not plan.get("userns"):
+            pid = _linux.clone(_linux.CLONE_NEWPID)
+            if pid == 0:
+                self._become_init(plan, child_end)
+            return pid
+        r, w = os.pipe2(os.O_CLOEXEC)
+        try:
+            helper = _linux.clone(0)
+            if helper == 0:
+                code = 1
+                try:
+                    _init.join_cgroups(plan["cgroup_procs"])
+                    base = plan["uid_base"]
+                    os.setgroups([])
+                    os.setresgid(base, base, base)
+                    os.setresuid(base, base, base)
+                    pid = _linux.clone(_linux.CLONE_NEWPID | _linux.CLONE_NEWUSER)
+                    if pid == 0:
+                        self._become_init(plan, child_end)
+                    os.write(w, str(pid).encode())
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(w)
+            w = -1
+            data = os.read(r, 32)
+            os.waitpid(helper, 0)   # gone, so the init's parent is the zygote from here on (its PDEATHSIG)
+        finally:
+            os.close(r)
+            if w >= 0:
+                os.close(w)
+        if not data:
+            raise OSError(errno.EAGAIN, "its init could not be cloned; see the daemon log")
+        return int(data)
+
+    def _become_init(self, plan: dict, child_end: socket.socket) -> None:
+        code = 1
+        try:
+            code = _init.main(child_end, plan, self.seccomp, keep=(child_end.fileno(),))
+        finally:
+            os._exit(code)
 
 
 def main(fd: int, parent_pid: int) -> None:
