@@ -669,7 +669,7 @@ def _still_running(procs: set[tuple[int, str]], within: float = 2.0) -> set[int]
 
 @pytest.mark.parametrize("how", ["terminate", "timeout"])
 def test_no_process_survives_the_end_of_its_sandbox(api, daemon, image, how):
-    sid = api.create(image, timeout=1.5 if how == "timeout" else 120)["id"]
+    sid = api.create(image, timeout=2.5 if how == "timeout" else 120)["id"]
     out, _, _ = api.sh(sid, SURVIVORS)
     assert out == "started\n"
     time.sleep(0.2)
