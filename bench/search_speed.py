@@ -129,7 +129,8 @@ def row3(name, ours, peer, unit="ms"):
     """Like row(), with p90 too."""
     m1, m2 = statistics.median(ours), statistics.median(peer)
     print(f"{name:34s} median {m1:9.2f} {unit}  p90 {pct(ours, 90):9.2f} {unit}  p99 {pct(ours, 99):9.2f} {unit} | "
-          f"peer median {m2:9.2f} {unit} p99 {pct(peer, 99):9.2f} {unit} | ratio {m1 / m2 if m2 else float('inf'):6.2f}")
+          f"peer median {m2:9.2f} {unit} p99 {pct(peer, 99):9.2f} {unit} | "
+          f"ratio {m1 / m2 if m2 else float('inf'):6.2f}")
 
 
 def main() -> None:

@@ -44,8 +44,9 @@ def test_one_to_one_store_answers_as_the_general_path(mem, monkeypatch):
     # In a store whose unit p is entity p the entity channel skips the mapping between them: the same answers
     # (hits, scores, per-channel ranks) as the general path, with and without filters
     for i in range(40):
-        mem.put("notes" if i % 3 else "ideas", f"Item {i}", body=f"Item {i} is about {'gardening' if i % 2 else 'sailing'} "
-                f"and {'boats' if i % 5 else 'roses'} in week {i % 7}.")
+        topic, thing = ("gardening" if i % 2 else "sailing"), ("boats" if i % 5 else "roses")
+        mem.put("notes" if i % 3 else "ideas", f"Item {i}",
+                body=f"Item {i} is about {topic} and {thing} in week {i % 7}.")
     mem.search("warm up", k=1)
     s = mem.index.snap
     assert s.one_to_one()
@@ -69,7 +70,8 @@ def test_unsorted_bm25_read_is_the_sorted_one(mem, monkeypatch):
     from hutch.memory._index import _rank, _units
 
     for i in range(30):
-        mem.put("notes", f"Garden {i}", body=f"The garden {'roses ' * (i % 4)}and {'tomatoes' if i % 3 else 'beans'} {i}.")
+        crop = "tomatoes" if i % 3 else "beans"
+        mem.put("notes", f"Garden {i}", body=f"The garden {'roses ' * (i % 4)}and {crop} {i}.")
     mem.search("warm up", k=1)
     si, n = mem.index, mem.index.snap.n
     for query in ("garden roses", "tomatoes", "beans roses"):
