@@ -261,6 +261,14 @@ def test_proc_of_the_init_and_of_host_pids(api, daemon, pysb):
     assert max(got["pids"]) < 100, got["pids"]
 
 
+def test_the_init_holds_none_of_the_daemons_environment(daemon, image, api):
+    """Defence in depth: were the init's memory ever read, it holds no token or credential of the daemon's."""
+    sid = api.create(image)["id"]
+    for pid in host_state(daemon, sid)["pids"]:
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+        assert b"HUTCH_RUN_DIR" not in env and b"PATH=" not in env, (pid, env[:200])
+
+
 def test_files_api_does_not_follow_proc_magic_links(api, daemon, pysb):
     """Symlinks the sandbox plants for the host to read or write through: /proc/self and /proc/1 are the
     init serving the call, whose descriptors reach the daemon's log and its scratch mount."""

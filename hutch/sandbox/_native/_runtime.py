@@ -138,9 +138,10 @@ class Zygote:
         pkg_parent = str(Path(hutch.__file__).resolve().parent.parent)
         code = (f"import sys; sys.path.insert(0, {pkg_parent!r}); "
                 f"from hutch.sandbox._native._zygote import main; main({theirs.fileno()}, {os.getpid()})")
-        # -I -S: no site-packages, no environment: the zygote imports only the standard library.
+        # -I -S: no site-packages, no environment: the zygote imports only the standard library. Nor does it
+        # get the daemon's environment (tokens, credentials): every init would hold a copy in its memory.
         self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", code], pass_fds=[theirs.fileno()],
-                                     stdin=subprocess.DEVNULL, close_fds=True)
+                                     stdin=subprocess.DEVNULL, close_fds=True, env={})
         theirs.close()
         ready = asyncio.get_running_loop().create_future()
 
