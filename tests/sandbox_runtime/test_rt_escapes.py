@@ -394,6 +394,17 @@ def test_the_init_ignores_every_signal_from_inside(api, image):
     assert api.info(sid)["status"] == "running"
 
 
+def test_a_malformed_command_gets_an_error_not_the_end_of_the_sandbox(api, image):
+    """An agent's tool call passes argv, env and workdir through: C strings cannot hold what it may send."""
+    sid = api.create(image)["id"]
+    for body in ({"argv": ["echo", "a\0b"]}, {"argv": ["echo\0", "x"]}, {"argv": ["echo"], "env": {"A=B": "1"}},
+                 {"argv": ["echo"], "env": {"A": "1\0"}}, {"argv": ["echo"], "env": {"": "1"}},
+                 {"argv": ["echo"], "workdir": "/tmp\0/x"}):
+        r = api.http.post(f"/v1/sandboxes/{sid}/exec", json=body)
+        assert r.status_code == 400 and r.json()["error"] == "ConfigError", (body, r.text)
+    assert api.sh(sid, "echo alive")[0] == "alive\n"
+
+
 # --- devices, /sys, /proc/sys, kernel modules ----------------------------------------------------
 
 def test_no_device_node_kernel_log_or_module_is_reachable(api, image):

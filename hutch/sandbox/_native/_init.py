@@ -417,6 +417,11 @@ class Init:
     def _spawn(self, msg: dict, fds: list[int]) -> int:
         """posix_spawn (vfork + exec) the command in its own session; raises _SpawnError."""
         argv, cwd, env = msg["argv"], msg["cwd"], msg["env"]
+        # posix_spawn would raise ValueError (and so end the init, the sandbox with it) where C strings cannot be
+        if "\0" in cwd or any("\0" in a for a in argv) or any(
+                not k or "=" in k or "\0" in k or "\0" in v for k, v in env.items()):
+            raise _SpawnError("ConfigError", "argv, env and workdir may not hold NUL bytes, nor an env name '=' "
+                                             "or be empty; fix the command.")
         prog = _which(argv[0], env.get("PATH", ""))
         if prog is None:
             raise _SpawnError("NotFoundError", f"program {argv[0]!r} was not found in the sandbox; "
