@@ -7,6 +7,7 @@ the channels of _rank, then (with `expand`) adds the link neighbourhood.
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import time
 from concurrent.futures import Future
@@ -457,7 +458,7 @@ class SearchIndex:
             rows = self.idx.db.execute(f"select rowid, {bm} as s from units_fts where units_fts match ? order by s "
                                        f"limit {limit}", (fq,)).fetchall()
         if rows:
-            uid, bm = np.array(rows).T
+            uid, bm = np.fromiter(itertools.chain.from_iterable(rows), np.float64, 2 * len(rows)).reshape(-1, 2).T
             p = self.snap.positions(uid.astype(np.int64))
             ok = (p >= 0) & (p < n)
             out[p[ok]] = -bm[ok]
