@@ -42,7 +42,7 @@ def search(ctx, query, k, classes, since, until, as_of, expand, now, explain, as
     hits = m.search(query, k=k, classes=list(classes) or None, since=since, until=until, as_of=as_of, expand=expand,
                     now=now)
     if as_json:
-        click.echo(json.dumps([{"id": h.entity_id, "anchor": h.anchor, "score": h.score,
+        click.echo(json.dumps([{"id": h.entity_id, "anchor": h.anchor, "speaker": h.speaker, "score": h.score,
                                 "channels": {c: dict(v) for c, v in h.channels.items()}} for h in hits], indent=1))
         return
     for i, h in enumerate(hits, 1):
@@ -57,6 +57,8 @@ def search(ctx, query, k, classes, since, until, as_of, expand, now, explain, as
                     parts.append(f"{name} {v.get('hops')} hop(s) via {v.get('via')}")
             click.echo("       " + "; ".join(parts))
             text = " ".join(h.text.split())
+            who = h.speaker
+            text = f"{who}: {text}" if who else text
             click.echo("       " + (text[:160] + ("..." if len(text) > 160 else "")))
 
 

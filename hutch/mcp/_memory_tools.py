@@ -40,7 +40,7 @@ def register(server, mem) -> None:
         now: the date that relative words in the query ("last week", "two days ago") are read against
         (ISO; default: as_of, else today).
         Each hit has the entity id (pass it to memory_get), title, score, the channels that found it
-        (bm25, dense, graph, time ...) and, for a conversation turn, its anchor and the turn's text.
+        (bm25, dense, graph, time ...) and, for a conversation turn, its anchor, its speaker and the turn's text.
         """
         text = first(query=query, q=q)
         if not text or not text.strip():
@@ -56,7 +56,7 @@ def register(server, mem) -> None:
             snippet = h.text.strip()
             out.append({"id": h.entity_id, "title": e.title, "score": round(float(h.score), 4),
                         "channels": {c: dict(v) for c, v in h.channels.items()}, "anchor": h.anchor,
-                        "snippet": snippet[:500]})
+                        "speaker": h.speaker, "snippet": snippet[:500]})
         return {"query": text, "hits": out}
 
     @tool(server, READ_ONLY)

@@ -69,6 +69,7 @@ async def _memory_session(client, store):
     assert not r.is_error
     hits = r.structured_content["result"]["hits"]
     assert hits[0]["id"] == "orgs/acme" and "bm25" in hits[0]["channels"]
+    assert hits[0]["anchor"] is None and hits[0]["speaker"] is None  # not a conversation turn
 
     r = await client.call_tool("memory_put", {"title": "Pricing decision", "entity_class": "decisions",
                                               "body": "Move to tiered pricing.", "facts": ["decided 2026-11-20"],

@@ -37,6 +37,9 @@ def test_turn_hits_carry_their_dia_id(mem):
     top = mem.search("adopted a beagle puppy from the shelter", k=1, classes=["interactions"])[0]
     assert (top.entity_id, top.anchor) == ("interactions/c1-session-1", "D1:3")
     assert "beagle" in top.text
+    assert top.speaker == "Nadia"  # who said it, from the turn's heading
+    assert mem.search("sailing boat", k=1, classes=["interactions"])[0].speaker == "Tomas"
+    assert all(h.speaker is None for h in mem.search("beagle", k=3, classes=["actors", "events"]))
     # one turn per hit
     assert len({(h.entity_id, h.anchor) for h in hits}) == len(hits)
 

@@ -22,9 +22,10 @@ def test_search_explain_json_reindex_doctor(mem, store_dir):
     first = r.output.splitlines()[0]
     assert "interactions/c1-session-" in first and "#D" in first
     assert "bm25 #" in r.output and "dense #" in r.output
+    assert "Tomas: " in r.output  # the turn's text names who said it
     r = run(store_dir, "search", "sailing boat", "--json", "-k", "1")
     hit = json.loads(r.output)[0]
-    assert hit["anchor"].startswith("D") and "bm25" in hit["channels"]
+    assert hit["anchor"].startswith("D") and "bm25" in hit["channels"] and hit["speaker"] == "Tomas"
     (store_dir / "notes").mkdir()
     (store_dir / "notes" / "x.md").write_text("---\ntitle: X\n---\nnew\n")
     r = run(store_dir, "doctor")

@@ -71,6 +71,17 @@ class Hit:
             return e.section(self.anchor) or ""
         return e.body
 
+    @property
+    def speaker(self) -> str | None:
+        """Who said an anchored turn (the name in its heading, `### D3:12 · Caroline`); None for other hits."""
+        if not self.anchor:
+            return None
+        for heading in self.entity.sections:
+            at, _, who = heading.partition(" · ")
+            if at.strip() == self.anchor:
+                return who.strip() or None
+        return None
+
     def __repr__(self) -> str:
         at = f"#{self.anchor}" if self.anchor else ""
         return f"Hit({self.entity_id}{at}, score={self.score:.3f}, channels={sorted(self.channels)})"
