@@ -164,12 +164,13 @@ class Manager(Calls):
     def _on_zygote_death(self) -> None:
         if self.closing:
             return
-        # Every init dies with it (PDEATHSIG); their pidfds clean up. Start a new zygote.
+        # Every init dies with it (PDEATHSIG; one of a user namespace is killed here, see
+        # _zygote.clone_init); their pidfds clean up. Start a new zygote.
         for sb in list(self.sandboxes.values()):
             if sb.active:
                 sb.status = "failed"
         dead, self.pool = self.pool, []   # none may serve a create while it dies
-        for sb in dead:   # a warm init of a user namespace arms its PDEATHSIG only once it has a plan
+        for sb in dead + [sb for sb in self.sandboxes.values() if not sb.gone.is_set()]:
             if sb.pidfd >= 0:
                 try:
                     signal.pidfd_send_signal(sb.pidfd, signal.SIGKILL)

@@ -51,20 +51,24 @@ def precompute() -> None:
 _UPPER = -1   # O_PATH fd of the overlay's writable layer
 
 
-def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=()) -> int:
+def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=(), go: int = -1) -> int:
     """Become the sandbox's init; returns only on a failure before it was ready.
 
     In two steps: join the cgroups and unshare the namespaces, report "warm" and
     wait for the root's plan (a warm pool keeps inits parked here); then build
     the root, lock down, and serve.
     """
-    userns = bool(plan.get("userns"))
-    if not userns:   # else the parent is a helper about to exit (_zygote.clone_init): armed in _setup_root
+    if go >= 0:   # a helper cloned this init (_zygote.clone_init): on once it is in its cgroups
+        ready = os.read(go, 1) == b"g"
+        os.close(go)
+        if not ready:
+            return 1
+    else:         # (the helper's death would fire PDEATHSIG: the daemon kills such an init instead)
         L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
     os.closerange(3, min(keep))
     os.closerange(max(keep) + 1, 65536)
     try:
-        if not userns:   # the helper joined them
+        if go < 0:
             join_cgroups(plan["cgroup_procs"])
         L.unshare(L.UNSHARE_NS_FLAGS)
         _wire.send(ctl, {"op": "warm"})
@@ -87,11 +91,11 @@ def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=()) -> int:
     return 0
 
 
-def join_cgroups(procs_files) -> None:
-    for path in procs_files:  # "0": this process; before any namespace exists
+def join_cgroups(procs_files, pid: int = 0) -> None:
+    for path in procs_files:  # pid 0: this process; before any namespace exists
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         try:
-            os.write(fd, b"0")
+            os.write(fd, str(pid).encode())
         finally:
             os.close(fd)
 
@@ -158,7 +162,6 @@ def _setup_root(plan: dict, trees=()) -> None:
         os.setgroups([])
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
-        L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)  # a change of uid cleared it
     for d in ("upper", "work", "root"):
         os.mkdir(d, 0o755)
     if plan.get("lower_trees") is not None:   # the image's layers, idmapped for this sandbox

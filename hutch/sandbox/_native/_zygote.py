@@ -11,8 +11,8 @@ privilege, and then serves the daemon over its own socket: it forks every exec
 inside the sandbox's root. The init never runs anything from the image itself.
 
 Lifetimes: the zygote dies with the daemon (PDEATHSIG), each init dies with the
-zygote (PDEATHSIG; a warm init of a user namespace, which arms it only with its
-plan, is killed by the daemon) and also exits when the daemon's end of its socket closes;
+zygote (PDEATHSIG; one of a user namespace, whose parent was a helper, is killed
+by the daemon) and also exits when the daemon's end of its socket closes;
 an init's exit ends its pid namespace, which kills every process in it.
 """
 
@@ -99,11 +99,12 @@ class Zygote:
     def clone_init(self, plan: dict, child_end: socket.socket) -> int:
         """clone() the sandbox's init into a new pid namespace; returns its pid.
 
-        With a user namespace, a helper clones it as the sandbox's own host uid (plan["uid_base"]):
-        the namespace's owner, whom the kernel also charges with what the sandbox counts against
-        per-user limits (inotify instances, message queues, queued signals). Owned by root, every
-        sandbox's would count against host root's. The helper joins the cgroups first (as root) and
-        exits once the init exists; the zygote, a subreaper, becomes the init's parent.
+        With a user namespace, a helper clones it with the sandbox's own host uid (plan["uid_base"])
+        as its effective uid: the namespace's owner, whom the kernel also charges with what the
+        sandbox counts against per-user limits (inotify instances, message queues, queued signals).
+        Owned by root, every sandbox's would count against host root's. The helper, root again,
+        then puts the init into its cgroups (the init waits for that) and exits; the zygote, a
+        subreaper, becomes the init's parent. It waits only for the clone, not for the cgroups.
         """
         if not plan.get("userns"):
             pid = _linux.clone(_linux.CLONE_NEWPID)
@@ -112,26 +113,11 @@ class Zygote:
             return pid
         r, w = os.pipe2(os.O_CLOEXEC)
         try:
-            helper = _linux.clone(0)
-            if helper == 0:
-                code = 1
-                try:
-                    _init.join_cgroups(plan["cgroup_procs"])
-                    base = plan["uid_base"]
-                    os.setgroups([])
-                    os.setresgid(base, base, base)
-                    os.setresuid(base, base, base)
-                    pid = _linux.clone(_linux.CLONE_NEWPID | _linux.CLONE_NEWUSER)
-                    if pid == 0:
-                        self._become_init(plan, child_end)
-                    os.write(w, str(pid).encode())
-                    code = 0
-                finally:
-                    os._exit(code)
+            if _linux.clone(0) == 0:
+                self._helper(plan, child_end, w)
             os.close(w)
             w = -1
             data = os.read(r, 32)
-            os.waitpid(helper, 0)   # gone, so the init's parent is the zygote from here on (its PDEATHSIG)
         finally:
             os.close(r)
             if w >= 0:
@@ -140,10 +126,30 @@ class Zygote:
             raise OSError(errno.EAGAIN, "its init could not be cloned; see the daemon log")
         return int(data)
 
-    def _become_init(self, plan: dict, child_end: socket.socket) -> None:
+    def _helper(self, plan: dict, child_end: socket.socket, report: int) -> None:
         code = 1
         try:
-            code = _init.main(child_end, plan, self.seccomp, keep=(child_end.fileno(),))
+            go_r, go_w = os.pipe2(os.O_CLOEXEC)
+            base = plan["uid_base"]
+            os.setresgid(-1, base, -1)   # real and saved ids stay 0: root again below
+            os.setresuid(-1, base, -1)
+            pid = _linux.clone(_linux.CLONE_NEWPID | _linux.CLONE_NEWUSER)
+            if pid == 0:
+                os.close(go_w)
+                self._become_init(plan, child_end, go_r)
+            os.setresuid(-1, 0, -1)
+            os.setresgid(-1, 0, -1)
+            os.write(report, str(pid).encode())
+            _init.join_cgroups(plan["cgroup_procs"], pid)
+            os.write(go_w, b"g")
+            code = 0
+        finally:
+            os._exit(code)
+
+    def _become_init(self, plan: dict, child_end: socket.socket, go: int = -1) -> None:
+        code = 1
+        try:
+            code = _init.main(child_end, plan, self.seccomp, keep=(child_end.fileno(),), go=go)
         finally:
             os._exit(code)
 
