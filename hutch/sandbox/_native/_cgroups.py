@@ -21,6 +21,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
 ZYGOTE_LEAF = "_zygote"
+#: A daemon's sandboxes together hold at most 1 / HOST_PIDS_DIVISOR of the host's process ids.
+HOST_PIDS_DIVISOR = 2
 
 
 def _write(path, value) -> None:
@@ -29,6 +31,17 @@ def _write(path, value) -> None:
         os.write(fd, str(value).encode())
     finally:
         os.close(fd)
+
+
+def host_pids_share() -> int:
+    """How many processes and threads a daemon's sandboxes may hold together: half of what the host has."""
+    limits = []
+    for f in ("/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"):
+        try:
+            limits.append(int(Path(f).read_text()))
+        except (OSError, ValueError):
+            continue
+    return max(1024, min(limits, default=32768) // HOST_PIDS_DIVISOR)
 
 
 class Cgroups:
@@ -58,7 +71,14 @@ class Cgroups:
             # Controllers must be enabled on the way down; a v2 parent with controllers holds no processes.
             _write(self.bases[0].parent / "cgroup.subtree_control", "+memory +pids +cpu")
             _write(self.bases[0] / "cgroup.subtree_control", "+memory +pids +cpu")
+        # Process ids are a host-wide pool (kernel.pid_max, 32768 by default): 64 sandboxes filling their own
+        # pids limit (512) would leave the host none. All of this daemon's sandboxes together get at most a share.
+        _write(self.pids_dir() / "pids.max", host_pids_share())
         self.create(ZYGOTE_LEAF)
+
+    def pids_dir(self) -> Path:
+        """The daemon's own cgroup of the pids controller (its sandboxes' parent)."""
+        return self.bases[0] if self.v2 else self.bases[V1_CONTROLLERS.index("pids")]
 
     def dirs(self, sid: str) -> list[Path]:
         return [b / sid for b in self.bases]
