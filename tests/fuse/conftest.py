@@ -73,3 +73,22 @@ def mounted_ro(store, tmp_path):
         yield m
     finally:
         m.close()
+
+
+# --- memory inside sandboxes (test_sandbox_memory.py, test_mount_attacks.py) ---------------------------------
+
+@pytest.fixture(scope="module")
+def daemon():
+    """A private daemon for the module's sandboxes (the SDK points at it), stopped at the module's end."""
+    from sandbox_support import private_daemon
+
+    with private_daemon() as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    """A busybox image for the module's sandboxes."""
+    from sandbox_support import busybox_root
+
+    return hutch.Image.from_directory(busybox_root(tmp_path_factory.mktemp("bbroot") / "root"))

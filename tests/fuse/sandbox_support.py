@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -51,3 +52,12 @@ def views_alive() -> list[str]:
     with open("/proc/self/mountinfo") as f:
         out += [f"mount: {line.split()[4]}" for line in f if "hutch-memory-" in line]
     return out
+
+
+def views_settled(timeout: float = 15.0) -> list[str]:
+    """views_alive() once the view servers of ended sandboxes had `timeout` seconds to go."""
+    deadline = time.monotonic() + timeout
+    while views_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return views_alive()
+

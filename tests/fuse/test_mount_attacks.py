@@ -8,34 +8,17 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import time
 
 import pytest
 
 import hutch
 from hutch.fuse._fs_write import MAX_FILE_BYTES, MAX_SCRATCH_FILES
 
-from sandbox_support import busybox_root, private_daemon, views_alive
+from sandbox_support import views_settled
 
 SECRET = "SECRET-CANARY-51c9"
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    with private_daemon() as env:
-        yield env
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    return hutch.Image.from_directory(busybox_root(tmp_path_factory.mktemp("bbroot") / "root"))
-
-
-def _settled(timeout=15.0) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while views_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return views_alive()
 
 
 @pytest.fixture
@@ -165,7 +148,7 @@ def test_sandbox_code_cannot_escape_a_writable_mount(daemon, image, planted):
     assert after[1] == before[1], f"the store's files changed: {set(after[1]) ^ set(before[1])}"
     assert after[2] == before[2], "a file mode in the store changed"
     assert after[3] == before[3], mem.git.run("log", "--format=%s", f"{before[3]}..HEAD")
-    assert _settled() == [], "the memory view outlived its sandbox"
+    assert views_settled() == [], "the memory view outlived its sandbox"
 
 
 def test_a_read_only_mount_refuses_every_write(daemon, image, planted):
@@ -196,7 +179,7 @@ def test_a_read_only_mount_refuses_every_write(daemon, image, planted):
         assert r.stdout.count("Read-only file system") >= 10, r.stdout
         assert "Acme worries" in r.stdout
     assert _state(mem, outside) == before
-    assert _settled() == []
+    assert views_settled() == []
 
 
 def test_concurrent_writers_in_a_sandbox_leave_a_valid_store(daemon, image, planted):
@@ -216,7 +199,7 @@ def test_concurrent_writers_in_a_sandbox_leave_a_valid_store(daemon, image, plan
     assert subprocess.run(["git", "-C", str(mem.root), "fsck", "--no-progress"], capture_output=True).returncode == 0
     assert not [i for i in mem.check().issues if i.severity == "error" and "fifo" not in i.path
                 and "evil" not in i.path and "knows" not in i.path]
-    assert _settled() == []
+    assert views_settled() == []
 
 
 def test_extended_attributes_are_refused(mounted):

@@ -3,32 +3,15 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 import hutch
 from hutch._core.errors import ConfigError
 
-from sandbox_support import busybox_root, private_daemon, views_alive
+from sandbox_support import views_alive, views_settled
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    with private_daemon() as env:
-        yield env
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    return hutch.Image.from_directory(busybox_root(tmp_path_factory.mktemp("bbroot") / "root"))
-
-
-def _settled(timeout=15.0) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while views_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return views_alive()
 
 
 def test_writable_memory_mount_commits_as_the_sandbox(daemon, image, store):
@@ -45,7 +28,7 @@ def test_writable_memory_mount_commits_as_the_sandbox(daemon, image, store):
         assert r.returncode == 0 and "Notes on churn." in r.stdout
         assert store.history("topics/churn")[0].source == f"sandbox:{sb.id}"
         assert views_alive(), "the view should serve while the sandbox runs"
-    assert _settled() == [], "the memory view outlived its sandbox"
+    assert views_settled() == [], "the memory view outlived its sandbox"
 
 
 def test_read_only_memory_mount_refuses_even_root(daemon, image, store):
@@ -61,13 +44,13 @@ def test_read_only_memory_mount_refuses_even_root(daemon, image, store):
         assert len(store.git.log()) == n
     finally:
         sb.terminate()
-    assert _settled() == []
+    assert views_settled() == []
 
 
 def test_a_failed_create_leaves_no_view(daemon, store):
     with pytest.raises(hutch.Error):
         hutch.Sandbox.create(image="dir:/nonexistent-hutch-root", memory=hutch.MemoryMount(store, "/memory"))
-    assert _settled() == []
+    assert views_settled() == []
 
 
 def test_memory_mount_validates(store, tmp_path, monkeypatch):
@@ -97,7 +80,7 @@ def test_async_sandbox_takes_a_memory_mount(daemon, image, store):
 
     sid = asyncio.run(main())
     assert store.history("topics/async-note")[0].source == f"sandbox:{sid}"
-    assert _settled() == []
+    assert views_settled() == []
 
 
 def test_memory_mount_in_a_user_namespace_sandbox(daemon, image, store):
@@ -116,4 +99,4 @@ def test_memory_mount_in_a_user_namespace_sandbox(daemon, image, store):
     with hutch.Sandbox.create(image=image, memory=hutch.MemoryMount(store, "/memory")) as sb:
         r = sb.run("sh", "-c", "echo x >> /memory/orgs/acme.md")
         assert r.returncode != 0 and "Read-only file system" in r.stderr
-    assert _settled() == []
+    assert views_settled() == []
