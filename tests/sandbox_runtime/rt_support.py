@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -167,6 +168,19 @@ class Daemon:
 
 
 # --- host-side views of a sandbox ---------------------------------------------------------
+
+@contextmanager
+def private_state_daemon(base: Path):
+    """A started daemon with a private state dir under `base` (snapshots land there); stopped and its
+    cgroups removed at the end."""
+    d = Daemon(base / "run", env={"HUTCH_STATE_DIR": str(base / "state")})
+    d.state_dir = base / "state"
+    try:
+        yield d.start()
+    finally:
+        d.stop()
+        d.cleanup_cgroups()
+
 
 def host_state(daemon: Daemon, sid: str) -> dict:
     """Pids, namespaces and cgroups of a running sandbox, as the host sees them."""

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from hutch_testing import make_busybox_root
-from rt_support import Api, Daemon, host_state, wait_gone
+from rt_support import Api, Daemon, host_state, private_state_daemon, wait_gone
 
 PY = "/usr/bin/python3"
 
@@ -750,14 +750,8 @@ def test_an_exec_timeout_leaves_nothing_once_the_sandbox_ends(api, daemon, image
 @pytest.fixture(scope="module")
 def store_daemon(tmp_path_factory):
     """A daemon with a private state dir: snapshots land there."""
-    base = tmp_path_factory.mktemp("esc")
-    d = Daemon(base / "run", env={"HUTCH_STATE_DIR": str(base / "state")})
-    d.state_dir = base / "state"
-    try:
-        yield d.start()
-    finally:
-        d.stop()
-        d.cleanup_cgroups()
+    with private_state_daemon(tmp_path_factory.mktemp("esc")) as d:
+        yield d
 
 
 def test_a_snapshot_copies_links_not_what_they_point_at(store_daemon, image):

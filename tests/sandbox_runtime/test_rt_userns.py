@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rt_support import Api, Daemon, host_state, leftovers
+from rt_support import Api, Daemon, host_state, leftovers, private_state_daemon
 from test_rt_isolation import MUST_FAIL, PROBE
 
 from hutch.sandbox._native._idmap import HOST_ID_BASE, ID_COUNT, RANGE_LOCK, mounts_under
@@ -23,16 +23,10 @@ def state_daemon(tmp_path_factory):
     """A daemon with the default settings and a private state dir (snapshots land there)."""
     if os.environ.get("HUTCH_USERNS") == "0":
         pytest.skip("HUTCH_USERNS=0: this run opted out of user namespaces")
-    base = tmp_path_factory.mktemp("uns")
-    d = Daemon(base / "run", env={"HUTCH_STATE_DIR": str(base / "state")})
-    d.state_dir = base / "state"
-    try:
-        yield d.start()
-    finally:
-        d.stop()
-        d.cleanup_cgroups()
-        left = mounts_under(d.run_dir)
-        assert left == [], f"mounts left under the run dir: {left}"
+    with private_state_daemon(tmp_path_factory.mktemp("uns")) as d:
+        yield d
+    left = mounts_under(d.run_dir)
+    assert left == [], f"mounts left under the run dir: {left}"
 
 
 @pytest.fixture
