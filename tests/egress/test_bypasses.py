@@ -565,18 +565,16 @@ print(json.dumps(out), flush=True)
 """
 
 
-@pytest.mark.parametrize("new_policy", [
-    Network.none(),
-    Network.allow(domains=["api.example.test"]),
-    Network.allow(domains=["www.example.test"], cidrs=["203.0.113.20/32"], ports=[443]),
-], ids=["none", "other-name", "other-port"])
-def test_policy_change_cuts_established_connections(sandbox, world, new_policy):
-    sb = sandbox(Network.allow(domains=["www.example.test"], cidrs=["203.0.113.20/32"], ports=[80, 7000]))
-    p = subprocess.Popen(["ip", "netns", "exec", sb.netns, "setpriv", "--bounding-set=-all", "--inh-caps=-all",
-                          "--no-new-privs", "--", sys.executable, "-c", HOLD], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _change_policy_midway(sb, world, new_policy, script: str, ready: str, *, settle: float = 0.0,
+                          unprivileged: bool = False) -> tuple[str, str, object]:
+    """Run `script` in the sandbox's netns until it prints `ready`, replace the policy, then tell it to go on:
+    (its stdout, its stderr, the world's mark taken just before the change)."""
+    drop = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--"] if unprivileged else []
+    p = subprocess.Popen(["ip", "netns", "exec", sb.netns, *drop, sys.executable, "-c", script],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert p.stdout.readline().strip() == "open", p.stderr.read() if p.poll() is not None else ""
+        assert p.stdout.readline().strip() == ready, p.stderr.read() if p.poll() is not None else ""
+        time.sleep(settle)
         mark = world.mark()
         sb.set_policy(new_policy)
         out, err = p.communicate("go\n", timeout=20)
@@ -584,6 +582,17 @@ def test_policy_change_cuts_established_connections(sandbox, world, new_policy):
         if p.poll() is None:
             p.kill()
         p.wait()
+    return out, err, mark
+
+
+@pytest.mark.parametrize("new_policy", [
+    Network.none(),
+    Network.allow(domains=["api.example.test"]),
+    Network.allow(domains=["www.example.test"], cidrs=["203.0.113.20/32"], ports=[443]),
+], ids=["none", "other-name", "other-port"])
+def test_policy_change_cuts_established_connections(sandbox, world, new_policy):
+    sb = sandbox(Network.allow(domains=["www.example.test"], cidrs=["203.0.113.20/32"], ports=[80, 7000]))
+    out, err, mark = _change_policy_midway(sb, world, new_policy, HOLD, "open", unprivileged=True)
     got = json.loads(out.strip().splitlines()[-1])
     # /slow keeps sending: a connection the change did not cut would read as "alive"
     assert got["http"] in ("reset", "eof") and got["raw"] in ("reset", "eof", "BrokenPipeError"), (got, err)
@@ -611,18 +620,8 @@ except OSError as e:
                          ids=["none", "other-name"])
 def test_a_connection_still_being_decided_is_refused_after_a_change(sandbox, world, new_policy):
     sb = sandbox(ALLOW_WWW)
-    p = subprocess.Popen(["ip", "netns", "exec", sb.netns, sys.executable, "-c", UNDECIDED], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "connected", p.stderr.read() if p.poll() is not None else ""
-        time.sleep(0.1)    # accepted by the proxy, waiting for the request
-        mark = world.mark()
-        sb.set_policy(new_policy)
-        out, err = p.communicate("go\n", timeout=20)
-    finally:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
+    # settle: accepted by the proxy, waiting for the request
+    out, err, mark = _change_policy_midway(sb, world, new_policy, UNDECIDED, "connected", settle=0.1)
     assert out.strip() in ("reset", "eof", "BrokenPipeError"), out + err
     assert not [e for e in world.events_since(mark) if e["kind"] in ("tcp", "http")]
 
