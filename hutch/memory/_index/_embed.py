@@ -171,8 +171,24 @@ class MiniLMProvider:
         feed = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._inputs:
             feed["token_type_ids"] = np.zeros_like(ids)
-        hidden = session.run(None, feed)[0]
+        hidden = token_states(session.run(None, feed), self.dim, self.model_path)
         out[idx] = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+
+
+def token_states(outputs: Sequence[np.ndarray], dim: int, model_path) -> np.ndarray:
+    """The model's per-token hidden states (batch x tokens x dim) among its outputs. Exports differ in what
+    they put first (some add a pooled output, batch x dim, before the token states)."""
+    for o in outputs:
+        if o.ndim == 3:
+            if o.shape[-1] != dim:
+                raise SearchIndexError(
+                    f"The embedding model {model_path} gives {o.shape[-1]}-dimensional token states, not {dim}: "
+                    f"MiniLMProvider takes {dim}-dimensional BERT-style models; wrap another one in a provider "
+                    "of its own (name, revision, dim, embed).")
+            return o
+    raise SearchIndexError(
+        f"The embedding model {model_path} has no per-token output (batch x tokens x dim): export it with its last "
+        "hidden state as an output, or wrap it in a provider of its own (name, revision, dim, embed).")
 
 
 class OpenAIEmbeddings:
