@@ -23,8 +23,10 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -334,3 +336,26 @@ def wait_for(pred, timeout=5.0, step=0.05):
             return True
         time.sleep(step)
     return pred()
+
+
+@contextmanager
+def daemon_in_world(world: "World", subnet: str, mode: str):
+    """The real daemon in the fake host's netns, the SDK pointed at it; yields its run dir. `mode`: "default"
+    (sandboxes in user namespaces) or "opt-out" (HUTCH_USERNS=0). Daemons of one test session need subnets of
+    their own."""
+    from hutch_testing import sdk_pointed_at, start_daemon, stop_daemon
+
+    run_dir = Path(tempfile.mkdtemp(prefix="hutch-egress-run-"))
+    env = {"HUTCH_EGRESS_RESOLVERS": "192.0.2.53", "HUTCH_EGRESS_SUBNET": subnet}
+    if mode == "opt-out":
+        env["HUTCH_USERNS"] = "0"
+    try:
+        # nsenter, not `ip netns exec`: the latter remounts /sys and would hide the cgroup controllers
+        proc = start_daemon(run_dir, env, prefix=("nsenter", f"--net=/run/netns/{world.host}"))
+        try:
+            with sdk_pointed_at(run_dir):
+                yield run_dir
+        finally:
+            stop_daemon(proc)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -751,7 +751,8 @@ def real_daemon(world, request):
     import tempfile
     from pathlib import Path
 
-    from hutch_testing import make_busybox_root, sdk_pointed_at, start_daemon, stop_daemon
+    from egress_world import daemon_in_world
+    from hutch_testing import make_busybox_root
 
     busybox = shutil.which("busybox")
     if busybox is None:
@@ -759,17 +760,8 @@ def real_daemon(world, request):
     tmp = Path(tempfile.mkdtemp(prefix="hutch-egress-bypass-"))
     try:
         root = make_busybox_root(tmp / "root", busybox)
-        run_dir = tmp / "run"
-        run_dir.mkdir()
-        env = {"HUTCH_EGRESS_RESOLVERS": "192.0.2.53", "HUTCH_EGRESS_SUBNET": "198.18.2.0/24"}
-        if request.param == "opt-out":
-            env["HUTCH_USERNS"] = "0"
-        proc = start_daemon(run_dir, env, prefix=("nsenter", f"--net=/run/netns/{world.host}"))
-        try:
-            with sdk_pointed_at(run_dir):
-                yield root
-        finally:
-            stop_daemon(proc)
+        with daemon_in_world(world, "198.18.2.0/24", request.param):
+            yield root
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from hutch_testing import make_busybox_root, sdk_pointed_at, start_daemon, stop_daemon
+from egress_world import daemon_in_world
+from hutch_testing import make_busybox_root
 
 import hutch
 from hutch import Network
@@ -41,20 +42,8 @@ def busybox_root():
 @pytest.fixture(scope="module", params=["default", "opt-out"])
 def daemon(world, request):
     """The daemon, once as it runs by default (sandboxes in user namespaces) and once with HUTCH_USERNS=0."""
-    run_dir = Path(tempfile.mkdtemp(prefix="hutch-egress-run-"))
-    env = {"HUTCH_EGRESS_RESOLVERS": "192.0.2.53", "HUTCH_EGRESS_SUBNET": "198.18.1.0/24"}
-    if request.param == "opt-out":
-        env["HUTCH_USERNS"] = "0"
-    try:
-        # nsenter, not `ip netns exec`: the latter remounts /sys and would hide the cgroup controllers
-        proc = start_daemon(run_dir, env, prefix=("nsenter", f"--net=/run/netns/{world.host}"))
-        try:
-            with sdk_pointed_at(run_dir):
-                yield run_dir
-        finally:
-            stop_daemon(proc)
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    with daemon_in_world(world, "198.18.1.0/24", request.param) as run_dir:
+        yield run_dir
 
 
 def host_links(world) -> list[str]:
