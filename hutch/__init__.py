@@ -55,6 +55,7 @@ _LAZY = {
     "MemoryMount": "hutch.fuse._sandbox",
     "Mount": "hutch.sandbox._spec",
     "Network": "hutch.sandbox._spec",
+    "NetworkLog": "hutch.sandbox._wire",
     "OpenAIEmbeddings": "hutch.memory._index._embed",
     "Process": "hutch.sandbox._process",
     "Sandbox": "hutch.sandbox.sandbox",
@@ -68,7 +69,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hutch.sandbox._files import FileInfo
     from hutch.sandbox._process import AsyncProcess, Process
     from hutch.sandbox._spec import Mount, Network
-    from hutch.sandbox._wire import ExecResult
+    from hutch.sandbox._wire import ExecResult, NetworkLog
     from hutch.sandbox.aio import AsyncSandbox
     from hutch.sandbox.image import Image
     from hutch.sandbox.sandbox import Sandbox

@@ -229,27 +229,51 @@ def kill(sandbox_ids):
 
 @sandbox.command("netlog")
 @click.argument("sandbox_id")
-@click.option("--json", "as_json", is_flag=True, help="Print the decisions as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole log (decisions and counters) as JSON.")
 def netlog(sandbox_id, as_json):
-    """Show the egress gateway's decisions for a sandbox, oldest first.
+    """Show the egress gateway's decisions for a sandbox, oldest first, then what it did not keep.
+
+    Refusals are counted by reason and by name/address even when a flood kept them out of the
+    list; the summary under the list says how many decisions of each kind were dropped.
 
     \b
     Example:
       hutch sandbox netlog sb-1a2b3c
     """
-    import time
-
     import hutch
 
-    decisions = hutch.Sandbox.from_id(sandbox_id).network_log()
+    log = hutch.Sandbox.from_id(sandbox_id).network_log()
     if as_json:
-        click.echo(json.dumps(decisions, indent=1))
+        click.echo(json.dumps({"decisions": list(log.decisions), "seen": log.seen, "dropped": log.dropped,
+                               "refusals_by_reason": list(log.refusals_by_reason),
+                               "refusals_by_target": list(log.refusals_by_target), "limits": log.limits}, indent=1))
         return
     click.echo(f"{'TIME':<12} {'VERDICT':<7} {'PROTO':<6} {'NAME':<32} {'ADDRESS':<16} {'PORT':<5} REASON")
-    for d in decisions:
-        t = time.strftime("%H:%M:%S", time.localtime(d["time"])) + f".{int(d['time'] % 1 * 1000):03d}"
-        click.echo(f"{t:<12} {d['verdict']:<7} {d['protocol']:<6} {(d['name'] or '-'):<32} "
+    for d in log:
+        click.echo(f"{_clock(d['time']):<12} {d['verdict']:<7} {d['protocol']:<6} {(d['name'] or '-'):<32} "
                    f"{(d['address'] or '-'):<16} {str(d['port'] or '-'):<5} {d['reason']}")
+    dropped = {k: n for k, n in log.dropped.items() if n}
+    if dropped:
+        click.echo("\nnot listed above (over the log's rate limit or pushed out by newer ones): "
+                   + ", ".join(f"{n} {k}" for k, n in dropped.items()))
+    if any(log.dropped.values()) and log.refusals_by_target:
+        click.echo("\nrefused, by name or address (every refusal counted):")
+        for r in log.refusals_by_target:
+            click.echo(f"  {r['count']:>7}x {r['protocol'] or '*':<6} {(r['target'] or '(all other targets)'):<40} "
+                       f"{_clock(r['first'])} .. {_clock(r['last'])}  {r['last_reason']}")
+        click.echo("refused, by reason:")
+        for r in log.refusals_by_reason:
+            click.echo(f"  {r['count']:>7}x {r['protocol'] or '*':<6} {r['reason'] or '(all other reasons)'}  "
+                       f"{_clock(r['first'])} .. {_clock(r['last'])}")
+    held = {k: n for k, n in log.limits.items() if n and k != "dns_queries"}
+    if held:
+        click.echo("\nheld back by the per-sandbox limits: " + ", ".join(f"{k}={n}" for k, n in held.items()))
+
+
+def _clock(t: float) -> str:
+    import time
+
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"
 
 
 @click.command()

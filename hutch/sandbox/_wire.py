@@ -10,7 +10,7 @@ from __future__ import annotations
 import codecs
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hutch._core import errors
@@ -134,6 +134,45 @@ class ExecResult:
                 argv=self.argv, stdout=self.stdout, stderr=self.stderr, returncode=self.returncode,
             )
         return self
+
+
+@dataclass(frozen=True)
+class NetworkLog:
+    """What `Sandbox.network_log()` returns: the egress decisions kept, and counts of all of them.
+
+    Iterating (or indexing) it walks `decisions`, dicts of time, name, address, port, protocol (dns,
+    tls, http, tcp, policy), verdict (allow, deny) and reason, oldest first. Refusals and policy
+    changes are kept apart from allowed decisions; what was not kept is counted:
+
+    - `seen` / `dropped`: per kind (allowed, refused, policy), the decisions made / those not in
+      `decisions` (over the log's rate limit, or pushed out by newer ones of the same kind);
+    - `refusals_by_reason` / `refusals_by_target`: every refusal counted by reason (protocol, reason,
+      count, first, last, last_target) and by the name or address refused (protocol, target, count,
+      first, last, last_reason); a row with reason (target) None counts all beyond the first ones;
+    - `limits`: what the resolver's and the proxy's per-sandbox limits held back, by limit.
+    """
+
+    decisions: tuple[dict, ...] = ()
+    seen: dict = field(default_factory=dict)
+    dropped: dict = field(default_factory=dict)
+    refusals_by_reason: tuple[dict, ...] = ()
+    refusals_by_target: tuple[dict, ...] = ()
+    limits: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "NetworkLog":
+        return cls(tuple(d.get("decisions", ())), dict(d.get("seen") or {}), dict(d.get("dropped") or {}),
+                   tuple(d.get("refusals_by_reason", ())), tuple(d.get("refusals_by_target", ())),
+                   dict(d.get("limits") or {}))
+
+    def __iter__(self):
+        return iter(self.decisions)
+
+    def __len__(self) -> int:
+        return len(self.decisions)
+
+    def __getitem__(self, i):
+        return self.decisions[i]
 
 
 def _tail(s: str | bytes, n: int = 200) -> str:

@@ -21,7 +21,7 @@ from hutch.sandbox import _client, _provided
 from hutch.sandbox._files import AsyncFiles
 from hutch.sandbox._process import AsyncProcess
 from hutch.sandbox._spec import DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, Network
-from hutch.sandbox._wire import ENDED, ExecResult, SandboxState, exec_body, stdin_payload, tag_params, terminated_error
+from hutch.sandbox._wire import ENDED, ExecResult, NetworkLog, SandboxState, exec_body, stdin_payload, tag_params, terminated_error
 from hutch.sandbox.image import Image
 from hutch.sandbox.sandbox import WAIT_POLL, ImageProgress, _ensured, _ensured_lock, _image_key, build_spec
 
@@ -141,12 +141,9 @@ class AsyncSandbox(SandboxState):
         d = await self._client.json("POST", f"/v1/sandboxes/{self.id}/snapshot", json={"name": name} if name else {})
         return Image(d["ref"])
 
-    async def network_log(self) -> "list[dict]":
-        """Every egress decision for this sandbox, oldest first.
-
-        Each is a dict: time, name, address, port, protocol (dns, tls, http, tcp), verdict (allow, deny), reason.
-        """
-        return (await self._client.json("GET", f"/v1/sandboxes/{self.id}/network/log"))["decisions"]
+    async def network_log(self) -> NetworkLog:
+        """The egress gateway's log of this sandbox (see `hutch.Sandbox.network_log`)."""
+        return NetworkLog.from_json(await self._client.json("GET", f"/v1/sandboxes/{self.id}/network/log"))
 
     # ------------------------------------------------------------ commands
 

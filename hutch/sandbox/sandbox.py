@@ -27,7 +27,7 @@ from hutch.sandbox._spec import (
     Network,
     DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, SandboxSpec,
 )
-from hutch.sandbox._wire import ENDED, ExecResult, SandboxState, error_from_answer, exec_body, stdin_payload, tag_params, terminated_error
+from hutch.sandbox._wire import ENDED, ExecResult, NetworkLog, SandboxState, error_from_answer, exec_body, stdin_payload, tag_params, terminated_error
 from hutch.sandbox.image import Image
 
 WAIT_POLL = 30.0   # seconds per long-poll request of wait()
@@ -218,12 +218,14 @@ class Sandbox(SandboxState):
         d = self._client.json("POST", f"/v1/sandboxes/{self.id}/snapshot", json={"name": name} if name else {})
         return Image(d["ref"])
 
-    def network_log(self) -> "list[dict]":
-        """Every egress decision for this sandbox, oldest first.
+    def network_log(self) -> NetworkLog:
+        """The egress gateway's log of this sandbox: its decisions kept, oldest first, and counts of all.
 
-        Each is a dict: time, name, address, port, protocol (dns, tls, http, tcp), verdict (allow, deny), reason.
+        Iterate it for the decisions (dicts: time, name, address, port, protocol, verdict, reason);
+        `dropped`, `refusals_by_reason`, `refusals_by_target` and `limits` count what it did not keep
+        (see `hutch.NetworkLog`).
         """
-        return self._client.json("GET", f"/v1/sandboxes/{self.id}/network/log")["decisions"]
+        return NetworkLog.from_json(self._client.json("GET", f"/v1/sandboxes/{self.id}/network/log"))
 
     # ------------------------------------------------------------ commands
 

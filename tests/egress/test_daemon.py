@@ -110,6 +110,35 @@ def test_sdk_sandbox_without_network_can_be_given_one(daemon, world, busybox_roo
     assert wait_gone(world, before)
 
 
+def test_sdk_network_log_counts_what_it_does_not_list(daemon, world, busybox_root):
+    sb = hutch.Sandbox.create(image=hutch.Image.from_directory(busybox_root), timeout=120,
+                              network=Network.allow(domains=["www.example.test"]))
+    try:
+        assert fetch(sb, "http://api.example.test/") is None                  # the refusal an auditor wants
+        r = sb.run("sh", "-c", "for i in $(seq 150); do nslookup j$i.junk.test >/dev/null 2>&1; done; true",
+                   timeout=60)
+        assert r.returncode == 0, r.stderr
+        log = sb.network_log()
+        assert isinstance(log, hutch.NetworkLog)
+        assert any(d["name"] == "api.example.test" and d["verdict"] == "deny" for d in log)
+        kept = sum(1 for d in log if d["verdict"] == "deny" and d["protocol"] != "policy")
+        assert log.dropped["refused"] > 0 and log.seen["refused"] == kept + log.dropped["refused"], log.seen
+        junk = [x for x in log.refusals_by_reason if x["reason"] == "<name> is not in the allowed domains"]
+        assert junk and junk[0]["count"] >= 150, log.refusals_by_reason
+        assert "dns_over_rate" in log.limits
+        from click.testing import CliRunner
+
+        from hutch.cli import cli
+        out = CliRunner().invoke(cli, ["sandbox", "netlog", sb.id])
+        assert out.exit_code == 0, out.output
+        assert "not listed above" in out.output and "refused, by reason" in out.output, out.output
+        out = CliRunner().invoke(cli, ["sandbox", "netlog", sb.id, "--json"])
+        as_json = json.loads(out.output)
+        assert as_json["dropped"] == log.dropped and as_json["refusals_by_reason"] == list(log.refusals_by_reason)
+    finally:
+        sb.terminate()
+
+
 def wait_gone(world, before, timeout=5.0) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

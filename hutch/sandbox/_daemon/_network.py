@@ -24,8 +24,9 @@ class NetworkAttacher(Protocol):
     async def detach(self, sandbox_id: str) -> None:
         """Remove everything attach made (veths, rules); called once the sandbox has ended."""
 
-    def log(self, sandbox_id: str) -> list[dict]:
-        """The gateway's decisions for this sandbox, oldest first."""
+    def log(self, sandbox_id: str) -> dict:
+        """The gateway's log of this sandbox: {"decisions": [...], oldest first, and the counters of the
+        rest ("seen", "dropped", "refusals_by_reason", "refusals_by_target", "limits")}."""
 
 
 def load_attacher() -> NetworkAttacher | None:

@@ -90,8 +90,13 @@ OPERATIONS: dict[tuple[str, str], dict] = {
     ("put", "/v1/sandboxes/{id}/network"): {"summary": "Replace a running sandbox's egress policy",
                                             "requestBody": _json_body({"type": "object", "properties": {"network": {"type": "object"}}}),
                                             "responses": {"204": _NO_CONTENT}},
-    ("get", "/v1/sandboxes/{id}/network/log"): {"summary": "The egress gateway's decisions",
-                                                "responses": _json_ok({"type": "object", "properties": {"decisions": {"type": "array", "items": {"type": "object"}}}})},
+    ("get", "/v1/sandboxes/{id}/network/log"): {"summary": "The egress gateway's decisions kept, and counts of all of them",
+                                                "responses": _json_ok({"type": "object", "properties": {
+                                                    "decisions": {"type": "array", "items": {"type": "object"}},
+                                                    "seen": {"type": "object"}, "dropped": {"type": "object"},
+                                                    "refusals_by_reason": {"type": "array", "items": {"type": "object"}},
+                                                    "refusals_by_target": {"type": "array", "items": {"type": "object"}},
+                                                    "limits": {"type": "object"}}})},
 }
 
 _SCHEMAS = {

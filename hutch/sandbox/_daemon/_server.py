@@ -392,7 +392,7 @@ class Handlers:
         sb = self.mgr.get(request.match_info["id"])
         if self.mgr.network is None:
             return web.json_response({"decisions": []})
-        return web.json_response({"decisions": self.mgr.network.log(sb.id)})
+        return web.json_response(self.mgr.network.log(sb.id))
 
 
 def _built_images() -> list[dict]:

@@ -127,10 +127,10 @@ class DaemonAttacher:
         if self.gateway._started:
             await self.gateway.detach(sandbox_id, wait=False)   # kernel cleanup in the background
 
-    def log(self, sandbox_id: str) -> list[dict]:
+    def log(self, sandbox_id: str) -> dict:
         if not self.gateway.attached(sandbox_id):
-            return []
-        return [d.to_dict() for d in self.gateway.log(sandbox_id)]
+            return {"decisions": []}
+        return self.gateway.log(sandbox_id).to_dict()
 
 
 def daemon_attacher() -> DaemonAttacher:

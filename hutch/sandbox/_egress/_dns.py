@@ -4,6 +4,11 @@ The resolver answers a name only when the asking sandbox's policy allows it;
 for any other name it answers NXDOMAIN without sending anything upstream, so
 a query cannot carry data out. It answers A records only (AAAA and the rest
 are empty), and only with addresses the proxy would also dial.
+
+Each sandbox has a `Lane`: its own UDP socket (bound to its link, so a flood fills only its
+own receive buffer and takes only its own turns of the event loop), a query budget (token
+bucket), a cap on queries being answered at once and on DNS-over-TCP connections. What a
+limit holds back is dropped and counted, never queued.
 """
 
 from __future__ import annotations
@@ -13,10 +18,14 @@ import itertools
 import random
 import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from dnslib import QTYPE, RCODE, RR, A, DNSRecord, DNSHeader, DNSQuestion
+
+from hutch.sandbox._egress._audit import TokenBucket
 
 MIN_TTL = 1
 MAX_TTL = 300
@@ -24,6 +33,19 @@ ANSWER_TTL = 30          # what sandboxes are told; short, so the proxy's view a
 NEGATIVE_TTL = 5
 UPSTREAM_TIMEOUT = 2.0
 CACHE_MAX = 10_000       # names the upstream cache holds at most (oldest dropped first)
+
+# per sandbox
+QUERY_RATE = 200.0       # DNS queries a second (token bucket); beyond it they are dropped and counted
+QUERY_BURST = 400
+INFLIGHT_MAX = 64        # queries being answered at once (each may wait for upstream)
+TCP_MAX = 4              # DNS-over-TCP connections open at once
+TCP_IDLE = 10.0          # seconds a DNS-over-TCP connection may wait for its next query
+UDP_BATCH = 8            # datagrams read from one socket per turn of the event loop
+NOTE_EVERY = 1.0         # a limit that holds queries back is noted in the log at most once a second
+
+_SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
+_SO_MEMINFO = 55         # struct of 9 u32; the last is the socket's drop count
+_IP_FREEBIND = 15
 
 
 class ResolveError(Exception):
@@ -175,18 +197,88 @@ class Upstream:
         return reply
 
 
+class Lane:
+    """One sandbox's share of the resolver: its query budget, its TCP connections, its own UDP socket.
+
+    `note(reason)` (set by the gateway) puts a refusal in the sandbox's log; a limit calls it at
+    most once every NOTE_EVERY seconds, the counters count every query it held back.
+    """
+
+    def __init__(self, now: float, note: Callable[[str], None] | None = None):
+        self.bucket = TokenBucket(QUERY_RATE, QUERY_BURST, now)
+        self.note = note
+        self.inflight = 0
+        self.tcp = 0
+        self.sock: socket.socket | None = None
+        self.queries = 0
+        self.over_rate = 0
+        self.over_inflight = 0
+        self.tcp_refused = 0
+        self.kernel_dropped = 0     # datagrams the kernel dropped on sockets this lane had (their buffer was full)
+        self._noted: dict[str, float] = {}
+        self._drops_seen = 0
+
+    def admit(self, now: float) -> bool:
+        """May one more query be answered now? Counts and notes it when not."""
+        self.queries += 1
+        if not self.bucket.take(now):
+            self.over_rate += 1
+            self._note("rate", now, f"DNS queries beyond {QUERY_RATE:.0f} a second (bursts of {QUERY_BURST}) "
+                                    "are dropped; the log's limits count them")
+            return False
+        if self.inflight >= INFLIGHT_MAX:
+            self.over_inflight += 1
+            self._note("inflight", now, f"DNS queries beyond {INFLIGHT_MAX} being answered at once are dropped; "
+                                        "the log's limits count them")
+            return False
+        return True
+
+    def admit_tcp(self, now: float) -> bool:
+        if self.tcp >= TCP_MAX:
+            self.tcp_refused += 1
+            self._note("tcp", now, f"DNS-over-TCP connections beyond {TCP_MAX} open at once are reset; "
+                                   "the log's limits count them")
+            return False
+        return True
+
+    def check_drops(self, sock: socket.socket) -> None:
+        drops = _drops(sock)
+        if drops > self._drops_seen:
+            self._drops_seen = drops
+            self._note("kernel", time.monotonic(), "DNS queries sent faster than the resolver reads them are "
+                                                   "dropped by the kernel; the log's limits count them")
+
+    def _note(self, limit: str, now: float, reason: str) -> None:
+        last = self._noted.get(limit)
+        if last is not None and now - last < NOTE_EVERY:
+            return
+        self._noted[limit] = now
+        if self.note is not None:
+            self.note(reason)
+
+    def counters(self) -> dict[str, int]:
+        return {"dns_queries": self.queries, "dns_over_rate": self.over_rate,
+                "dns_over_concurrency": self.over_inflight,
+                "dns_dropped_by_kernel": self.kernel_dropped + _drops(self.sock), "dns_tcp_refused": self.tcp_refused}
+
+
 class Resolver:
     """Serves sandboxes' DNS on the gateway address, UDP and TCP.
 
-    `answer(source_ip, query_bytes)` does the work; `lookup` (given by the
-    gateway) maps a source address to its policy and decides.
+    `answer(source_ip, query_bytes)` does the work; `decide` (given by the gateway) maps a
+    source address to its policy and decides, `lane_of` maps it to the sandbox's Lane.
     """
 
-    def __init__(self, decide):
+    def __init__(self, decide, lane_of: Callable[[str], Lane | None]):
         # decide(source_ip, name, qtype) -> awaitable (rcode, addrs, ttl)
         self._decide = decide
-        self._udp = None
+        self._lane_of = lane_of
+        self._udp: socket.socket | None = None
         self._tcp = None
+        self._tasks: set[asyncio.Task] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.address: str | None = None
+        self.port = 0
 
     async def answer(self, src: str, data: bytes) -> bytes | None:
         try:
@@ -207,47 +299,134 @@ class Resolver:
         return reply.pack()
 
     async def start(self, socks: tuple[socket.socket, socket.socket]) -> None:
-        """Serve on a bound UDP socket and a bound TCP socket."""
-        loop = asyncio.get_running_loop()
-        resolver = self
-
-        class _U(asyncio.DatagramProtocol):
-            def connection_made(self, transport):
-                self.t = transport
-
-            def datagram_received(self, data, addr):
-                loop.create_task(self._reply(data, addr))
-
-            async def _reply(self, data, addr):
-                out = await resolver.answer(addr[0], data)
-                if out is not None:
-                    if len(out) > 512:
-                        out = DNSRecord.parse(out).truncate().pack()
-                    self.t.sendto(out, addr)
-
+        """Serve on a bound UDP socket and a bound TCP socket (the lanes' sockets come and go)."""
+        self._loop = loop = asyncio.get_running_loop()
         udp_sock, tcp_sock = socks
-        self._udp, _ = await loop.create_datagram_endpoint(_U, sock=udp_sock)
+        self.address, self.port = udp_sock.getsockname()
+        self._udp = udp_sock
+        loop.add_reader(udp_sock.fileno(), self._readable, udp_sock, None)
+        self._tcp = await asyncio.start_server(self._serve_tcp, sock=tcp_sock, backlog=1024)
 
-        async def _tcp(reader, writer):
-            src = writer.get_extra_info("peername")[0]
+    def open_lane(self, lane: Lane, link: str) -> None:
+        """Give a lane a UDP socket of its own, bound to the sandbox's link.
+
+        The kernel delivers a datagram to the socket bound to the link it came in on before the
+        shared one, so a flood fills only this socket's buffer. Without one (the link is gone
+        already) the lane's queries go to the shared socket, still under its limits.
+        """
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.setsockopt(socket.SOL_SOCKET, _SO_BINDTODEVICE, link.encode())
+            s.setsockopt(socket.SOL_IP, _IP_FREEBIND, 1)
+            s.bind((self.address, self.port))
+            s.setblocking(False)
+            self._loop.add_reader(s.fileno(), self._readable, s, lane)
+        except OSError:
+            s.close()
+            return
+        lane.sock = s
+
+    def close_lane(self, lane: Lane) -> None:
+        s, lane.sock = lane.sock, None
+        if s is not None:
+            lane.kernel_dropped += _drops(s)
+            lane._drops_seen = 0
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(s.fileno())
+            s.close()
+
+    def _readable(self, sock: socket.socket, lane: Lane | None) -> None:
+        if lane is not None:
+            lane.check_drops(sock)
+        # a few datagrams per turn: every other socket with something to read gets its turn in between
+        for _ in range(UDP_BATCH):
             try:
-                while True:
-                    n = struct.unpack("!H", await asyncio.wait_for(reader.readexactly(2), 10))[0]
-                    out = await resolver.answer(src, await asyncio.wait_for(reader.readexactly(n), 10))
-                    if out is None:
-                        break
-                    writer.write(struct.pack("!H", len(out)) + out)
-                    await writer.drain()
-            except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, OSError):
-                pass
-            finally:
-                writer.close()
+                data, addr = sock.recvfrom(4096)
+            except OSError:       # nothing more to read (or an ICMP error): wait for the next turn
+                return
+            who = lane if lane is not None else self._lane_of(addr[0])
+            if who is None:
+                continue          # no sandbox has this address: nothing to answer
+            if not who.admit(time.monotonic()):
+                continue
+            who.inflight += 1
+            t = self._loop.create_task(self._reply(sock, who, data, addr))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
 
-        self._tcp = await asyncio.start_server(_tcp, sock=tcp_sock)
+    async def _reply(self, sock: socket.socket, lane: Lane, data: bytes, addr) -> None:
+        try:
+            out = await self.answer(addr[0], data)
+            if out is not None and sock.fileno() >= 0:
+                if len(out) > 512:
+                    out = DNSRecord.parse(out).truncate().pack()
+                try:
+                    sock.sendto(out, addr)
+                except OSError:
+                    pass          # a full buffer or a closed lane: the client asks again
+        except Exception:  # noqa: BLE001 - a bug in one answer must not stop the resolver
+            import traceback
+            traceback.print_exc(file=sys.stderr)
+        finally:
+            lane.inflight -= 1
+
+    async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        src = writer.get_extra_info("peername")[0]
+        lane = self._lane_of(src)
+        if lane is None or not lane.admit_tcp(time.monotonic()):
+            _reset(writer)
+            return
+        lane.tcp += 1
+        try:
+            while True:
+                n = struct.unpack("!H", await asyncio.wait_for(reader.readexactly(2), TCP_IDLE))[0]
+                data = await asyncio.wait_for(reader.readexactly(n), TCP_IDLE)
+                if not lane.admit(time.monotonic()):
+                    _reset(writer)
+                    return
+                lane.inflight += 1
+                try:
+                    out = await self.answer(src, data)
+                finally:
+                    lane.inflight -= 1
+                if out is None:
+                    break
+                writer.write(struct.pack("!H", len(out)) + out)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, OSError):
+            pass
+        finally:
+            lane.tcp -= 1
+            writer.close()
 
     async def stop(self) -> None:
-        if self._udp:
+        if self._udp is not None:
+            if not self._loop.is_closed():
+                self._loop.remove_reader(self._udp.fileno())
             self._udp.close()
+            self._udp = None
+        for t in list(self._tasks):
+            t.cancel()
         if self._tcp:
             self._tcp.close()
             await self._tcp.wait_closed()
+
+
+def _drops(sock: socket.socket | None) -> int:
+    """How many datagrams the kernel dropped for this socket (its receive buffer was full)."""
+    if sock is None or sock.fileno() < 0:
+        return 0
+    try:
+        return struct.unpack("9I", sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, 36))[8]
+    except (OSError, struct.error):
+        return 0
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except (OSError, AttributeError):
+        pass
+    writer.transport.abort()

@@ -17,7 +17,6 @@ resolver and the proxy know which sandbox (and so which policy) asks.
 from __future__ import annotations
 
 import asyncio
-import collections
 import ipaddress
 import os
 import socket
@@ -29,7 +28,8 @@ from dnslib import QTYPE, RCODE
 
 from hutch._core.errors import ConfigError, NotFoundError, SandboxError, StateError
 from hutch.sandbox._egress import _netns
-from hutch.sandbox._egress._dns import ANSWER_TTL, Resolver, ResolveError, Upstream
+from hutch.sandbox._egress._audit import DecisionLog, LogView
+from hutch.sandbox._egress._dns import ANSWER_TTL, Lane, Resolver, ResolveError, Upstream
 from hutch.sandbox._egress._policy import AddressRules, Verdict, name_allowed, normalize_name, port_allowed
 from hutch.sandbox._egress._proxy import Proxy, delivered_locally
 from hutch.sandbox._spec import Network
@@ -41,25 +41,7 @@ DEFAULT_PROXY_PORT = 15001
 DEFAULT_DNS_PORT = 53
 FALLBACK_DNS_PORT = 15053
 DEFAULT_TABLE = "hutch_egress"
-LOG_LIMIT = 2000            # decisions kept per sandbox (the oldest go first)
 HOST_ADDRESS_REFRESH = 5.0   # seconds
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One egress decision: a DNS answer or a TCP connection, allowed or denied, and why."""
-
-    time: float
-    name: str | None
-    address: str | None
-    port: int | None
-    protocol: str          # dns | tls | http | tcp
-    verdict: str           # allow | deny
-    reason: str
-
-    def to_dict(self) -> dict:
-        return {"time": self.time, "name": self.name, "address": self.address, "port": self.port,
-                "protocol": self.protocol, "verdict": self.verdict, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -81,7 +63,9 @@ class _Sandbox:
     link: str | None = None
     address: str | None = None
     conns: set = field(default_factory=set)
-    log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=LOG_LIMIT))
+    log: DecisionLog = field(default_factory=lambda: DecisionLog(time.monotonic()))
+    dns: Lane = field(default_factory=lambda: Lane(time.monotonic()))
+    conns_refused: int = 0     # connections reset for going over the proxy's per-sandbox limit
     # link changes (attach, set_policy, detach) take turns: a detach must not close the netns fd
     # while a link is being built through it (a reused fd number would name another namespace)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -159,7 +143,7 @@ class Gateway:
                                        proxy_port=proxy_port, prefix=link_prefix)
         self._prefix = link_prefix
         self._upstream = Upstream(self._resolvers)
-        self._resolver = Resolver(self._dns_decide)
+        self._resolver = Resolver(self._dns_decide, self._lane_of)
         self._proxy = Proxy(self)
         self._sandboxes: dict[str, _Sandbox] = {}
         self._by_addr: dict[str, _Sandbox] = {}
@@ -292,6 +276,7 @@ class Gateway:
             raise StateError(f"sandbox {sandbox_id} is already attached to the gateway; detach it first.")
         fd = _netns.open_netns(netns)
         sb = _Sandbox(sandbox_id, policy, fd)
+        sb.dns.note = lambda reason, sb=sb: self._record(sb, None, None, 53, "dns", "deny", reason, metered=False)
         self._sandboxes[sandbox_id] = sb
         try:
             async with sb.lock:
@@ -334,9 +319,14 @@ class Gateway:
             elif sb.policy.mode != "none" and not sb.link:
                 await self._plumb(sb)
 
-    def log(self, sandbox_id: str) -> list[Decision]:
-        """Every decision for this sandbox, oldest first (the last LOG_LIMIT)."""
-        return list(self._get(sandbox_id).log)
+    def log(self, sandbox_id: str) -> LogView:
+        """The sandbox's decisions kept (oldest first; iterate it like a list), and counts of the rest.
+
+        Refusals and policy changes are kept apart from allowed decisions, every drop is counted, and
+        what the resolver's and the proxy's limits held back is in `limits` (see _audit.py, docs/egress.md).
+        """
+        sb = self._get(sandbox_id)
+        return sb.log.view({**sb.dns.counters(), "tcp_over_connection_limit": sb.conns_refused})
 
     async def detach(self, sandbox_id: str, *, wait: bool = True) -> None:
         """Remove everything the sandbox had: connections, link, rules, conntrack entries.
@@ -393,10 +383,12 @@ class Gateway:
         sb.index, sb.link, sb.address = i, link, addr
         if not sb.detached:
             self._by_addr[addr] = sb
+            self._resolver.open_lane(sb.dns, link)
 
     async def _unplumb(self, sb: _Sandbox, wait: bool = True) -> None:
         for conn in list(sb.conns):
             conn.close(reset=True)
+        self._resolver.close_lane(sb.dns)
         self._by_addr.pop(sb.address, None)
         index, link, addr = sb.index, sb.link, sb.address
         sb.index = sb.link = sb.address = None
@@ -413,8 +405,12 @@ class Gateway:
         if wait:
             await asyncio.shield(fut)
 
-    def _record(self, sb: _Sandbox, name, address, port, protocol, verdict, reason) -> None:
-        sb.log.append(Decision(time.time(), name, address, port, protocol, verdict, reason))
+    def _record(self, sb: _Sandbox, name, address, port, protocol, verdict, reason, *, metered=True) -> None:
+        sb.log.record(time.time(), time.monotonic(), name, address, port, protocol, verdict, reason, metered=metered)
+
+    def _lane_of(self, src: str) -> Lane | None:
+        sb = self._by_addr.get(src)
+        return sb.dns if sb is not None else None
 
     def _name_allowed(self, policy: Network, name: str) -> Verdict:
         return name_allowed(policy, name)

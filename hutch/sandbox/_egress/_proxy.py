@@ -221,6 +221,7 @@ class Proxy:
                 continue
             if len(sb.conns) >= MAX_CONNS_PER_SANDBOX:
                 # one sandbox must not use up the gateway's descriptors for all others
+                sb.conns_refused += 1
                 self.gw._record(sb, None, None, None, "tcp", "deny",
                                 f"more than {MAX_CONNS_PER_SANDBOX} open connections")
                 _hard_close(client, True)
