@@ -20,7 +20,7 @@ import struct
 import sys
 import time
 
-from dnslib import AAAA, QTYPE, RCODE, RR, A, DNSHeader, DNSRecord
+from dnslib import AAAA, CNAME, QTYPE, RCODE, RR, A, DNSHeader, DNSRecord
 
 
 class Events:
@@ -37,6 +37,7 @@ async def main(cfg):
     zone = {k.lower(): v for k, v in cfg["zone"].items()}
     zone6 = {k.lower(): v for k, v in cfg.get("zone6", {}).items()}
     rebind = {k.lower(): v for k, v in cfg.get("rebind", {}).items()}
+    cname = {k.lower(): v.lower() for k, v in cfg.get("cname", {}).items()}
     slow = [b"".join(bytes([len(p)]) + p.encode() for p in n.split(".")).decode("latin-1")
             for n in cfg.get("slow_dns", [])]
     asked = {}
@@ -47,7 +48,16 @@ async def main(cfg):
         name = str(q.q.qname).lower().rstrip(".")
         ev.add("dns", name=name, qtype=QTYPE.get(q.q.qtype))
         r = DNSRecord(DNSHeader(id=q.header.id, qr=1, aa=1, rd=q.header.rd, ra=0), q=q.q)
-        if name in rebind and q.q.qtype == QTYPE.A:
+        if name in cname:
+            # like an authoritative server for every zone here: the chain, then the last name's A records
+            hop = name
+            while hop in cname and len(r.rr) < 8:
+                r.add_answer(RR(hop, QTYPE.CNAME, ttl=cfg.get("ttl", 60), rdata=CNAME(cname[hop])))
+                hop = cname[hop]
+            if q.q.qtype == QTYPE.A:
+                for a in zone.get(hop, ()):
+                    r.add_answer(RR(hop, QTYPE.A, ttl=cfg.get("ttl", 60), rdata=A(a)))
+        elif name in rebind and q.q.qtype == QTYPE.A:
             # each A query gets the next answer in turn, with TTL 0
             n = asked[name] = asked.get(name, -1) + 1
             answers = rebind[name][n % len(rebind[name])]

@@ -81,6 +81,17 @@ ZONE = {
     "newaddr.example.test": ["198.51.100.78"],
     # answered a second late (a policy change while its lookup is in flight)
     "slow.example.test": ["192.0.2.10"],
+    "db.internal.test": ["10.0.0.1"],
+}
+# CNAME chains, answered in full by the fake DNS server (the chain, then the last name's A records)
+CNAMES = {
+    "ok-alias.example.test": "www.example.test",
+    "cdn-alias.example.test": "forbidden.test",
+    "chain.example.test": "hop.example.test",
+    "hop.example.test": "evil.test",
+    "internal-alias.example.test": "db.internal.test",
+    "loop-a.example.test": "loop-b.example.test",
+    "loop-b.example.test": "loop-a.example.test",
 }
 SLOW_DNS = ["slow.example.test"]
 # answers that change from one query to the next, TTL 0 (DNS rebinding)
@@ -235,7 +246,7 @@ class World:
         self.ca, cert, key = make_ca(self.tmp)
         cfg = {"events": str(self.events), "zone": ZONE, "zone6": ZONE6, "dns": DNS_ADDR, "web": WEB,
                "cert": str(cert), "key": str(key), "echo": ECHO, "udp": UDP, "proxy": PROXY_ADDR,
-               "rebind": REBIND, "slow_dns": SLOW_DNS}
+               "rebind": REBIND, "slow_dns": SLOW_DNS, "cname": CNAMES}
         (self.tmp / "fakenet.json").write_text(json.dumps(cfg))
         self.spawn(i, sys.executable, str(HERE / "_fakenet.py"), str(self.tmp / "fakenet.json"))
         # a service only the host has: on every host address and on loopback

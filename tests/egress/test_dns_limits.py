@@ -1,7 +1,9 @@
-"""What one sandbox may ask of the shared resolver.
+"""What one sandbox may ask of the shared resolver, and what a CNAME may lead it to.
 
 A flood is held to the sandbox's own budget (queries a second, queries in flight, TCP
-connections), counted, and does not slow another sandbox's lookups.
+connections), counted, and does not slow another sandbox's lookups. An allowed name whose
+answer runs through CNAMEs is answered only when every name on the chain is allowed too,
+at the resolver and at the proxy alike.
 """
 
 from __future__ import annotations
@@ -182,3 +184,52 @@ def test_dns_over_tcp_connections_per_sandbox_are_capped_and_counted(sandbox):
     log = a.log()
     assert log.limits["dns_tcp_refused"] == 3, log.limits
     assert any("DNS-over-TCP" in d.reason for d in log if d.verdict == "deny")
+
+
+# --- CNAME chains (the fake DNS server answers them in full, like a recursive resolver) ---------
+
+def lookup(sb, *names):
+    return run_json(sb, PROBE, str(len(names)), GW, ",".join(names))
+
+
+def test_a_cname_to_a_name_the_policy_does_not_allow_is_refused_and_logged(sandbox, world):
+    sb = sandbox(Network.allow(domains=["*.example.test"]))
+    mark = world.mark()
+    got = lookup(sb, "ok-alias.example.test", "cdn-alias.example.test", "chain.example.test",
+                 "internal-alias.example.test", "loop-a.example.test")
+    assert [(rc, n) for _, rc, n in got] == [(0, 1), (3, 0), (3, 0), (3, 0), (3, 0)], got
+    denied = {d.name: d.reason for d in sb.log() if d.verdict == "deny" and d.protocol == "dns"}
+    assert "CNAME for forbidden.test" in denied["cdn-alias.example.test"], denied
+    assert "CNAME for evil.test" in denied["chain.example.test"], denied        # the last hop counts too
+    assert "CNAME for db.internal.test" in denied["internal-alias.example.test"], denied
+    assert "loop" in denied["loop-a.example.test"], denied
+    allowed = [d for d in sb.log() if d.name == "ok-alias.example.test" and d.verdict == "allow"]
+    assert allowed and allowed[0].address == "192.0.2.10" and "www.example.test" in allowed[0].reason
+    # each chain was read from the one answer: no target was asked for upstream on its own
+    queried = {e["name"] for e in world.events_since(mark) if e["kind"] == "dns"}
+    assert not queried & {"forbidden.test", "evil.test", "db.internal.test", "hop.example.test"}, queried
+
+
+def test_the_proxy_refuses_a_name_whose_cname_leaves_the_policy(sandbox, world):
+    """The proxy resolves a connection's name itself: a forged /etc/hosts entry for the alias must not
+    get around the resolver's CNAME check."""
+    sb = sandbox(Network.allow(domains=["*.example.test"]))
+    mark = world.mark()
+    r = sb.curl("--resolve", "cdn-alias.example.test:80:203.0.113.10", "http://cdn-alias.example.test/")
+    assert r.returncode != 0
+    r = sb.curl("--resolve", "cdn-alias.example.test:443:203.0.113.10", "https://cdn-alias.example.test/")
+    assert r.returncode != 0
+    assert not [e for e in world.events_since(mark) if e["kind"] in ("tcp", "http")], world.events_since(mark)
+    denied = [d for d in sb.log() if d.verdict == "deny" and d.protocol in ("http", "tls")]
+    assert len(denied) == 2 and all("CNAME for forbidden.test" in d.reason for d in denied), denied
+    # and an alias whose chain stays inside the policy works through the proxy too
+    r = sb.curl("http://ok-alias.example.test/")
+    assert r.returncode == 0 and json.loads(r.stdout)["server"] == "192.0.2.10", r.stderr
+
+
+def test_a_cname_target_the_policy_names_is_followed(sandbox):
+    sb = sandbox(Network.allow(domains=["cdn-alias.example.test", "forbidden.test"]))
+    ((_, rcode, n),) = lookup(sb, "cdn-alias.example.test")
+    assert (rcode, n) == (0, 1)
+    r = sb.curl("http://cdn-alias.example.test/")
+    assert r.returncode == 0 and json.loads(r.stdout)["server"] == "203.0.113.10", r.stderr

@@ -48,7 +48,7 @@ def test_a_cancelled_asker_does_not_fail_the_others_waiting_for_the_same_name():
             second = asyncio.ensure_future(up.resolve("www.example.test"))
             await asyncio.sleep(0.05)
             first.cancel()  # e.g. its sandbox was detached
-            addrs, ttl = await asyncio.wait_for(second, 5)
+            addrs, ttl, _ = await asyncio.wait_for(second, 5)
             assert addrs == ("192.0.2.2",) and ttl > 0
             assert server.queries == ["www.example.test"]  # one lookup, shared
             assert first.cancelled()

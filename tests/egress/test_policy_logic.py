@@ -8,7 +8,7 @@ import ssl
 import pytest
 
 from hutch import Network, NetworkPolicyError
-from hutch.sandbox._egress._policy import AddressRules, name_allowed, normalize_name, port_allowed
+from hutch.sandbox._egress._policy import AddressRules, chain_allowed, name_allowed, normalize_name, port_allowed
 from hutch.sandbox._egress._sniff import Refused, RequestStream, parse_client_hello, parse_request_head
 
 RULES = AddressRules(ipaddress.IPv4Network("198.18.0.0/16"), ["192.0.2.254", "127.0.0.1"])
@@ -139,6 +139,16 @@ def test_client_hello_without_sni_and_garbage():
         parse_client_hello(b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00")   # a ServerHello, not a ClientHello
     with pytest.raises(Refused):
         parse_client_hello(b"\x17\x03\x03\x00\x05hello")
+
+
+def test_a_cname_chain_is_allowed_only_name_by_name():
+    p = Network.allow(domains=["www.example.com", "*.cdn.example.net"])
+    assert chain_allowed(p, ["www.example.com"])
+    assert chain_allowed(p, ["www.example.com", "edge1.cdn.example.net"])
+    v = chain_allowed(p, ["www.example.com", "edge1.cdn.example.net", "origin.internal"])
+    assert not v and "origin.internal" in v.reason and "allow origin.internal" in v.reason
+    assert not chain_allowed(p, ["www.example.com", "bad name"])
+    assert chain_allowed(Network.open(), ["a.example.com", "b.example.org"])
 
 
 # --- HTTP -------------------------------------------------------------------------

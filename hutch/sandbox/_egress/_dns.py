@@ -21,7 +21,7 @@ import struct
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from dnslib import QTYPE, RCODE, RR, A, DNSRecord, DNSHeader, DNSQuestion
 
@@ -33,6 +33,7 @@ ANSWER_TTL = 30          # what sandboxes are told; short, so the proxy's view a
 NEGATIVE_TTL = 5
 UPSTREAM_TIMEOUT = 2.0
 CACHE_MAX = 10_000       # names the upstream cache holds at most (oldest dropped first)
+MAX_CHAIN = 8            # CNAMEs followed inside one answer
 
 # per sandbox
 QUERY_RATE = 200.0       # DNS queries a second (token bucket); beyond it they are dropped and counted
@@ -52,11 +53,21 @@ class ResolveError(Exception):
     """The name does not resolve (NXDOMAIN, no A record, or no upstream answered)."""
 
 
+class Answer(NamedTuple):
+    """An upstream answer: the A records, their remaining TTL, and the names on the way there
+    (the name asked first, then each CNAME target in order)."""
+
+    addrs: tuple[str, ...]
+    ttl: int
+    names: tuple[str, ...]
+
+
 @dataclass
 class _Entry:
     addrs: tuple[str, ...]
     expires: float
     error: str | None = None
+    names: tuple[str, ...] = ()
 
 
 class Upstream:
@@ -70,14 +81,18 @@ class Upstream:
         self._inflight: dict[str, asyncio.Future] = {}
         self.queries_sent = 0
 
-    async def resolve(self, name: str) -> tuple[tuple[str, ...], int]:
-        """(addresses, remaining ttl) for a normalized name. Raises ResolveError."""
+    async def resolve(self, name: str) -> Answer:
+        """The A records of a normalized name and the CNAME chain to them. Raises ResolveError.
+
+        The chain is not judged here (the cache is shared by every policy): the caller checks each
+        name on it against the asking sandbox's policy before it uses any address.
+        """
         now = time.monotonic()
         e = self._cache.get(name)
         if e and e.expires > now:
             if e.error:
                 raise ResolveError(e.error)
-            return e.addrs, max(MIN_TTL, int(e.expires - now))
+            return Answer(e.addrs, max(MIN_TTL, int(e.expires - now)), e.names)
         task = self._inflight.get(name)
         if task is None:
             # The lookup is a task of its own, not the first asker's: when that asker is cancelled (its
@@ -88,7 +103,7 @@ class Upstream:
         entry = await asyncio.shield(task)
         if entry.error:
             raise ResolveError(entry.error)
-        return entry.addrs, max(MIN_TTL, int(entry.expires - time.monotonic()))
+        return Answer(entry.addrs, max(MIN_TTL, int(entry.expires - time.monotonic())), entry.names)
 
     async def _fill(self, name: str) -> _Entry:
         try:
@@ -126,31 +141,37 @@ class Upstream:
             if rcode != RCODE.NOERROR:
                 last = f"upstream {server[0]} answered {RCODE.get(rcode)}"
                 continue
-            # follow the CNAME chain inside the answer; keep only A records on it
-            chain = {name}
-            addrs, ttls = [], []
-            for _ in range(10):
-                grew = False
-                for rr in reply.rr:
-                    owner = str(rr.rname).lower().rstrip(".")
-                    if owner in chain and rr.rtype == QTYPE.CNAME:
-                        target = str(rr.rdata.label).lower().rstrip(".")
-                        if target not in chain:
-                            chain.add(target)
-                            grew = True
-                if not grew:
+            # The CNAME chain inside the answer, in order. A records count only for names on it (no
+            # other record of the answer is believed), and the chain is never followed with a second
+            # query: a target the answer does not resolve stays unresolved, so nothing the policy
+            # has not yet judged is sent upstream.
+            names = [name]
+            for _ in range(MAX_CHAIN):
+                targets = [str(rr.rdata.label).lower().rstrip(".") for rr in reply.rr
+                           if rr.rtype == QTYPE.CNAME and str(rr.rname).lower().rstrip(".") == names[-1]]
+                if not targets:
                     break
+                if len(set(targets)) > 1:
+                    return _Entry((), time.monotonic() + NEGATIVE_TTL,
+                                  f"{names[-1]} has more than one CNAME in the answer", tuple(names))
+                if targets[0] in names:
+                    return _Entry((), time.monotonic() + NEGATIVE_TTL, f"{name} has a CNAME loop", tuple(names))
+                names.append(targets[0])
+            addrs, ttls = [], []
             for rr in reply.rr:
                 owner = str(rr.rname).lower().rstrip(".")
-                if owner in chain and rr.rtype == QTYPE.A:
+                if owner == names[-1] and rr.rtype == QTYPE.A:
                     a = str(rr.rdata)
                     if a not in addrs:
                         addrs.append(a)
                         ttls.append(rr.ttl)
+            ttls += [rr.ttl for rr in reply.rr if rr.rtype == QTYPE.CNAME
+                     and str(rr.rname).lower().rstrip(".") in names[:-1]]
             if not addrs:
-                return _Entry((), time.monotonic() + NEGATIVE_TTL, f"{name} has no A record")
+                what = name if len(names) == 1 else f"{name} (a CNAME for {names[-1]})"
+                return _Entry((), time.monotonic() + NEGATIVE_TTL, f"{what} has no A record", tuple(names))
             ttl = min(MAX_TTL, max(MIN_TTL, min(ttls)))
-            return _Entry(tuple(addrs), time.monotonic() + ttl)
+            return _Entry(tuple(addrs), time.monotonic() + ttl, None, tuple(names))
         raise ResolveError(last)
 
     async def _query(self, server: tuple[str, int], name: str) -> DNSRecord:

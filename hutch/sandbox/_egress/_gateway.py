@@ -30,7 +30,8 @@ from hutch._core.errors import ConfigError, NotFoundError, SandboxError, StateEr
 from hutch.sandbox._egress import _netns
 from hutch.sandbox._egress._audit import DecisionLog, LogView
 from hutch.sandbox._egress._dns import ANSWER_TTL, Lane, Resolver, ResolveError, Upstream
-from hutch.sandbox._egress._policy import AddressRules, Verdict, name_allowed, normalize_name, port_allowed
+from hutch.sandbox._egress._policy import (AddressRules, Verdict, chain_allowed, name_allowed, normalize_name,
+                                           port_allowed)
 from hutch.sandbox._egress._proxy import Proxy, delivered_locally
 from hutch.sandbox._spec import Network
 
@@ -435,7 +436,7 @@ class Gateway:
         if qtype != QTYPE.A:
             return RCODE.NOERROR, (), 0
         try:
-            addrs, ttl = await self._upstream.resolve(name)
+            answer = await self._upstream.resolve(name)
         except ResolveError as e:
             self._record(sb, name, None, 53, "dns", "deny", str(e))
             return RCODE.NXDOMAIN, (), 0
@@ -445,6 +446,12 @@ class Gateway:
             if not v:
                 self._record(sb, name, None, 53, "dns", "deny", f"{v.reason} (the policy changed during the lookup)")
                 return RCODE.NXDOMAIN, (), 0
+        # a CNAME chain hands out its last name's addresses as this name's: each name on it must pass too
+        cv = chain_allowed(sb.policy, answer.names)
+        if not cv:
+            self._record(sb, name, None, 53, "dns", "deny", cv.reason)
+            return RCODE.NXDOMAIN, (), 0
+        addrs, ttl = answer.addrs, answer.ttl
         ok, why = [], []
         for a in addrs:
             av = self._rules.address_allowed(sb.policy, a)
@@ -454,7 +461,8 @@ class Gateway:
         if not ok:
             self._record(sb, name, addrs[0], 53, "dns", "deny", f"only refused addresses: {'; '.join(why)}")
             return RCODE.NOERROR, (), 0
-        self._record(sb, name, ",".join(ok), 53, "dns", "allow", v.reason)
+        via = f" (through CNAMEs: {' -> '.join(answer.names[1:])})" if len(answer.names) > 1 else ""
+        self._record(sb, name, ",".join(ok), 53, "dns", "allow", v.reason + via)
         return RCODE.NOERROR, ok, min(ttl, ANSWER_TTL)
 
 

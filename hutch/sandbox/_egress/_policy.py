@@ -93,6 +93,24 @@ def name_allowed(policy: Network, name: str) -> Verdict:
     return Verdict(False, f"{name} is not in the allowed domains")
 
 
+def chain_allowed(policy: Network, names) -> Verdict:
+    """An answer reached through CNAMEs: every name on the chain must be allowed by itself.
+
+    Otherwise an allowed name could lend its standing to any other: a CNAME to a name in a zone
+    the policy never named (an internal one, one of an attacker's) would get its addresses
+    handed out, and dialed, as the allowed name's.
+    """
+    names = tuple(names)
+    for target in names[1:]:
+        n = normalize_name(target)
+        if n is None:
+            return Verdict(False, f"{names[0]} is a CNAME for {target!r}, which is not a valid DNS name")
+        if not name_allowed(policy, n):
+            return Verdict(False, f"{names[0]} is a CNAME for {n}, which is not in the allowed domains "
+                                  f"(allow {n} too, if it should be reached)")
+    return ALLOW
+
+
 def port_allowed(policy: Network, port: int) -> Verdict:
     if policy.mode == "none":
         return Verdict(False, "the policy is none: no network")

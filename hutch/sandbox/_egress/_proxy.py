@@ -6,9 +6,10 @@ rule. The proxy learns the original destination (SO_ORIGINAL_DST), and:
 1. if the policy admits that address by itself (a CIDR rule; `open` and a
    public address), dials it and relays raw bytes;
 2. otherwise reads the first bytes: a TLS ClientHello's SNI or an HTTP
-   request's Host. The name must be allowed; the proxy resolves it itself and
-   dials one of its acceptable addresses (the sandbox's choice of address, a
-   forged /etc/hosts entry or a raw IP, counts for nothing).
+   request's Host. The name must be allowed, and so must every name of its
+   CNAME chain; the proxy resolves it itself and dials one of its acceptable
+   addresses (the sandbox's choice of address, a forged /etc/hosts entry or a
+   raw IP, counts for nothing).
 
 A refused connection is reset (SO_LINGER 0). After the decision, bytes move
 with splice(2) through a pipe, so they never enter Python; a plain-HTTP
@@ -28,7 +29,7 @@ import traceback
 
 from hutch.sandbox._egress import _sniff
 from hutch.sandbox._egress._dns import ResolveError
-from hutch.sandbox._egress._policy import Verdict, normalize_name
+from hutch.sandbox._egress._policy import Verdict, chain_allowed, normalize_name
 
 SO_ORIGINAL_DST = 80
 PEEK_TIMEOUT = 10.0
@@ -322,9 +323,13 @@ class Proxy:
         if not nv:
             return self._deny(conn, nv.reason, name=n, address=odst, port=oport, protocol=conn.kind)
         try:
-            addrs, _ = await self.gw._upstream.resolve(n)
+            answer = await self.gw._upstream.resolve(n)
         except ResolveError as e:
             return self._deny(conn, str(e), name=n, port=oport, protocol=conn.kind)
+        cv = chain_allowed(sb.policy, answer.names)
+        if not cv:
+            return self._deny(conn, cv.reason, name=n, port=oport, protocol=conn.kind)
+        addrs = answer.addrs
         ok, why = [], []
         for a in addrs:
             v = self.gw._rules.address_allowed(sb.policy, a)
