@@ -157,6 +157,8 @@ async def main(cfg):
     for addr in cfg["web"]:
         await asyncio.start_server(http_handler(addr, 80, False), addr, 80)
         await asyncio.start_server(http_handler(addr, 443, True), addr, 443, ssl=tls)
+    for addr, port in cfg.get("https_extra", ()):
+        await asyncio.start_server(http_handler(addr, port, True), addr, port, ssl=tls)
 
     def echo_handler(local, port):
         async def handle(reader, writer):

@@ -81,6 +81,8 @@ ZONE = {
     "newaddr.example.test": ["198.51.100.78"],
     # answered a second late (a policy change while its lookup is in flight)
     "slow.example.test": ["192.0.2.10"],
+    # a TCP echo server under a name (a service that speaks neither TLS nor HTTP)
+    "echo.example.test": ["203.0.113.20"],
     "db.internal.test": ["10.0.0.1"],
 }
 # CNAME chains, answered in full by the fake DNS server (the chain, then the last name's A records)
@@ -93,6 +95,8 @@ CNAMES = {
     "loop-a.example.test": "loop-b.example.test",
     "loop-b.example.test": "loop-a.example.test",
 }
+# HTTPS on a port other than 443 (the proxy must let TLS through wherever the server answers with TLS)
+HTTPS_EXTRA = [("192.0.2.10", 8443)]
 SLOW_DNS = ["slow.example.test"]
 # answers that change from one query to the next, TTL 0 (DNS rebinding)
 REBIND = {"rebind.example.test": [["203.0.113.10"], ["10.0.0.1"]]}
@@ -246,7 +250,7 @@ class World:
         self.ca, cert, key = make_ca(self.tmp)
         cfg = {"events": str(self.events), "zone": ZONE, "zone6": ZONE6, "dns": DNS_ADDR, "web": WEB,
                "cert": str(cert), "key": str(key), "echo": ECHO, "udp": UDP, "proxy": PROXY_ADDR,
-               "rebind": REBIND, "slow_dns": SLOW_DNS, "cname": CNAMES}
+               "rebind": REBIND, "slow_dns": SLOW_DNS, "cname": CNAMES, "https_extra": HTTPS_EXTRA}
         (self.tmp / "fakenet.json").write_text(json.dumps(cfg))
         self.spawn(i, sys.executable, str(HERE / "_fakenet.py"), str(self.tmp / "fakenet.json"))
         # a service only the host has: on every host address and on loopback

@@ -8,8 +8,10 @@ import ssl
 import pytest
 
 from hutch import Network, NetworkPolicyError
-from hutch.sandbox._egress._policy import AddressRules, chain_allowed, name_allowed, normalize_name, port_allowed
-from hutch.sandbox._egress._sniff import Refused, RequestStream, parse_client_hello, parse_request_head
+from hutch.sandbox._egress._policy import (AddressRules, chain_allowed, name_allowed, normalize_name, port_allowed,
+                                           protocol_allowed)
+from hutch.sandbox._egress._sniff import (Refused, RequestStream, client_hello_end, parse_client_hello,
+                                          parse_request_head, server_answers_tls)
 
 RULES = AddressRules(ipaddress.IPv4Network("198.18.0.0/16"), ["192.0.2.254", "127.0.0.1"])
 
@@ -141,6 +143,29 @@ def test_client_hello_without_sni_and_garbage():
         parse_client_hello(b"\x17\x03\x03\x00\x05hello")
 
 
+def test_where_a_client_hello_ends_and_nothing_rides_in_its_records():
+    hello = client_hello("api.example.com")
+    assert client_hello_end(hello + b"GET / HTTP/1.1\r\n") == len(hello)
+    with pytest.raises(ValueError):
+        client_hello_end(hello[:-1])
+    # more handshake bytes after the ClientHello inside its own record: refused, not passed on
+    stuffed = hello[:3] + (len(hello) - 5 + 9).to_bytes(2, "big") + hello[5:] + b"\x14\x00\x00\x05hello"
+    with pytest.raises(Refused, match="more than the ClientHello"):
+        parse_client_hello(stuffed)
+
+
+def test_what_counts_as_a_server_answering_tls():
+    server_hello = b"\x16\x03\x03\x00\x7a\x02\x00\x00\x76\x03\x03"
+    assert server_answers_tls(server_hello) == ""
+    assert server_answers_tls(b"\x15\x03\x03\x00\x02\x02\x28") == ""                 # a fatal alert
+    assert server_answers_tls(b"\x16\x03") is None                                    # not yet known
+    assert server_answers_tls(b"") is None
+    for not_tls in (b"HTTP/1.1 400 Bad Request\r\n", b"-ERR unknown command\r\n", b"SSH-2.0-OpenSSH\r\n",
+                    b"\x16\x03\x01\x00\x7a\x01\x00",          # a ClientHello echoed back
+                    b"\x15\x03\x03\x00\x10\x02\x28", b"\x16\x02\x00\x00\x05\x02", b"H"):
+        assert server_answers_tls(not_tls), not_tls
+
+
 def test_a_cname_chain_is_allowed_only_name_by_name():
     p = Network.allow(domains=["www.example.com", "*.cdn.example.net"])
     assert chain_allowed(p, ["www.example.com"])
@@ -149,6 +174,13 @@ def test_a_cname_chain_is_allowed_only_name_by_name():
     assert not v and "origin.internal" in v.reason and "allow origin.internal" in v.reason
     assert not chain_allowed(p, ["www.example.com", "bad name"])
     assert chain_allowed(Network.open(), ["a.example.com", "b.example.org"])
+
+
+def test_each_well_known_port_carries_its_own_protocol():
+    assert protocol_allowed(80, "http") and protocol_allowed(443, "tls")
+    assert not protocol_allowed(80, "tls") and "port 80" in protocol_allowed(80, "tls").reason
+    assert not protocol_allowed(443, "http")
+    assert protocol_allowed(8443, "tls") and protocol_allowed(8080, "http")
 
 
 # --- HTTP -------------------------------------------------------------------------

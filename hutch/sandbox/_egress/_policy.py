@@ -111,6 +111,26 @@ def chain_allowed(policy: Network, names) -> Verdict:
     return ALLOW
 
 
+#: The protocol a well-known port carries, when the proxy must read the name from the connection.
+#: A TLS connection is relayed unread after its ClientHello, so TLS to a port whose servers speak
+#: plain HTTP would carry requests whose Host no one checks; on port 80 a ClientHello is refused.
+#: Plain HTTP is read request by request wherever it goes, but on 443 nothing legitimate sends it.
+#: On every other port either is accepted, and a TLS connection is relayed only once the server
+#: has answered the ClientHello with TLS (see _proxy).
+PORT_PROTOCOLS = {80: "http", 443: "tls"}
+
+
+def protocol_allowed(port: int, protocol: str) -> Verdict:
+    """May a connection to `port` that names its server through `protocol` (tls | http) go on?"""
+    want = PORT_PROTOCOLS.get(port)
+    if want is None or want == protocol:
+        return ALLOW
+    if protocol == "tls":
+        return Verdict(False, f"a TLS ClientHello on port {port}, where servers speak plain HTTP: it would be "
+                              "relayed without its requests being read")
+    return Verdict(False, f"plain HTTP on port {port}, which carries TLS")
+
+
 def port_allowed(policy: Network, port: int) -> Verdict:
     if policy.mode == "none":
         return Verdict(False, "the policy is none: no network")

@@ -6,10 +6,15 @@ rule. The proxy learns the original destination (SO_ORIGINAL_DST), and:
 1. if the policy admits that address by itself (a CIDR rule; `open` and a
    public address), dials it and relays raw bytes;
 2. otherwise reads the first bytes: a TLS ClientHello's SNI or an HTTP
-   request's Host. The name must be allowed, and so must every name of its
-   CNAME chain; the proxy resolves it itself and dials one of its acceptable
-   addresses (the sandbox's choice of address, a forged /etc/hosts entry or a
-   raw IP, counts for nothing).
+   request's Host. The protocol must be the port's (no TLS on 80, no plain
+   HTTP on 443: `PORT_PROTOCOLS`), the name must be allowed, and so must every
+   name of its CNAME chain; the proxy resolves it itself and dials one of its
+   acceptable addresses (the sandbox's choice of address, a forged /etc/hosts
+   entry or a raw IP, counts for nothing);
+3. a TLS connection is relayed unread, so the proxy first passes on only the
+   ClientHello and relays the rest once the server has answered it with TLS:
+   a fake ClientHello cannot open a raw channel to a server that speaks
+   something else.
 
 A refused connection is reset (SO_LINGER 0). After the decision, bytes move
 with splice(2) through a pipe, so they never enter Python; a plain-HTTP
@@ -29,7 +34,7 @@ import traceback
 
 from hutch.sandbox._egress import _sniff
 from hutch.sandbox._egress._dns import ResolveError
-from hutch.sandbox._egress._policy import Verdict, chain_allowed, normalize_name
+from hutch.sandbox._egress._policy import Verdict, chain_allowed, normalize_name, protocol_allowed
 
 SO_ORIGINAL_DST = 80
 PEEK_TIMEOUT = 10.0
@@ -319,6 +324,9 @@ class Proxy:
             return self._deny(conn, f"{name!r} is not a DNS name, and {av.reason}", address=odst, port=oport,
                               protocol=conn.kind)
         conn.name = n
+        kv = protocol_allowed(oport, conn.kind)
+        if not kv:
+            return self._deny(conn, kv.reason, name=n, address=odst, port=oport, protocol=conn.kind)
         nv = self.gw._name_allowed(policy, n)
         if not nv:
             return self._deny(conn, nv.reason, name=n, address=odst, port=oport, protocol=conn.kind)
@@ -342,18 +350,57 @@ class Proxy:
             return self._deny(conn, "the policy changed while the connection was being decided", name=n,
                               address=target, port=oport, protocol=conn.kind)
         conn.address = target
+        why = nv.reason + ("" if target == odst else f"; dialed {target}, not {odst}")
         if conn.kind == "http":
             stream = _sniff.RequestStream(n)
             try:
                 first = stream.feed(bytes(buf))
             except _sniff.Refused as e:
                 return self._deny(conn, str(e), name=n, address=target, port=oport, protocol="http")
-        else:
-            first = bytes(buf)
+            await self._dial(conn, target, oport)
+            self.gw._record(sb, n, target, oport, "http", "allow", why)
+            return await self._relay(conn, first, stream)
+        end = _sniff.client_hello_end(bytes(buf))
         await self._dial(conn, target, oport)
-        self.gw._record(sb, n, target, oport, conn.kind, "allow",
-                        nv.reason + ("" if target == odst else f"; dialed {target}, not {odst}"))
-        await self._relay(conn, first, stream)
+        self.gw._record(sb, n, target, oport, "tls", "allow", why)
+        answer = await self._server_answers_tls(conn, bytes(buf[:end]))
+        if answer is None:
+            return
+        await loop.sock_sendall(conn.client, answer)
+        await self._relay(conn, bytes(buf[end:]), None)
+
+    async def _server_answers_tls(self, conn: Conn, hello: bytes) -> bytes | None:
+        """Send the ClientHello alone; return the server's first bytes if they are TLS. Otherwise the
+        connection is closed (the server closed without a word) or refused and reset, and None."""
+        loop = conn.loop
+        await loop.sock_sendall(conn.upstream, hello)
+        got = bytearray()
+        deadline = loop.time() + PEEK_TIMEOUT
+        while True:
+            verdict = _sniff.server_answers_tls(got)
+            if verdict == "":
+                return bytes(got)
+            if verdict is not None:
+                break
+            left = deadline - loop.time()
+            if left <= 0:
+                verdict = f"no answer in {PEEK_TIMEOUT:.0f} s"
+                break
+            try:
+                data = await asyncio.wait_for(loop.sock_recv(conn.upstream, 65536), left)
+            except asyncio.TimeoutError:
+                continue
+            if not data:
+                if not got:
+                    conn.close()      # nothing came back, so nothing can be relayed
+                    return None
+                verdict = "it closed the connection"
+                break
+            got += data
+        self._deny(conn, f"the server did not answer the TLS ClientHello with TLS ({verdict}); a connection "
+                   "that is not TLS end to end is not relayed unread", name=conn.name, address=conn.address,
+                   port=conn.port, protocol="tls")
+        return None
 
     async def _dial(self, conn: Conn, addr: str, port: int) -> None:
         if delivered_locally(addr):

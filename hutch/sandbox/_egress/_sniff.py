@@ -14,6 +14,7 @@ from dataclasses import dataclass
 MAX_HELLO = 64 * 1024
 MAX_HEAD = 64 * 1024
 _TLS_HANDSHAKE = 0x16
+_TLS_ALERT = 0x15
 _EXT_SNI = 0x0000
 _EXT_ECH = (0xFE0D, 0xFFCE)   # encrypted ClientHello (and its ESNI predecessor)
 
@@ -28,12 +29,26 @@ def looks_like_tls(buf: bytes) -> bool:
 
 def parse_client_hello(buf: bytes) -> tuple[str, str | int | None]:
     """('need', n) when more bytes are needed; ('sni', name-or-None) when done. Raises Refused."""
+    state, val, _end = _walk_hello(buf)
+    return state, val
+
+
+def client_hello_end(buf: bytes) -> int:
+    """Where the records that carry a complete ClientHello end: what follows them is the client's next
+    message, which the proxy holds back until the server has answered with TLS."""
+    state, _val, end = _walk_hello(buf)
+    if state != "sni":
+        raise ValueError("the ClientHello is not complete")
+    return end
+
+
+def _walk_hello(buf: bytes) -> tuple[str, str | int | None, int]:
     hs = bytearray()
     pos = 0
     need_len = None
     while True:
         if len(buf) < pos + 5:
-            return ("need", pos + 5 - len(buf))
+            return ("need", pos + 5 - len(buf), pos)
         if buf[pos] != _TLS_HANDSHAKE:
             raise Refused("a TLS record other than a handshake came before the ClientHello ended")
         if buf[pos + 1] != 3:
@@ -42,7 +57,7 @@ def parse_client_hello(buf: bytes) -> tuple[str, str | int | None]:
         if rlen == 0 or rlen > 16384 + 2048:
             raise Refused("a TLS record of impossible length")
         if len(buf) < pos + 5 + rlen:
-            return ("need", pos + 5 + rlen - len(buf))
+            return ("need", pos + 5 + rlen - len(buf), pos)
         hs += buf[pos + 5:pos + 5 + rlen]
         pos += 5 + rlen
         if need_len is None and len(hs) >= 4:
@@ -52,9 +67,29 @@ def parse_client_hello(buf: bytes) -> tuple[str, str | int | None]:
             if need_len > MAX_HELLO:
                 raise Refused("the TLS ClientHello is too large")
         if need_len is not None and len(hs) >= need_len:
-            return ("sni", _sni_from_hello(bytes(hs[4:need_len])))
+            if len(hs) > need_len:
+                # a client's first flight is the ClientHello alone; more in its records is for someone else
+                raise Refused("the TLS records of the ClientHello carry more than the ClientHello")
+            return ("sni", _sni_from_hello(bytes(hs[4:need_len])), pos)
         if pos > MAX_HELLO:
             raise Refused("the TLS ClientHello is too large")
+
+
+def server_answers_tls(buf: bytes) -> str | None:
+    """Does a server's first bytes start a TLS answer to a ClientHello? None: need more bytes;
+    "" yes (a ServerHello or HelloRetryRequest, or a TLS alert); otherwise why not."""
+    if len(buf) < 6:
+        if buf and buf[0] not in (_TLS_HANDSHAKE, _TLS_ALERT):
+            return f"it answered {bytes(buf[:16])!r}, not TLS"
+        return None
+    if buf[1] != 3:
+        return f"it answered {bytes(buf[:16])!r}, not TLS"
+    rlen = int.from_bytes(buf[3:5], "big")
+    if buf[0] == _TLS_HANDSHAKE and buf[5] == 2 and 0 < rlen <= 16384 + 2048:
+        return ""
+    if buf[0] == _TLS_ALERT and rlen == 2 and buf[5] in (1, 2):
+        return ""
+    return f"it answered {bytes(buf[:16])!r}, not a TLS ServerHello"
 
 
 def _sni_from_hello(body: bytes) -> str | None:
