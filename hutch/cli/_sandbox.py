@@ -257,8 +257,8 @@ def netlog(sandbox_id, as_json):
         click.echo("\nnot listed above (over the log's rate limit or pushed out by newer ones): "
                    + ", ".join(f"{n} {k}" for k, n in dropped.items()))
     if any(log.dropped.values()) and log.refusals_by_target:
-        click.echo("\nrefused, by name or address (every refusal counted):")
-        for r in log.refusals_by_target:
+        click.echo("\nrefused, by name or address (every refusal counted; most often first):")
+        for r in sorted(log.refusals_by_target, key=lambda r: (r["target"] is None, -r["count"])):
             click.echo(f"  {r['count']:>7}x {r['protocol'] or '*':<6} {(r['target'] or '(all other targets)'):<40} "
                        f"{_clock(r['first'])} .. {_clock(r['last'])}  {r['last_reason']}")
         click.echo("refused, by reason:")
