@@ -23,14 +23,16 @@ if TYPE_CHECKING:  # pragma: no cover
 class Exec:
     eid: str
     argv: list[str]
-    out_r: int
-    err_r: int
+    out_r: int | None                  # None: the command's stdout is /dev/null (exec with stdout=false)
+    err_r: int | None
     stdin_w: int | None
     oom_before: int
     exited: asyncio.Future
+    max_output: int | None = None      # bytes of each stream sent to the client; the rest is read and dropped
     reason: str | None = None          # set when the daemon ended it: timeout, killed, sandbox_ended
     timer: asyncio.TimerHandle | None = None
-
+    streaming: bool = True             # its output response is still open (the record is kept for /wait)
+    result: dict | None = None         # how it ended, worked out once (the OOM check reads a counter)
 
 
 
@@ -44,7 +46,8 @@ class Calls:
             raise StateError(f"sandbox {sb.id} is {sb.status}, so it runs nothing more; create a new sandbox.")
         return sb.channel
 
-    async def exec_start(self, sb: Sandbox, argv, env=None, workdir=None, timeout=None, stdin=False) -> Exec:
+    async def exec_start(self, sb: Sandbox, argv, env=None, workdir=None, timeout=None, stdin=False,
+                         stdout=True, stderr=True, max_output=None) -> Exec:
         ch = self._live(sb)
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise ConfigError(f"argv={argv!r} must be a non-empty list of strings, like ['python3', '-c', 'print(1)'].")
@@ -53,27 +56,26 @@ class Calls:
             raise ConfigError("env must map strings to strings.")
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds, or null.")
+        if not (isinstance(stdout, bool) and isinstance(stderr, bool)):
+            raise ConfigError("stdout and stderr must be true (a pipe) or false (the command gets /dev/null).")
+        if max_output is not None and (isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 0):
+            raise ConfigError(f"max_output={max_output!r} must be a number of bytes per stream (0 or more), or null.")
         cwd = workdir or sb.spec.workdir
         if not isinstance(cwd, str) or not cwd.startswith("/"):
             raise ConfigError(f"workdir={cwd!r} must be an absolute path inside the sandbox.")
         sb.touch()
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        for fd in (out_r, err_r):  # bigger pipes: fewer, larger reads and frames for bulky output
-            try:
-                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-            except OSError:
-                pass
+        out_r, out_w = _output_pipe() if stdout else (None, None)
+        err_r, err_w = _output_pipe() if stderr else (None, None)
         in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (None, None)
         eid = secrets.token_hex(6)
         loop = asyncio.get_running_loop()
-        ex = Exec(eid, argv, out_r, err_r, in_w, self.cgroups.oom_kills(sb.id), loop.create_future())
+        ex = Exec(eid, argv, out_r, err_r, in_w, self.cgroups.oom_kills(sb.id), loop.create_future(), max_output)
         sb.execs[eid] = ex  # before the request: its exit may arrive right behind the reply
-        fds = ([in_r] if stdin else []) + [out_w, err_w]
+        fds = [fd for fd in (in_r, out_w, err_w) if fd is not None]
         try:
             reply, _ = await ch.request({"op": "exec", "eid": eid, "argv": argv,
                                          "env": exec_env(sb.spec, sb.image, sb.hostname, env),
-                                         "cwd": cwd, "streams": [bool(stdin), True, True]}, fds)
+                                         "cwd": cwd, "streams": [bool(stdin), stdout, stderr]}, fds)
         except BaseException:
             sb.execs.pop(eid, None)
             _close(out_r, err_r, in_w)
@@ -88,7 +90,7 @@ class Calls:
             ex.timer = loop.call_later(timeout, lambda: loop.create_task(self.exec_kill(sb, ex, signal.SIGKILL, "timeout")))
         ex.exited.add_done_callback(lambda _f: (ex.timer and ex.timer.cancel(), sb.touch()))
         if len(sb.execs) > 256:  # forget finished execs, keep the recent ones for kill/stdin races
-            for k in [k for k, e in sb.execs.items() if e.exited.done()][:128]:
+            for k in [k for k, e in sb.execs.items() if e.exited.done() and not e.streaming][:128]:
                 del sb.execs[k]
         return ex
 
@@ -102,6 +104,11 @@ class Calls:
             pass
 
     def exec_result(self, sb: Sandbox, ex: Exec) -> dict:
+        if ex.result is None:
+            ex.result = self._exec_result(sb, ex)
+        return ex.result
+
+    def _exec_result(self, sb: Sandbox, ex: Exec) -> dict:
         st = ex.exited.result()
         code = os.waitstatus_to_exitcode(st)
         if ex.reason:
@@ -136,6 +143,15 @@ class Calls:
         return reply, fds
 
 
+
+
+def _output_pipe() -> tuple[int, int]:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:  # bigger pipes: fewer, larger reads and frames for bulky output
+        fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError:
+        pass
+    return r, w
 
 
 def _close(*fds) -> None:

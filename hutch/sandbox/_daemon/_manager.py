@@ -99,6 +99,7 @@ class Manager(Calls):
         self.ranges = UidRanges()
         self.warming = 0
         self.creating = 0                 # creates in flight: the pool refills once none is
+        self.streams: set[asyncio.Task] = set()   # exec output handlers: a client that stops reading holds one
 
     # --- daemon lifecycle ---------------------------------------------------------------
 
@@ -145,6 +146,8 @@ class Manager(Calls):
         self.closing = True
         everyone = list(self.sandboxes.values()) + self.pool
         await asyncio.gather(*(self.end(sb, "terminated") for sb in everyone if not sb.gone.is_set()))
+        for task in list(self.streams):   # output a client never took would hold the shutdown back
+            task.cancel()
         if self.zygote is not None:
             self.zygote.stop()
         if self.network is not None and hasattr(self.network, "stop"):

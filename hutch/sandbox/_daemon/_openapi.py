@@ -53,13 +53,24 @@ OPERATIONS: dict[tuple[str, str], dict] = {
         "requestBody": _json_body({"type": "object", "required": ["argv"], "properties": {
             "argv": {"type": "array", "items": {"type": "string"}}, "env": {"type": "object"},
             "workdir": {"type": "string", "nullable": True}, "timeout": {"type": "number", "nullable": True},
-            "stdin": {"type": "boolean"}}}),
+            "stdin": {"type": "boolean"},
+            "stdout": {"type": "boolean", "description": "false: the command's stdout is /dev/null (default true)"},
+            "stderr": {"type": "boolean", "description": "false: the command's stderr is /dev/null (default true)"},
+            "max_output": {"type": "integer", "nullable": True, "minimum": 0,
+                           "description": "bytes of each stream sent; the rest is drained, dropped and counted "
+                                          "in the exit frame (stdout_dropped, stderr_dropped)"}}}),
         "responses": {"200": {"description": "frames: 1 byte kind (1 stdout, 2 stderr, 3 exit), 4 bytes length, payload",
                               "headers": {"X-Hutch-Exec-Id": {"schema": {"type": "string"}}},
                               "content": {"application/x-hutch-frames": {"schema": {"type": "string", "format": "binary"}}}}}},
     ("post", "/v1/sandboxes/{id}/exec/{eid}/stdin"): {"summary": "Write to a command's stdin",
                                                       "parameters": [_q("eof", "1 closes stdin after the bytes")],
                                                       "requestBody": _raw_body(), "responses": {"204": _NO_CONTENT}},
+    ("post", "/v1/sandboxes/{id}/exec/{eid}/wait"): {
+        "summary": "Long poll until the command ends or the timeout passes (its output stays on its stream)",
+        "parameters": [_q("timeout", "seconds", schema={"type": "number"})],
+        "responses": _json_ok({"type": "object", "properties": {
+            "returncode": {"type": "integer", "nullable": True, "description": "null while it runs"},
+            "reason": {"type": "string", "nullable": True}}})},
     ("post", "/v1/sandboxes/{id}/exec/{eid}/kill"): {"summary": "Signal a command's process group",
                                                      "requestBody": _json_body({"type": "object", "properties": {"signal": {"type": "integer"}}}),
                                                      "responses": {"204": _NO_CONTENT}},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import json
 import os
@@ -89,6 +90,7 @@ def make_app(mgr: Manager, token: str | None = None) -> web.Application:
     r.add_post("/v1/sandboxes/{id}/exec", h.exec)
     r.add_post("/v1/sandboxes/{id}/exec/{eid}/stdin", h.stdin)
     r.add_post("/v1/sandboxes/{id}/exec/{eid}/kill", h.kill)
+    r.add_post("/v1/sandboxes/{id}/exec/{eid}/wait", h.exec_wait)
     r.add_get("/v1/sandboxes/{id}/files/read", h.read)
     r.add_put("/v1/sandboxes/{id}/files/write", h.write)
     r.add_get("/v1/sandboxes/{id}/files/list", h.list_files)
@@ -191,9 +193,12 @@ class Handlers:
         sb = self.mgr.get(request.match_info["id"])
         body = await json_body(request)
         ex = await self.mgr.exec_start(sb, body.get("argv"), body.get("env"), body.get("workdir"),
-                                       body.get("timeout"), bool(body.get("stdin")))
+                                       body.get("timeout"), bool(body.get("stdin")), body.get("stdout", True),
+                                       body.get("stderr", True), body.get("max_output"))
         out = _Output(asyncio.get_running_loop(), ex)
         resp = None
+        task = asyncio.current_task()
+        self.mgr.streams.add(task)
         try:
             if ex.stdin_w is not None:  # the client needs the exec id (a header) to feed stdin: send it now
                 resp = await _prepare(request, ex, immediate=True)
@@ -220,13 +225,18 @@ class Handlers:
                 woke = await out.wait(timeout)
                 if not woke and resp is None and not ex.exited.done():
                     resp = await _prepare(request, ex, immediate=True)
-            final = _frame(EXIT, json.dumps(self.mgr.exec_result(sb, ex)).encode())
+            status = self.mgr.exec_result(sb, ex)
+            if ex.max_output is not None:
+                status = {**status, "stdout_dropped": out.dropped[STDOUT], "stderr_dropped": out.dropped[STDERR]}
+            final = _frame(EXIT, json.dumps(status).encode())
             if resp is None:  # a quick command: headers, output and exit status in one write
                 resp = await _prepare(request, ex, immediate=False)
             await resp.write_eof(final)
             return resp
         finally:
+            self.mgr.streams.discard(task)
             out.close()
+            ex.streaming = False
             if not ex.exited.done():  # the client went away: the command goes with it
                 await self.mgr.exec_kill(sb, ex, signal.SIGKILL, "killed")
             if ex.stdin_w is not None:
@@ -266,6 +276,22 @@ class Handlers:
             os.close(fd)
         sb.touch()
         return web.Response(status=204)
+
+    async def exec_wait(self, request):
+        """How a command ended, without its output: a client that has not read all of it (so the daemon
+        holds the rest back) still learns that the command exited, was killed or timed out."""
+        sb = self.mgr.get(request.match_info["id"])
+        ex = self.mgr.find_exec(sb, request.match_info["eid"])
+        timeout = request.query.get("timeout")
+        try:
+            t = float(timeout) if timeout is not None else None
+        except ValueError as e:
+            raise ConfigError(f"timeout={timeout!r} must be a number of seconds.") from e
+        try:
+            await asyncio.wait_for(asyncio.shield(ex.exited), t)
+        except asyncio.TimeoutError:
+            return web.json_response({"returncode": None, "reason": None})
+        return web.json_response(self.mgr.exec_result(sb, ex))
 
     async def kill(self, request):
         sb = self.mgr.get(request.match_info["id"])
@@ -424,19 +450,24 @@ async def _prepare(request: web.Request, ex, *, immediate: bool) -> web.StreamRe
 class _Output:
     """An exec's stdout and stderr pipes, read straight from the event loop into frames.
 
-    Lighter than a transport and a task per pipe (this is on every exec's path); a reader pauses
-    while more than PAUSE_AT framed bytes wait for the client, so a slow client slows the command.
+    Lighter than a transport and a task per pipe (this is on every exec's path). Flow control: a
+    reader pauses while PAUSE_AT framed bytes wait for the client (and the handler waits for the
+    client to take each write), so the daemon holds at most a few MiB per exec and a slow client
+    slows the command. Past the exec's max_output a stream is no longer framed: it is drained into
+    /dev/null (spliced, never copied) and counted, so the command runs on at full speed.
     """
 
     PAUSE_AT = OUTPUT_CHUNK
 
     def __init__(self, loop: asyncio.AbstractEventLoop, ex) -> None:
         self.loop = loop
-        self.fds = {ex.out_r: STDOUT, ex.err_r: STDERR}
+        self.fds = {fd: kind for fd, kind in ((ex.out_r, STDOUT), (ex.err_r, STDERR)) if fd is not None}
         self.open = set(self.fds)
         self.paused: set[int] = set()
         self.frames: list[bytes] = []
         self.size = 0
+        self.budget = {fd: ex.max_output for fd in self.fds}   # None: everything goes to the client
+        self.dropped = {STDOUT: 0, STDERR: 0}
         self.waiter: asyncio.Future | None = None
         self.exited = ex.exited
         for fd in self.fds:
@@ -444,16 +475,29 @@ class _Output:
             loop.add_reader(fd, self._readable, fd)
 
     def _readable(self, fd: int) -> None:
+        budget = self.budget[fd]
         try:
-            data = os.read(fd, OUTPUT_CHUNK)
+            if budget == 0:
+                n = _discard(fd)
+                self.dropped[self.fds[fd]] += n
+                if n:
+                    return
+                data = b""
+            else:
+                data = os.read(fd, OUTPUT_CHUNK)
         except BlockingIOError:
             return
         except OSError:
             data = b""
         if data:
+            if budget is not None and len(data) > budget:
+                self.dropped[self.fds[fd]] += len(data) - budget
+                data = data[:budget]
+            if budget is not None:
+                self.budget[fd] = budget - len(data)
             self.frames.append(_frame(self.fds[fd], data))
             self.size += len(data)
-            if self.size >= self.PAUSE_AT:
+            if self.size >= self.PAUSE_AT and self.budget[fd] != 0:
                 self.loop.remove_reader(fd)
                 self.paused.add(fd)
         else:
@@ -502,6 +546,24 @@ class _Output:
             except OSError:
                 pass
         self.open.clear()
+
+
+_devnull = -1
+
+
+def _discard(fd: int) -> int:
+    """Move what the pipe `fd` holds into /dev/null; the number of bytes (0 at its end)."""
+    global _devnull
+    if _devnull < 0:
+        _devnull = os.open("/dev/null", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        return os.splice(fd, _devnull, OUTPUT_CHUNK, flags=os.SPLICE_F_NONBLOCK)
+    except BlockingIOError:
+        raise
+    except OSError as e:
+        if e.errno != errno.EINVAL:   # EINVAL: no splice here; a read does the same, with a copy
+            raise
+        return len(os.read(fd, OUTPUT_CHUNK))
 
 
 __all__ = ["error_response", "make_app"]
