@@ -60,14 +60,22 @@ class ImageError(SandboxError):
 
 
 class ExecError(SandboxError):
-    """A command exited non-zero. Carries its result: stdout, stderr, returncode."""
+    """A command exited non-zero. Carries its result: stdout, stderr, returncode, and the bytes of each
+    stream dropped beyond run()'s max_output (`truncated` if any)."""
 
-    def __init__(self, message: str, *, argv=(), stdout=b"", stderr=b"", returncode=None):
+    def __init__(self, message: str, *, argv=(), stdout=b"", stderr=b"", returncode=None,
+                 stdout_dropped: int = 0, stderr_dropped: int = 0):
         super().__init__(message)
         self.argv = tuple(argv)
         self.stdout = stdout
         self.stderr = stderr
         self.returncode = returncode
+        self.stdout_dropped = stdout_dropped
+        self.stderr_dropped = stderr_dropped
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.stdout_dropped or self.stderr_dropped)
 
 
 class SandboxTimeout(SandboxError):

@@ -17,6 +17,7 @@ import os
 import stat
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -237,11 +238,16 @@ def _in_sandbox(client, step, parent, key, desc, progress, where, argvs, network
         step_out: list[str] = []   # every command's output: an earlier warning often explains the failure
         for argv in argvs:
             p = sb.exec(*argv, env=env, stdin=False)
-            out = []
+            out, errs = [], []
+            # stderr read meanwhile: unread output blocks the command (flow control), so reading one
+            # stream after the other would hang a step that writes much to stderr
+            reader = threading.Thread(target=lambda: errs.append(p.stderr.read()), daemon=True)
+            reader.start()
             for line in p.stdout:
                 out.append(line)
                 progress.output(line)
-            err = p.stderr.read()
+            reader.join()
+            err = errs[0] if errs else ""
             for line in err.splitlines():
                 progress.output(line)
             rc = p.wait()

@@ -17,6 +17,12 @@ from hutch._core import errors
 
 # Frame kinds of an exec output stream.
 STDOUT, STDERR, EXIT = 1, 2, 3
+#: Bytes of each stream `run()` keeps unless told otherwise (`max_output=`); the rest is counted and dropped.
+DEFAULT_MAX_OUTPUT = 4 << 20
+#: Unread output an exec handle holds per stream; at this much it stops reading from the daemon, so the
+#: command blocks in its pipe until `p.stdout` / `p.stderr` are read (flow control, as with OS pipes).
+OUTPUT_BUFFER = 2 << 20
+WAIT_POLL = 30.0   # seconds per long-poll request of a wait() (of a sandbox, or of a command's exit)
 _HEADER = struct.Struct(">BI")
 FRAMES_CONTENT_TYPE = "application/x-hutch-frames"
 
@@ -106,11 +112,14 @@ class ExitStatus:
 
     returncode: int
     reason: str
+    stdout_dropped: int = 0   # bytes the daemon read and dropped beyond the exec's max_output
+    stderr_dropped: int = 0
 
     @classmethod
     def from_payload(cls, payload: bytes) -> "ExitStatus":
         d = json.loads(payload)
-        return cls(int(d["returncode"]), str(d.get("reason", "exited")))
+        return cls(int(d["returncode"]), str(d.get("reason", "exited")),
+                   int(d.get("stdout_dropped", 0)), int(d.get("stderr_dropped", 0)))
 
 
 @dataclass(frozen=True)
@@ -122,16 +131,26 @@ class ExecResult:
     stdout: str | bytes
     stderr: str | bytes
     reason: str = "exited"
+    stdout_dropped: int = 0   # bytes of stdout beyond run(max_output=), dropped
+    stderr_dropped: int = 0
+
+    @property
+    def truncated(self) -> bool:
+        """True if run() dropped output beyond its max_output (see stdout_dropped / stderr_dropped)."""
+        return bool(self.stdout_dropped or self.stderr_dropped)
 
     def check(self) -> "ExecResult":
         """Return self if the command exited 0, else raise hutch.ExecError carrying this result."""
         if self.returncode != 0:
             err = _tail(self.stderr)
+            cut = (f" (output truncated: {self.stdout_dropped} bytes of stdout and {self.stderr_dropped} of stderr "
+                   "dropped beyond max_output)") if self.truncated else ""
             raise errors.ExecError(
                 f"command {list(self.argv)} exited with code {self.returncode} ({self.reason})"
-                + (f"; stderr ends with: {err!r}" if err else "")
+                + (f"; stderr ends with: {err!r}" if err else "") + cut
                 + ". Fix the command, or call run() with check=False to get the result without raising.",
                 argv=self.argv, stdout=self.stdout, stderr=self.stderr, returncode=self.returncode,
+                stdout_dropped=self.stdout_dropped, stderr_dropped=self.stderr_dropped,
             )
         return self
 
@@ -181,7 +200,18 @@ def _tail(s: str | bytes, n: int = 200) -> str:
     return s.strip()[-n:]
 
 
-def exec_body(argv, *, timeout=None, workdir=None, env=None, stdin=False) -> dict[str, Any]:
+def check_max_output(max_output) -> "int | None":
+    """run(max_output=): a positive number of bytes per stream, or None to keep everything."""
+    if max_output is not None and (isinstance(max_output, bool) or not isinstance(max_output, int) or max_output <= 0):
+        raise errors.InvalidSpecError(
+            f"max_output={max_output!r} must be a positive number of bytes kept per stream (e.g. 1 << 20), "
+            "or None to keep all of the output."
+        )
+    return max_output
+
+
+def exec_body(argv, *, timeout=None, workdir=None, env=None, stdin=False, stdout=True, stderr=True,
+              max_output=None) -> dict[str, Any]:
     """Validate exec arguments and build the JSON body of POST /v1/sandboxes/{id}/exec."""
     args = tuple(argv)
     if not args:
@@ -198,8 +228,16 @@ def exec_body(argv, *, timeout=None, workdir=None, env=None, stdin=False) -> dic
         if not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k:
             raise errors.InvalidSpecError(f"env entry {k!r}: {v!r} must map a variable name to a str value.")
         envd[k] = v
-    return {"argv": list(args), "env": envd, "workdir": workdir,
+    for name, v in (("stdout", stdout), ("stderr", stderr)):
+        if not isinstance(v, bool):
+            raise errors.InvalidSpecError(f"{name}={v!r} must be True (a pipe to read) or False (discarded: /dev/null).")
+    body = {"argv": list(args), "env": envd, "workdir": workdir,
             "timeout": None if timeout is None else float(timeout), "stdin": bool(stdin)}
+    if not (stdout and stderr):
+        body["stdout"], body["stderr"] = stdout, stderr
+    if check_max_output(max_output) is not None:
+        body["max_output"] = max_output
+    return body
 
 
 def stdin_payload(stdin) -> tuple[bool, bytes | None]:

@@ -21,9 +21,12 @@ from hutch.sandbox import _client, _provided
 from hutch.sandbox._files import AsyncFiles
 from hutch.sandbox._process import AsyncProcess
 from hutch.sandbox._spec import DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, Network
-from hutch.sandbox._wire import ENDED, ExecResult, NetworkLog, SandboxState, exec_body, stdin_payload, tag_params, terminated_error
+from hutch.sandbox._wire import (
+    DEFAULT_MAX_OUTPUT, ENDED, WAIT_POLL, ExecResult, NetworkLog, SandboxState, check_max_output, exec_body, stdin_payload,
+    tag_params, terminated_error,
+)
 from hutch.sandbox.image import Image
-from hutch.sandbox.sandbox import WAIT_POLL, ImageProgress, _ensured, _ensured_lock, _image_key, build_spec
+from hutch.sandbox.sandbox import ImageProgress, _ensured, _ensured_lock, _image_key, build_spec
 
 
 class AsyncSandbox(SandboxState):
@@ -148,25 +151,32 @@ class AsyncSandbox(SandboxState):
     # ------------------------------------------------------------ commands
 
     async def exec(self, *argv: str, timeout: "float | None" = None, workdir: "str | None" = None,
-                   env: "dict | None" = None, stdin: "bool | bytes | str" = True, text: bool = True) -> AsyncProcess:
-        """Start `argv` in the sandbox and return its handle (similar to asyncio.subprocess.Process)."""
-        return await self._exec(argv, timeout, workdir, env, stdin, text, background=True)
+                   env: "dict | None" = None, stdin: "bool | bytes | str" = True, text: bool = True,
+                   stdout: bool = True, stderr: bool = True) -> AsyncProcess:
+        """Start `argv` in the sandbox and return its handle (similar to asyncio.subprocess.Process;
+        flow control and stdout=/stderr= as in `Sandbox.exec`)."""
+        return await self._exec(argv, timeout, workdir, env, stdin, text, stdout, stderr, None, background=True)
 
     async def run(self, *argv: str, check: bool = False, timeout: "float | None" = None,
                   workdir: "str | None" = None, env: "dict | None" = None, stdin: "bool | bytes | str" = False,
-                  text: bool = True) -> ExecResult:
-        """Run `argv` to completion and return its stdout, stderr and returncode (see `Sandbox.run`)."""
-        p = await self._exec(argv, timeout, workdir, env, stdin, text, background=False)
+                  text: bool = True, max_output: "int | None" = DEFAULT_MAX_OUTPUT) -> ExecResult:
+        """Run `argv` to completion and return its stdout, stderr and returncode (see `Sandbox.run`,
+        max_output included)."""
+        p = await self._exec(argv, timeout, workdir, env, stdin, text, True, True, check_max_output(max_output),
+                             background=False)
         result = await p.result()
         return result.check() if check else result
 
-    async def _exec(self, argv, timeout, workdir, env, stdin, text, *, background: bool) -> AsyncProcess:
+    async def _exec(self, argv, timeout, workdir, env, stdin, text, stdout, stderr, max_output, *,
+                    background: bool) -> AsyncProcess:
         if self.status in ENDED:
             raise terminated_error(self.id, self.status)
         is_open, data = stdin_payload(stdin)
-        body = exec_body(argv, timeout=timeout, workdir=workdir, env=env, stdin=is_open)
+        body = exec_body(argv, timeout=timeout, workdir=workdir, env=env, stdin=is_open, stdout=stdout, stderr=stderr,
+                         max_output=max_output)
         resp = await self._client.request("POST", f"/v1/sandboxes/{self.id}/exec", json=body, stream=True)
-        p = AsyncProcess(self._client, self.id, argv, resp, text=text, stdin_open=is_open, background=background)
+        p = AsyncProcess(self._client, self.id, argv, resp, text=text, stdin_open=is_open, background=background,
+                         max_output=max_output)
         if data is not None:
             p.stdin._open = False
             await self._client.request("POST", f"{p._base}/stdin", params={"eof": "1"}, content=data)

@@ -27,10 +27,11 @@ from hutch.sandbox._spec import (
     Network,
     DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, SandboxSpec,
 )
-from hutch.sandbox._wire import ENDED, ExecResult, NetworkLog, SandboxState, error_from_answer, exec_body, stdin_payload, tag_params, terminated_error
+from hutch.sandbox._wire import (
+    DEFAULT_MAX_OUTPUT, ENDED, WAIT_POLL, ExecResult, NetworkLog, SandboxState, check_max_output, error_from_answer, exec_body,
+    stdin_payload, tag_params, terminated_error,
+)
 from hutch.sandbox.image import Image
-
-WAIT_POLL = 30.0   # seconds per long-poll request of wait()
 
 
 def build_spec(command, *, image, mounts, cpu, memory, pids, disk, timeout, idle_timeout, workdir, env, tags,
@@ -230,36 +231,48 @@ class Sandbox(SandboxState):
     # ------------------------------------------------------------ commands
 
     def exec(self, *argv: str, timeout: "float | None" = None, workdir: "str | None" = None,
-             env: "dict | None" = None, stdin: "bool | bytes | str" = True, text: bool = True) -> Process:
+             env: "dict | None" = None, stdin: "bool | bytes | str" = True, text: bool = True,
+             stdout: bool = True, stderr: bool = True) -> Process:
         """Start `argv` in the sandbox and return its handle (similar to subprocess.Popen).
 
         `timeout` ends the command (not the sandbox) after that many seconds. `stdin=True` opens a
         pipe for `p.stdin.write()`; bytes or str are sent and then closed; False gives no input.
-        Output is text (UTF-8) unless `text=False`.
+        Output is text (UTF-8) unless `text=False`; `stdout=False` / `stderr=False` give the command
+        /dev/null there instead (like subprocess.DEVNULL). Output is flow-controlled as with OS pipes:
+        at OUTPUT_BUFFER unread bytes of a stream (2 MiB) the command blocks until it is read, so read
+        every stream you keep (see hutch.Process).
 
         Example: `for line in sb.exec("ls", "-l", "/").stdout: print(line, end="")`
         """
-        return self._exec(argv, timeout, workdir, env, stdin, text, background=True)
+        return self._exec(argv, timeout, workdir, env, stdin, text, stdout, stderr, None, background=True)
 
     def run(self, *argv: str, check: bool = False, timeout: "float | None" = None, workdir: "str | None" = None,
-            env: "dict | None" = None, stdin: "bool | bytes | str" = False, text: bool = True) -> ExecResult:
+            env: "dict | None" = None, stdin: "bool | bytes | str" = False, text: bool = True,
+            max_output: "int | None" = DEFAULT_MAX_OUTPUT) -> ExecResult:
         """Run `argv` to completion and return its stdout, stderr and returncode.
 
-        With `check=True`, a non-zero exit raises `hutch.ExecError` carrying them.
+        Keeps the first `max_output` bytes of each stream (DEFAULT_MAX_OUTPUT, 4 MiB; None keeps all);
+        the rest is drained and dropped while the command runs on, and counted in the result's
+        `stdout_dropped` / `stderr_dropped` (`truncated` is True then). With `check=True`, a non-zero
+        exit raises `hutch.ExecError` carrying all of that.
 
         Example: `sb.run("python3", "-c", "print(1)", check=True).stdout == "1\\n"`
         """
-        p = self._exec(argv, timeout, workdir, env, stdin, text, background=False)
+        p = self._exec(argv, timeout, workdir, env, stdin, text, True, True, check_max_output(max_output),
+                       background=False)
         result = p.result()
         return result.check() if check else result
 
-    def _exec(self, argv, timeout, workdir, env, stdin, text, *, background: bool) -> Process:
+    def _exec(self, argv, timeout, workdir, env, stdin, text, stdout, stderr, max_output, *,
+              background: bool) -> Process:
         if self.status in ENDED:
             raise terminated_error(self.id, self.status)
         is_open, data = stdin_payload(stdin)
-        body = exec_body(argv, timeout=timeout, workdir=workdir, env=env, stdin=is_open)
+        body = exec_body(argv, timeout=timeout, workdir=workdir, env=env, stdin=is_open, stdout=stdout, stderr=stderr,
+                         max_output=max_output)
         resp = self._client.request("POST", f"/v1/sandboxes/{self.id}/exec", json=body, stream=True)
-        p = Process(self._client, self.id, argv, resp, text=text, stdin_open=is_open, background=background)
+        p = Process(self._client, self.id, argv, resp, text=text, stdin_open=is_open, background=background,
+                    max_output=max_output)
         if data is not None:
             p.stdin._open = False
             self._client.request("POST", f"{p._base}/stdin", params={"eof": "1"}, content=data)

@@ -45,6 +45,16 @@ def test_run_streams_output_and_forwards_stdin(daemon, busybox_root):
     assert (r.returncode, r.stdout) == (0, "HELLO\n1 /tmp\n")
 
 
+def test_run_passes_all_output_through_however_much(daemon, busybox_root, tmp_path):
+    """`hutch run` writes straight through: no max_output there, and flow control follows our stdout."""
+    with open(tmp_path / "out", "wb") as out:
+        r = subprocess.run([sys.executable, "-m", "hutch", "run", "--image", str(busybox_root), "--",
+                            "sh", "-c", "head -c 30000000 /dev/zero; head -c 7000000 /dev/zero >&2"],
+                           stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE, timeout=120)
+    assert r.returncode == 0 and len(r.stderr) == 7_000_000
+    assert (tmp_path / "out").stat().st_size == 30_000_000
+
+
 def test_run_mount_and_network_options(daemon, busybox_root, tmp_path):
     (tmp_path / "in.txt").write_text("from host\n")
     r = hutch_cli("run", "--image", str(busybox_root), "--mount", f"{tmp_path}:/data", "--",

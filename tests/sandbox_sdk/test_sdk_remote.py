@@ -17,7 +17,7 @@ import pytest
 
 import hutch
 from hutch_testing import restore_env
-from sdk_support import RUN_TAG
+from sdk_support import RUN_TAG, blocked_writer_then_kill, slow_read_of_random_bytes
 
 
 def _free_port() -> int:
@@ -73,3 +73,13 @@ def test_sdk_over_tcp_with_a_token(remote, busybox_root):
     os.environ["HUTCH_TOKEN"] = "wrong"
     with pytest.raises(hutch.Error, match="token"):
         hutch.Sandbox.list()
+
+
+def test_output_over_tcp_is_flow_controlled_and_capped(remote, busybox_root):
+    """The same guarantees as on the Unix socket (test_sdk_output.py) through httpx's TCP transport."""
+    with hutch.Sandbox.create(image=hutch.Image.from_directory(busybox_root), tags=RUN_TAG) as sb:
+        # loopback TCP buffers grow to several MiB each way, so more may wait on the way than on the socket
+        slow_read_of_random_bytes(sb, total=40_000_000, unread_max=30 << 20)
+        blocked_writer_then_kill(sb, unread_max=30 << 20)
+        r = sb.run("sh", "-c", "head -c 30000000 /dev/zero; echo end >&2", max_output=1000, text=False)
+        assert (r.stdout, r.stdout_dropped, r.stderr) == (b"\0" * 1000, 30_000_000 - 1000, b"end\n")
