@@ -13,13 +13,9 @@ from typing import Any
 from hutch._core.errors import ConfigError
 from hutch.mcp._tools import DESTRUCTIVE, READ_ONLY, RUNS_CODE, WRITE, first, tool
 
-#: Characters of stdout / stderr a tool result carries (the rest is cut, and the result says so).
+#: Bytes of stdout / stderr a tool result carries (the sandbox drains and drops the rest; the result says so).
 MAX_OUTPUT = 100_000
 TAG = {"created_by": "mcp"}
-
-
-def _cut(s: str) -> tuple[str, bool]:
-    return (s, False) if len(s) <= MAX_OUTPUT else (s[:MAX_OUTPUT], True)
 
 
 def _info(sb) -> dict[str, Any]:
@@ -77,19 +73,20 @@ def register(server, *, image: str | None = None, memory_mount=None) -> None:
 
         command: an argv list (["python3", "-c", "print(1)"]) or a shell line ("ls -l | wc -l"), which
         runs under `sh -c` inside the sandbox. timeout: seconds before the command (not the sandbox) is
-        killed. stdin: text fed to the command. A non-zero exit_code is a result, not an error.
+        killed. stdin: text fed to the command. A non-zero exit_code is a result, not an error. Each stream
+        carries its first 100,000 bytes; beyond that the result has "truncated" and the bytes dropped.
         """
         c = first(command=command, cmd=cmd, argv=argv)
         if not c:
             raise ConfigError("sandbox_exec needs a command, e.g. {\"command\": [\"ls\", \"-l\"]} or \"ls -l\".")
         args = ["sh", "-c", c] if isinstance(c, str) else [str(a) for a in c]
         r = _sb(sandbox_id, id).run(*args, timeout=timeout, workdir=workdir, env=env,
-                                   stdin=stdin if stdin is not None else False)
-        out, cut_o = _cut(r.stdout)
-        err, cut_e = _cut(r.stderr)
-        res = {"exit_code": r.returncode, "stdout": out, "stderr": err, "reason": r.reason}
-        if cut_o or cut_e:
-            res["truncated"] = f"output was cut to {MAX_OUTPUT} characters per stream; write it to a file and read parts."
+                                   stdin=stdin if stdin is not None else False, max_output=MAX_OUTPUT)
+        res = {"exit_code": r.returncode, "stdout": r.stdout, "stderr": r.stderr, "reason": r.reason}
+        if r.truncated:
+            res.update(stdout_dropped=r.stdout_dropped, stderr_dropped=r.stderr_dropped,
+                       truncated=f"output was cut to its first {MAX_OUTPUT} bytes per stream ({r.stdout_dropped} bytes "
+                                 f"of stdout and {r.stderr_dropped} of stderr dropped); write it to a file and read parts.")
         return res
 
     @tool(server, READ_ONLY)

@@ -141,6 +141,51 @@ def test_stdio_memory_and_sandboxes(store, image, daemon):
         s.status != "running" for s in hutch.Sandbox.list(tags={"t": "mcp-test"}))
 
 
+def _server_pid(store) -> int:
+    """The `hutch mcp` process the stdio client started for `store` (a child of this process)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"mcp" in cmd and str(store.root).encode() in cmd:
+            return int(pid)
+    raise AssertionError("the MCP server process was not found")
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def test_sandbox_exec_collects_a_capped_amount(store, image, daemon):
+    """150 MB of output: the tool result carries the first MAX_OUTPUT bytes and says how much was dropped,
+    and the server never held the rest (its peak memory does not grow with the output)."""
+    from hutch.mcp._sandbox_tools import MAX_OUTPUT
+
+    async def main():
+        async with Client(_params(store, image, daemon)) as client:
+            r = await client.call_tool("sandbox_create", {"timeout": 120})
+            sid = r.structured_content["result"]["sandbox_id"]
+            try:
+                server = _server_pid(store)
+                before = _peak_rss_mb(server)
+                r = await client.call_tool("sandbox_exec", {"sandbox_id": sid, "command":
+                                                            "head -c 150000000 /dev/zero | tr '\\0' x; echo end >&2"})
+                grew = _peak_rss_mb(server) - before
+                assert grew < 64, f"the MCP server's peak memory grew by {grew:.0f} MB for one command's output"
+                out = r.structured_content["result"]
+                assert (out["exit_code"], out["stderr"], out["stdout"]) == (0, "end\n", "x" * MAX_OUTPUT)
+                assert (out["stdout_dropped"], out["stderr_dropped"]) == (150_000_000 - MAX_OUTPUT, 0)
+                assert str(MAX_OUTPUT) in out["truncated"]
+            finally:
+                await client.call_tool("sandbox_terminate", {"sandbox_id": sid})
+    anyio.run(main)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
