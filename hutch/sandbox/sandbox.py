@@ -28,8 +28,8 @@ from hutch.sandbox._spec import (
     DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, SandboxSpec,
 )
 from hutch.sandbox._wire import (
-    DEFAULT_MAX_OUTPUT, ENDED, WAIT_POLL, ExecResult, NetworkLog, SandboxState, check_max_output, error_from_answer, exec_body,
-    stdin_payload, tag_params, terminated_error,
+    DEFAULT_MAX_OUTPUT, ENDED, WAIT_POLL, ExecResult, NetworkLog, SandboxState, check_max_output, error_from_answer,
+    exec_body, stdin_payload, tag_params, terminated_error,
 )
 from hutch.sandbox.image import Image
 
