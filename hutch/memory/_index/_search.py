@@ -21,7 +21,7 @@ import numpy as np
 
 from hutch._core.errors import ConfigError, SearchIndexError
 from hutch.memory._index import _lexicon, _rank, _time, _units
-from hutch.memory._index._db import IndexDB, SyncStats
+from hutch.memory._index._db import IndexDB, SyncStats, file_digest
 from hutch.memory._index._embed import default_provider
 
 _FUSIONS = ("weighted", "rrf")
@@ -109,6 +109,7 @@ class IndexReport:
     embed_error: str | None = None  # the embedder's last failure (search then used the lexical channels only)
     seconds: float = 0.0
     lexicon: str | None = None  # the WordNet directory the category channel reads; None: that channel is off
+    partial: tuple[str, ...] = ()  # files larger than UNIT_BYTES: only their start is units (the rest: words only)
 
     def lines(self) -> list[str]:
         """Human-readable report, one fact per line."""
@@ -124,6 +125,11 @@ class IndexReport:
             items = getattr(self, name)
             if items:
                 out.append(f"{name}: {len(items)}: " + ", ".join(items[:10]) + (" ..." if len(items) > 10 else ""))
+        if self.partial:
+            out.append(f"partly indexed: {len(self.partial)}: " + ", ".join(self.partial[:10])
+                       + (" ..." if len(self.partial) > 10 else "")
+                       + f"  (past {_units.UNIT_BYTES >> 20} MiB by their words only, past "
+                       f"{_units.LEXICAL_BYTES >> 20} MiB not at all: split such files)")
         for r in self.recovered:
             out.append(f"recovered: {r}")
         if self.embed_error:
@@ -310,6 +316,13 @@ class SearchIndex:
             w_word, w_phrase, w_window = _rank.SDM_WEIGHTS
             lex = (w_word * lex + w_phrase * self._unit_bm25(_units.fts_phrase_query(pairs), n, True)
                    + w_window * self._unit_bm25(_units.fts_phrase_query(near, _rank.SDM_WINDOW), n, True))
+        # the words of large files past their units: the entity's best chunk, for its sole unit here too
+        chunks = self._chunk_bm25(fq) if fq else {}
+        if chunks:
+            sole = s.sole_units()[:n]
+            best = np.zeros(s.ne)
+            best[list(chunks)] = list(chunks.values())
+            lex = np.maximum(lex, np.where(sole >= 0, best[np.maximum(sole, 0)], 0.0))
         channels.append(_rank.Channel("bm25", lex, lex > 0))
         # entity level, lexical part (the dense part needs the dense scores)
         ne = s.ne
@@ -327,6 +340,8 @@ class SearchIndex:
             ent_of = s.sole_units()[hit]
             one = ent_of >= 0
             elex[ent_of[one]] = lex_words[hit[one]]
+            for p, score in chunks.items():
+                elex[p] = max(elex[p], score)
         # the channels that need no dense scores, while the worker computes them (added below, in this order)
         boost = self._mention_units(mentioned, titles) if mentioned else None
         span = _time.find(query, ref)
@@ -448,6 +463,21 @@ class SearchIndex:
                     out[p] = max(out[p], score_of[src])
         hi = out.max()
         return out / hi if hi > 0 else out
+
+    def _chunk_bm25(self, fq: str) -> dict[int, float]:
+        """{entity position: BM25 of its best chunk} over the words of large files past their units (_db: chunks)."""
+        db = self.idx.db
+        if not db.execute("select 1 from chunks limit 1").fetchone():
+            return {}
+        eidpos = self.snap.eid_pos
+        out: dict[int, float] = {}
+        for eid, score in db.execute(
+                "select c.eid, -bm25(chunks_fts) from chunks_fts join chunks c on c.cid = chunks_fts.rowid "
+                f"where chunks_fts match ? order by bm25(chunks_fts) limit {_rank.LEXICAL_LIMIT}", (fq,)):
+            p = eidpos.get(eid)
+            if p is not None and score > out.get(p, 0.0):
+                out[p] = score
+        return out
 
     def _unit_bm25(self, fq: str | None, n: int, few: bool = False) -> np.ndarray:
         """BM25 of an FTS5 MATCH expression over the units' text and context, by snapshot position (0: no match):
@@ -658,8 +688,6 @@ class SearchIndex:
             self.idx.recover(e)
             self.snap = None
             return self.doctor()
-        import hashlib
-
         stale, missing = [], []
         for entity_id, (path, mtime, size) in sorted(files.items()):
             row = rows.get(entity_id)
@@ -669,7 +697,7 @@ class SearchIndex:
             if (row[0], row[1]) != (mtime, size):
                 try:
                     with open(path, "rb") as f:
-                        digest = hashlib.sha256(f.read()).hexdigest()
+                        digest = file_digest(f)
                 except OSError:
                     digest = None
                 if digest != row[2]:
@@ -680,6 +708,7 @@ class SearchIndex:
                 stale.append(entity_id)
         extra = sorted(e for e in rows if e not in files)
         unreadable = sorted(e for e, r in rows.items() if r[4])
+        partial = sorted(e for e, (_, size, *_) in rows.items() if size is not None and size > _units.UNIT_BYTES)
         name, rev, dim = (self.idx.model_identity() if self.idx.model_known else
                           (self.idx.meta("model_name") or "?", self.idx.meta("model_revision") or "?",
                            int(self.idx.meta("model_dim") or 0)))
@@ -691,7 +720,8 @@ class SearchIndex:
         return IndexReport(self.idx.path, ok, len(rows), units, vectors, pending, name, rev, dim,
                            self.idx.meta("space_changed_from"), tuple(stale), tuple(missing), tuple(extra),
                            tuple(unreadable), tuple(self.idx.recovered), self.idx.embed_error,
-                           time.perf_counter() - t0, str(wn.root) if (wn := _lexicon.wordnet()) else None)
+                           time.perf_counter() - t0, str(wn.root) if (wn := _lexicon.wordnet()) else None,
+                           tuple(partial))
 
     def close(self) -> None:
         self.idx.close()

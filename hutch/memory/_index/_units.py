@@ -5,6 +5,11 @@ at): a conversation (an entity whose level-3 headings are turns,
 `### D1:3 · Caroline`) gives one unit per turn, anchored by its dia_id, and
 indexed with its context (the neighbouring turns, the speaker, the session's
 time); any other entity is one unit, its title and body.
+
+What an entity is indexed as is bounded, whatever its size (a sandbox may write a 64 MiB file through
+its memory mount): only the first UNIT_BYTES of the file are split into units; the rest, up to
+LEXICAL_BYTES, is searchable by its words in pieces of at most CHUNK_BYTES (see _db), and of a unit at
+most DENSE_CHARS characters are embedded (a model reads a few hundred tokens of it).
 """
 
 from __future__ import annotations
@@ -16,6 +21,18 @@ from typing import Any
 
 from hutch.memory import _format
 from hutch.memory._index import _time
+
+#: The bytes of an entity file (front matter included) that are split into units and embedded.
+UNIT_BYTES = 1 << 20
+#: Past UNIT_BYTES, a file is searchable by its words (BM25, entity level) in pieces of at most this many bytes ...
+CHUNK_BYTES = 64 << 10
+#: ... up to this many bytes of the file; beyond, it is not indexed (`doctor` names such files).
+LEXICAL_BYTES = 64 << 20
+#: The characters of a unit's text that are embedded: MiniLM reads 128 tokens (~600 characters) and an
+#: OpenAI-style endpoint ~8,000; more would only cost memory (a tokenizer takes ~100 bytes per character).
+DENSE_CHARS = 8192
+#: How far back from a piece's end a cut looks for white space (so that no word is split in two).
+_CUT_WINDOW = 4096
 
 _TURN_RE = re.compile(r"^(\S+:\S+)\s+·\s+(.+)$")
 _IMAGE_RE = re.compile(r"^>\s*\[image:\s*(.*?)\]\s*$", re.M)
@@ -43,9 +60,28 @@ class Unit:
     speaker: str | None
     event: tuple[float, float] | None = None  # the time a turn speaks of ("yesterday"), read against its session
 
+    def __post_init__(self):
+        if len(self.dense) > DENSE_CHARS:
+            object.__setattr__(self, "dense", self.dense[:DENSE_CHARS])
+
     @property
     def dense_hash(self) -> str:
         return hashlib.sha256(self.dense.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def cut(data: bytes, limit: int) -> int:
+    """Where to end a piece of at most `limit` bytes taken from the start of `data` (all of it if it fits):
+    after the last white space near the limit, else at the last UTF-8 character boundary before it."""
+    if len(data) <= limit:
+        return len(data)
+    window = data[max(0, limit - _CUT_WINDOW):limit]
+    at = max(window.rfind(sep) for sep in (b"\n", b" ", b"\t"))
+    if at >= 0:
+        return limit - len(window) + at + 1
+    end = limit
+    while end > limit - 4 and end > 0 and 0x80 <= data[end] < 0xC0:  # inside a multi-byte character
+        end -= 1
+    return end
 
 
 def _turn_text(section: str) -> tuple[str, str]:
