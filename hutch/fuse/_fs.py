@@ -30,7 +30,7 @@ from mfusepy import Operations
 
 from hutch._core.errors import ConfigError, MemoryStoreError
 from hutch.fuse import _view
-from hutch.fuse._fs_write import WriteOps, _err, _Handle, _pin_thread, open_regular, read_file
+from hutch.fuse._fs_write import SOURCE_WAIT, WriteOps, _err, _Handle, _pin_thread, open_regular
 from hutch.fuse._kcache import DIRECT, ESTALE, KEEP, KernelCache, stat_key
 from hutch.memory import _format as fmt
 
@@ -150,7 +150,16 @@ class MemoryFS(WriteOps, Operations):
 
     # ------------------------------------------------------------------ generated content
 
+    def _charged_to_sandbox(self) -> None:
+        """Work done for a sandbox (searching, reading history) waits until the server has joined the sandbox's
+        cgroups, so that none of it is charged to the host (a moment after the sandbox starts)."""
+        if not self.source_known.wait(SOURCE_WAIT):
+            log.warning("refused: the mount was never told which sandbox it serves")
+            raise _err(errno.EIO)
+
     def _hits(self, query: str):
+        self._charged_to_sandbox()
+
         def run():
             with self._search_lock:
                 t = time.perf_counter()
@@ -167,12 +176,15 @@ class MemoryFS(WriteOps, Operations):
                 for i, h in enumerate(self._hits(query), 1)}
 
     def _profile(self) -> bytes:
+        self._charged_to_sandbox()
+
         def make():
             commits = self.mem.git.log(limit=10)
             return _view.profile(self.mem, commits=commits, ids=self.mem.ls(), links=list(self.mem.iter_links()))
         return self._cached(("profile",), make, ttl=1.0)
 
     def _view_at(self, date: str):
+        self._charged_to_sandbox()
         try:
             return self.mem.as_of(date)
         except (ConfigError, MemoryStoreError, ValueError):
@@ -191,6 +203,16 @@ class MemoryFS(WriteOps, Operations):
         return self._cached(("asof-text", date, entity_id, head),
                             lambda: view.get(entity_id).text.encode("utf-8", "surrogateescape"), ttl=60.0)
 
+    def _hit_path(self, parts: list[str]) -> str | None:
+        """The entity file a query hit (`search/<query>/NN-...md`) shows, None if `parts` is not a hit. It is
+        served from the file like the entity itself (never copied into memory: a hit may be a 64 MiB file)."""
+        if len(parts) != 3 or parts[0] != _view.SEARCH_DIR or parts[2] == _view.EXPLAIN:
+            return None
+        eid = self._hit_files(parts[1]).get(parts[2])
+        if eid is None:
+            raise _err(errno.ENOENT)
+        return os.path.join(self.root, eid + ".md")
+
     def _generated(self, parts: list[str]) -> bytes | None:
         """The bytes of a generated file, None if `parts` is not one (raises ENOENT for a missing one)."""
         if parts == [_view.PROFILE]:
@@ -199,10 +221,7 @@ class MemoryFS(WriteOps, Operations):
             query = parts[1]
             if parts[2] == _view.EXPLAIN:
                 return _view.explain(query, self._hits(query))
-            eid = self._hit_files(query).get(parts[2])
-            if eid is None:
-                raise _err(errno.ENOENT)
-            return read_file(os.path.join(self.root, eid + ".md"))
+            return None  # a hit: the entity's own file (_hit_path)
         if parts[0] == _view.AS_OF_DIR and len(parts) == 4:
             eid = self._entity_id(parts[2:])
             if eid is None:
@@ -231,7 +250,17 @@ class MemoryFS(WriteOps, Operations):
                 self._hits(parts[1])
                 return self._dir_attr()
             if len(parts) == 3:
-                return self._gen_attr(path, self._generated(parts))
+                hit = self._hit_path(parts)
+                if hit is None:
+                    return self._gen_attr(path, self._generated(parts))
+                try:
+                    st = os.lstat(hit)
+                except FileNotFoundError:
+                    raise _err(errno.ENOENT) from None
+                self.kcache.seen[path] = stat_key(st)
+                attr = self._stat_attr(st)
+                attr["st_mode"] &= ~0o222  # read-only, as everything under search/
+                return attr
             raise _err(errno.ENOENT)
         if top == _view.AS_OF_DIR:
             if len(parts) == 1:
@@ -327,6 +356,9 @@ class MemoryFS(WriteOps, Operations):
         if parts and parts[0] in (_view.SEARCH_DIR, _view.AS_OF_DIR) or parts == [_view.PROFILE]:
             if wants_write:
                 raise _err(errno.EROFS)
+            hit = self._hit_path(parts)
+            if hit is not None:
+                return self._open_file(path, hit, fi)
             data = self._generated(parts)
             if data is None:
                 raise _err(errno.EISDIR if len(parts) < 3 else errno.ENOENT)
@@ -348,7 +380,11 @@ class MemoryFS(WriteOps, Operations):
             fi.fh = self._new_handle(_Handle("mem", path, data=bytes(src)))
             fi.direct_io = 1
             return 0
-        fd, st = open_regular(self._real(path))  # never a symlink, FIFO or device planted in the store
+        return self._open_file(path, self._real(path), fi)
+
+    def _open_file(self, path: str, real: str, fi) -> int:
+        """Open a file of the store for reading: reads go to its fd (pread), nothing is copied."""
+        fd, st = open_regular(real)  # never a symlink, FIFO or device planted in the store
         # The kernel may hold this file's size and pages for cache_seconds: keep them if they are of this very
         # version. Otherwise the path walk before this open trusted a stale entry, and a splice reader (busybox
         # cat's sendfile) would stop at the old size: answer ESTALE, on which the kernel walks the path again

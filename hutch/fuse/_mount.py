@@ -7,9 +7,11 @@ helper holds the FUSE connection and unmounts the moment the serving process
 dies, however it dies (SIGKILL included), so a killed view never leaves a hung
 mount behind. `hutch mem mount --foreground` runs `serve()` in the calling process.
 
-A mount made for a sandbox (`handover=True`) is told the sandbox's id on stdin
-once the sandbox runs (its writes wait for that, so each commit names the
-sandbox); if stdin closes before that, its creator died and it unmounts.
+A mount made for a sandbox (`handover=True`) is told `sandbox <id> disk <bytes>`
+on stdin once the sandbox runs and the server is in the sandbox's cgroups (its
+writes, searches and history reads wait for that, so each commit names the
+sandbox and all of its work is charged to it); if stdin closes before that,
+its creator died and it unmounts.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ MOUNT_TIMEOUT = 30.0
 #: Seconds the kernel may keep names, attributes and pages of the view between invalidations (_kcache.py).
 CACHE_SECONDS = 60.0
 _READY = b"ready\n"
+#: Texts per model run when a sandbox's view embeds: its peak memory, charged to the sandbox, grows with it.
+VIEW_EMBED_BATCH = 8
 
 log = logging.getLogger("hutch.fuse")
 
@@ -69,7 +73,14 @@ def serve(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: 
     mountpoint = Path(os.path.abspath(mountpoint))
     _check_fuse()
     _check_mountpoint(mountpoint)
-    mem = Memory(store, create=False)
+    embedder = None
+    if handover:
+        from hutch.memory._index._embed import MiniLMProvider
+
+        # A sandbox's view runs inside the sandbox's cgroups: one session of one thread, small batches (the
+        # default's bulk sessions and batches of 32 peak near 1 GB, docs/fuse.md "What the view costs").
+        embedder = MiniLMProvider(threads=1, batch=VIEW_EMBED_BATCH)
+    mem = Memory(store, create=False, embedder=embedder)
     fs = MemoryFS(mem, writable=writable, source=source or f"fuse:{mountpoint}")
 
     live = threading.Event()
@@ -118,9 +129,9 @@ def _await_handover(fs, mountpoint: Path) -> None:
             line += chunk
     except OSError:
         pass
-    text = line.decode(errors="replace").strip()
-    if text.startswith("sandbox "):
-        fs.source = f"sandbox:{text.split(None, 1)[1]}"
+    words = line.decode(errors="replace").split()
+    if len(words) == 4 and words[0] == "sandbox" and words[2] == "disk" and words[3].isdigit():
+        fs.source = f"sandbox:{words[1]}"
         fs.source_known.set()
         return
     subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)

@@ -11,11 +11,16 @@ How (the sandbox wing knows nothing of memory; see hutch/sandbox/_provided.py):
 2. the sandbox binds that directory at the target (read-only bind for a
    read-only mount, and the view itself refuses writes with EROFS, so even
    root inside cannot write);
-3. once the sandbox runs, the server learns the sandbox id (every commit it
-   makes then carries `Hutch-Source: sandbox:<id>`), and the host's own mount
-   is detached: the sandbox's mount namespace holds the only reference, so
-   when the sandbox ends the kernel drops the mount, the FUSE connection ends,
-   and the server exits. Nothing is left, whoever ends the sandbox.
+3. once the sandbox runs, the server is moved into the sandbox's cgroups (so
+   what it does for the sandbox, searching and indexing included, counts
+   against the sandbox's memory, pids and cpu limits: a blow-up OOM-kills the
+   view inside the sandbox's budget, not the host), then learns the sandbox id
+   (every commit it makes then carries `Hutch-Source: sandbox:<id>`) and its
+   disk limit, and the host's own mount is detached: the sandbox's mount namespace holds the
+   only reference, so when the sandbox ends the kernel drops the mount, the
+   FUSE connection ends, and the server exits (or the daemon kills it with
+   what is left in the sandbox's cgroups). Nothing is left, whoever ends the
+   sandbox.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import threading
 from dataclasses import dataclass
 
 from hutch._core.errors import ConfigError, SandboxError
+
+CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 @dataclass(frozen=True)
@@ -80,16 +87,21 @@ class _Lease:
         self.proc = proc
         self.mountpoint = mountpoint
 
-    def started(self, sandbox_id: str) -> None:
+    def started(self, run) -> None:
+        """`run`: hutch.sandbox._provided.Started (the sandbox's id, cgroups and disk limit)."""
         from hutch.fuse._mount import detach
 
         try:
-            self.proc.stdin.write(f"sandbox {sandbox_id}\n".encode())
+            join_cgroups(self.proc.pid, run.cgroups, run.id)
+            self.proc.stdin.write(f"sandbox {run.id} disk {int(run.disk)}\n".encode())
             self.proc.stdin.close()
         except OSError as e:
             self.abort()
-            raise SandboxError(f"the memory view for sandbox {sandbox_id} died before it started ({e}); "
+            raise SandboxError(f"the memory view for sandbox {run.id} died before it started ({e}); "
                                "create the sandbox again.") from None
+        except BaseException:
+            self.abort()
+            raise
         detach(self.mountpoint)  # from now on only the sandbox holds the mount: it ends with the sandbox
         _rmdir(self.mountpoint)
         threading.Thread(target=self.proc.wait, name="hutch-memory-view-reaper", daemon=True).start()
@@ -108,6 +120,28 @@ class _Lease:
             self.proc.kill()
             self.proc.wait()
         _rmdir(self.mountpoint)
+
+
+def join_cgroups(pid: int, cgroups, sandbox_id: str) -> None:
+    """Move process `pid` (all its threads) into the sandbox's cgroups: from here on its memory, threads and
+    CPU count against the sandbox's limits. SandboxError if there are none or it cannot: a view that the
+    sandbox could make use the host's memory without bound is not served."""
+    if not cgroups:
+        raise SandboxError(
+            f"the daemon did not report the cgroups of sandbox {sandbox_id}, so its memory view could not be "
+            "charged to it: upgrade the daemon (hutch serve) to this version of hutch.")
+    for d in cgroups:
+        real = os.path.realpath(d)
+        if not real.startswith(CGROUP_ROOT + "/") or not os.path.isfile(os.path.join(real, "cgroup.procs")):
+            raise SandboxError(f"the daemon reported {d!r} as a cgroup of sandbox {sandbox_id}; it is not one "
+                               f"under {CGROUP_ROOT}: check the daemon's cgroup setup (docs/architecture.md).")
+        try:
+            with open(os.path.join(real, "cgroup.procs"), "w") as f:
+                f.write(str(pid))
+        except OSError as e:
+            raise SandboxError(
+                f"the memory view could not join sandbox {sandbox_id}'s cgroup {real} ({e.strerror}): a memory "
+                "mount is served by a process of its creator, which must be root (as the daemon is).") from None
 
 
 def _rmdir(path: str) -> None:

@@ -4,15 +4,35 @@ The sandbox wing knows nothing of memory. A value passed in `mounts=` (or as
 `memory=`, instead of a size) that is not a `Mount` but has a
 `prepare_mount()` method is a provider: before the sandbox starts, its
 `prepare_mount()` returns a lease whose `.mount` is a plain `Mount` (a bind of
-a host path); once the sandbox runs, `lease.started(sandbox_id)` is called;
-if creating the sandbox fails, `lease.abort()`. `hutch.MemoryMount`
-(hutch/fuse) is one.
+a host path); once the sandbox runs, `lease.started(Started(...))` is called;
+if creating the sandbox fails, or `started` raises, `lease.abort()` (and the
+sandbox is ended). `hutch.MemoryMount` (hutch/fuse) is one.
+
+What a provider does on the host for its sandbox is charged to that sandbox:
+`Started` names the sandbox's cgroups (a process serving the mount moves into
+them, so its memory, processes and CPU count against the sandbox's limits) and
+its disk limit (what it adds to the host's disk for the sandbox counts against it).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hutch._core.errors import InvalidSpecError
 from hutch.sandbox._spec import DEFAULT_MEMORY, Mount
+
+
+@dataclass(frozen=True)
+class Started:
+    """What a provider's lease is told once its sandbox runs.
+
+    `cgroups`: the sandbox's cgroup directories on this host (memory, pids and cpu on cgroup v1; one on
+    v2), as the daemon reports them; empty if it did not. `disk`: the sandbox's `disk=` limit in bytes.
+    """
+
+    id: str
+    cgroups: tuple[str, ...]
+    disk: int
 
 
 def _is_provider(value) -> bool:
@@ -25,9 +45,15 @@ class Provided:
     def __init__(self, leases):
         self.leases = list(leases)
 
-    def started(self, sandbox_id: str) -> None:
-        for lease in self.leases:
-            lease.started(sandbox_id)
+    def started(self, sandbox_id: str, *, cgroups=(), disk: int) -> None:
+        """Tell every lease its sandbox runs; if one fails, every lease is aborted and the error raised."""
+        run = Started(sandbox_id, tuple(str(c) for c in cgroups or ()), int(disk))
+        try:
+            for lease in self.leases:
+                lease.started(run)
+        except BaseException:
+            self.abort()
+            raise
 
     def abort(self) -> None:
         for lease in self.leases:

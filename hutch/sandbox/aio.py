@@ -65,7 +65,7 @@ class AsyncSandbox(SandboxState):
                         await asyncio.to_thread(_client.hold_lease, client.ep, sb.id)
                     else:   # a local socket connects at once
                         _client.hold_lease(client.ep, sb.id)
-                provided.started(sb.id)
+                provided.started(sb.id, cgroups=sb._info.get("cgroups"), disk=spec.limits.disk)
             except BaseException:
                 await sb.terminate()
                 raise

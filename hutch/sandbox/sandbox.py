@@ -134,7 +134,7 @@ class Sandbox(SandboxState):
             try:
                 if not spec.detach:
                     _client.hold_lease(client.ep, sb.id)
-                provided.started(sb.id)
+                provided.started(sb.id, cgroups=sb._info.get("cgroups"), disk=spec.limits.disk)
             except BaseException:
                 sb.terminate()
                 raise

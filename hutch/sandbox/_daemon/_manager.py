@@ -69,6 +69,7 @@ class Sandbox:
     userns: bool = False
     uid_base: int = 0                   # the host id of root inside (0: no user namespace)
     hostname: str = ""
+    cgroups: tuple[str, ...] = ()       # its cgroup directories, reported to the creator (see _provided)
 
     @property
     def active(self) -> bool:
@@ -77,7 +78,8 @@ class Sandbox:
     def info(self) -> dict:
         return {"id": self.id, "name": self.spec.name, "tags": dict(self.spec.tags), "status": self.status,
                 "returncode": self.returncode, "created_at": self.created_at, "ended_at": self.ended_at,
-                "detach": self.spec.detach, "spec": self.spec.to_dict()}
+                "detach": self.spec.detach, "spec": self.spec.to_dict(),
+                "cgroups": list(self.cgroups) if self.active else []}
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
@@ -252,6 +254,7 @@ class Manager(Calls):
             if sb is None:
                 sb = await self._spawn(userns)
             sb.spec, sb.image, sb.hostname = spec, image, spec.name or f"hutch-{sb.id}"
+            sb.cgroups = self.cgroups.paths(sb.id)
             sb.created_at, sb.status = time.time(), "starting"
         except BaseException as e:
             if sb is not None:

@@ -120,7 +120,10 @@ _SCHEMAS = {
                                               "idle_timeout", "oom", "failed"]},
         "returncode": {"type": "integer", "nullable": True}, "created_at": {"type": "number"},
         "ended_at": {"type": "number", "nullable": True}, "detach": {"type": "boolean"},
-        "spec": {"$ref": "#/components/schemas/SandboxSpec"}}},
+        "spec": {"$ref": "#/components/schemas/SandboxSpec"},
+        "cgroups": {"type": "array", "items": {"type": "string"},
+                    "description": "the sandbox's cgroup directories on the daemon's host while it runs: a host "
+                                   "process that works for it (a memory view) joins them"}}},
     "SandboxSpec": {"type": "object", "description": "hutch.sandbox._spec.SandboxSpec.to_dict()"},
     "Entry": {"type": "object", "properties": {
         "name": {"type": "string"}, "path": {"type": "string"},

@@ -83,6 +83,10 @@ class Cgroups:
     def dirs(self, sid: str) -> list[Path]:
         return [b / sid for b in self.bases]
 
+    def paths(self, sid: str) -> tuple[str, ...]:
+        """The sandbox's cgroup directories: a host process doing work for it (a memory view) joins them."""
+        return tuple(f"{b}/{sid}" for b in self._bases)
+
     def procs_files(self, sid: str) -> list[str]:
         return [f"{b}/{sid}/cgroup.procs" for b in self._bases]
 
