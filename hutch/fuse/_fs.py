@@ -67,6 +67,8 @@ class MemoryFS(WriteOps, Operations):
         #: set once `source` is final; a mount handed to a sandbox learns the sandbox's id after it starts
         self.source_known = threading.Event()
         self.source_known.set()
+        #: what writes through the mount may add to the host's disk (a sandbox's disk limit; _quota.py), or None
+        self.budget = None
 
     # ------------------------------------------------------------------ lifecycle
 

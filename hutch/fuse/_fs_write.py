@@ -7,6 +7,7 @@ table, `_pending`, `_scratch`, `_vdirs`) and the path helpers. Every change to t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -134,6 +135,8 @@ class WriteOps:
             raise _err(errno.EFBIG)
         if self._held(skip=buf) + size > MAX_BUFFERED_BYTES:
             raise _err(errno.ENOSPC)
+        if self.budget is not None and size > self.budget.left():  # a full disk refuses the write itself
+            raise _err(errno.ENOSPC)
 
     def _hold(self, size: int, err: int = errno.ENOMEM) -> None:
         """Refuse a new in-memory handle of `size` bytes past MAX_BUFFERED_BYTES (ENOMEM for a reader)."""
@@ -254,10 +257,18 @@ class WriteOps:
             raise _err(errno.EIO)
         return self.source
 
+    def _charged(self, paths: list[str], data: bytes | None = None):
+        """Around a change of the store through this mount: what it adds to the disk counts against the
+        mount's budget, if it has one (a sandbox's disk limit, _quota.py); ENOSPC (QuotaExceeded) past it."""
+        if self.budget is None:
+            return contextlib.nullcontext()
+        return self.budget.charge(self.mem, paths, data)
+
     def _commit(self, entity_id: str, data: bytes) -> None:
         source = self._src()
         try:
-            commit_bytes(self.mem, entity_id, data, source)
+            with self._charged([f"{entity_id}.md"], data):
+                commit_bytes(self.mem, entity_id, data, source)
         except Exception as e:  # the writer's close() gets the errno; the log says why
             log.warning("write of %s through the mount refused: %s", entity_id, e)
             raise _err(errno_of(e)) from None
@@ -346,14 +357,17 @@ class WriteOps:
         try:
             if eid is not None:
                 src = self._src()
-                self.mem.forget(eid, reason=f"removed through the mount ({src})", source=src)
+                with self._charged([f"{eid}.md", f"{eid}{_LINKS}"]):
+                    self.mem.forget(eid, reason=f"removed through the mount ({src})", source=src)
                 return 0
             if len(parts) == 4 and parts[1].endswith(_LINKS):
                 src = f"{parts[0]}/{parts[1][:-len(_LINKS)]}"
                 target = self.mem._target_id(self.mem.root / parts[0] / parts[1] / parts[2] / parts[3])
                 if target is None:
                     raise _err(errno.ENOENT)
-                self.mem.unlink(src, parts[2], target, source=self._src())
+                source = self._src()
+                with self._charged(["/".join(parts)]):
+                    self.mem.unlink(src, parts[2], target, source=source)
                 return 0
         except FuseOSError:
             raise
@@ -375,8 +389,10 @@ class WriteOps:
         dst = self._entity_id(dparts) if not os.path.isabs(source) and self._store_path_ok(dparts) else None
         if dst is None:
             raise _err(errno.EINVAL)  # a link must point, relatively, at an entity file of the store
+        source = self._src()
         try:
-            self.mem.link(src, parts[2], dst, source=self._src())
+            with self._charged(["/".join(parts)]):
+                self.mem.link(src, parts[2], dst, source=source)
         except Exception as e:
             raise _err(errno_of(e)) from None
         finally:
@@ -398,7 +414,12 @@ class WriteOps:
         try:
             if len(parts) == 1:
                 fmt.check_class(parts[0])
-                os.mkdir(self._real(path), 0o755)  # an empty class directory: git ignores it until it holds one
+                self._src()  # a sandbox's mount: its disk budget is known from here on
+                try:
+                    with self._charged([parts[0]]):
+                        os.mkdir(self._real(path), 0o755)  # an empty class directory: git ignores it until it holds one
+                except OSError as e:
+                    raise _err(e.errno or errno.EIO) from None
                 return 0
             if len(parts) in (2, 3) and parts[1].endswith(_LINKS):
                 if not self.mem.exists(f"{parts[0]}/{parts[1][:-len(_LINKS)]}"):
@@ -425,7 +446,8 @@ class WriteOps:
                 return 0
         if len(parts) == 1 and self._store_path_ok(parts):
             try:
-                os.rmdir(self._real(path))
+                with self._charged([parts[0]]):
+                    os.rmdir(self._real(path))
                 return 0
             except OSError as e:
                 raise _err(e.errno) from None

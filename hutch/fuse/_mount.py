@@ -131,6 +131,9 @@ def _await_handover(fs, mountpoint: Path) -> None:
         pass
     words = line.decode(errors="replace").split()
     if len(words) == 4 and words[0] == "sandbox" and words[2] == "disk" and words[3].isdigit():
+        from hutch.fuse._quota import DiskBudget
+
+        fs.budget = DiskBudget(int(words[3]), str(fs.mem.root))
         fs.source = f"sandbox:{words[1]}"
         fs.source_known.set()
         return

@@ -16,7 +16,8 @@ How (the sandbox wing knows nothing of memory; see hutch/sandbox/_provided.py):
    against the sandbox's memory, pids and cpu limits: a blow-up OOM-kills the
    view inside the sandbox's budget, not the host), then learns the sandbox id
    (every commit it makes then carries `Hutch-Source: sandbox:<id>`) and its
-   disk limit, and the host's own mount is detached: the sandbox's mount namespace holds the
+   disk limit (what it adds to the store counts against it, _quota.py), and
+   the host's own mount is detached: the sandbox's mount namespace holds the
    only reference, so when the sandbox ends the kernel drops the mount, the
    FUSE connection ends, and the server exits (or the daemon kills it with
    what is left in the sandbox's cgroups). Nothing is left, whoever ends the

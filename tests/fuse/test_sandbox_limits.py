@@ -1,10 +1,11 @@
 """What a sandbox makes the host do through its memory mount is charged to it (docs/fuse.md, "What the view
-costs"): the view server runs in the sandbox's cgroups, and indexing a large entity stays within a bounded
-memory."""
+costs"): the view server runs in the sandbox's cgroups, indexing a large entity stays within a bounded memory,
+and what it writes through the mount counts against its disk limit."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 
 import hutch
 
@@ -53,6 +54,13 @@ def _cgroups(pid: int) -> dict[str, str]:
     return out
 
 
+def _store_bytes(root) -> int:
+    """Disk bytes of the store, its search index left out (a cache, not counted: _quota.py)."""
+    out = subprocess.run(["du", "-s", "-B1", "--exclude=.hutch", str(root)], capture_output=True, text=True,
+                         check=True).stdout
+    return int(out.split()[0])
+
+
 def test_the_view_runs_in_the_sandbox_cgroups_and_an_oom_stays_there(daemon, image, store):
     with hutch.Sandbox.create(image=image, memory="160M",
                               mounts=[hutch.MemoryMount(store, "/memory", writable=True)]) as sb:
@@ -86,4 +94,37 @@ def test_a_large_entity_written_in_a_sandbox_costs_the_view_bounded_memory(daemo
         peak = _status(view, "VmHWM") // 1024
         assert peak < VIEW_PEAK_MIB, f"the view peaked at {peak} MiB for a 16 MiB entity"
         assert store.get("topics/big").text.count("zebrafish") > 1000
+    assert views_settled() == []
+
+
+def test_what_a_sandbox_writes_through_its_mount_counts_against_its_disk_limit(daemon, image, store):
+    before = _store_bytes(store.root)
+    commits = len(store.git.log())
+    with hutch.Sandbox.create(image=image, disk="64M",
+                              mounts=[hutch.MemoryMount(store, "/memory", writable=True)]) as sb:
+        # random bytes: git cannot compress them, each 8 MiB file takes ~16 MiB of the host's disk (the file
+        # and git's copy of it); a rewrite keeps the old version in history, so it costs as much again
+        r = sb.run("sh", "-c", "i=0; while [ $i -lt 20 ] && dd if=/dev/urandom of=/memory/topics/f$((i % 3)).md "
+                               "bs=1M count=8 iflag=fullblock conv=fsync 2>/tmp/err; do i=$((i+1)); done; "
+                               "echo written=$i; cat /tmp/err")
+        written = int(r.stdout.split("written=")[1].split()[0])
+        assert "No space left on device" in r.stdout, r.stdout
+        assert 1 <= written < 8, r.stdout
+        grown = _store_bytes(store.root) - before
+        assert grown <= 64 * MiB + 256 * 1024, f"the store grew by {grown / MiB:.1f} MiB through a 64M sandbox"
+        assert grown > 64 * MiB - 2 * 17 * MiB, "the budget is the disk limit, not less"
+        assert len(store.git.log()) == commits + written, "a refused write commits nothing"
+        status = subprocess.run(["git", "-C", str(store.root), "status", "--porcelain"], capture_output=True,
+                                text=True).stdout
+        assert status == "", f"a refused write left files behind: {status}"
+        # what is left takes small files until it too is spent; the sandbox lives, and reads still work
+        r = sb.run("sh", "-c", "i=0; while [ $i -lt 4000 ] && dd if=/dev/urandom of=/memory/topics/s$i.md bs=64K "
+                               "count=1 conv=fsync 2>/tmp/err; do i=$((i+1)); done; echo small=$i; cat /tmp/err; "
+                               "cat /memory/orgs/acme.md")
+        small = int(r.stdout.split("small=")[1].split()[0])
+        assert small < 4000 and "No space left on device" in r.stdout and "Acme worries" in r.stdout
+        assert not store.exists(f"topics/s{small}")
+        grown = _store_bytes(store.root) - before
+        assert grown <= 64 * MiB + 256 * 1024, f"the store grew by {grown / MiB:.1f} MiB through a 64M sandbox"
+        assert sb.run("echo", "alive").stdout == "alive\n" and sb.status == "running"
     assert views_settled() == []
