@@ -3,7 +3,8 @@
 Checks: malformed or missing front matter, an id or class that disagrees with
 the file's place, bad dates, links that dangle, escape the store or are not
 symlinks, link directories without an entity, entities without any link
-(orphans, a warning), and stray temp files. `.git` and `.hutch` are skipped.
+(orphans, a warning), entities larger than search splits into units (a
+warning; docs/retrieval.md, "Large entities"), and stray temp files. `.git` and `.hutch` are skipped.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hutch._core.atomic import TEMP_PREFIX
 from hutch._core.errors import ConfigError, MalformedEntityError
 from hutch.memory import _format as fmt
 from hutch.memory._entity import CheckIssue, CheckReport
+from hutch.memory._index import _units
 
 if TYPE_CHECKING:  # pragma: no cover
     from hutch.memory._store import Memory
@@ -66,9 +68,17 @@ def check(mem: "Memory") -> CheckReport:
             entity_id = f"{cls}/{slug}"
             entities.add(entity_id)
             try:
-                with open(e.path, "rb") as f:
-                    text = f.read().decode("utf-8", errors="surrogateescape")
-                meta, _ = fmt.parse(text, rel)
+                with open(e.path, "rb") as f:  # the front matter is in the head: never the whole of a big file
+                    head = f.read(_units.UNIT_BYTES + 1)
+                    size = os.fstat(f.fileno()).st_size
+                if size > _units.UNIT_BYTES:
+                    head = head[:_units.cut(head, _units.UNIT_BYTES)]
+                    mib = _units.UNIT_BYTES >> 20
+                    add("warning", "large-entity", rel,
+                        f"is {size / (1 << 20):.1f} MiB: search splits only its first {mib} MiB into units, its "
+                        f"words up to {_units.LEXICAL_BYTES >> 20} MiB are searchable, the rest is not.",
+                        f"split it into several entities of at most {mib} MiB")
+                meta, _ = fmt.parse(head.decode("utf-8", errors="surrogateescape"), rel)
             except MalformedEntityError as err:
                 add("error", "bad-front-matter", rel, str(err).removeprefix(rel + " "),
                     f"edit {rel} so it starts with '---', valid YAML 'key: value' lines and a closing '---'")

@@ -59,3 +59,15 @@ def test_check_sees_uncommitted_hand_edits(mem, store_dir):
     mem.put("notes", "N")
     (store_dir / "notes" / "n.md").write_text("no front matter any more\n")
     assert [i.code for i in mem.check().errors] == ["bad-front-matter"]
+
+
+def test_check_warns_of_an_entity_larger_than_search_splits(mem, store_dir):
+    a = mem.put("notes", "small", body="fine")
+    b = mem.put("notes", "large", body="x")
+    mem.link(a, "see", b)
+    path = store_dir / "notes" / "large.md"
+    with open(path, "a") as f:
+        f.write(("some words here\n" * 4096) * 40)  # 2.5 MiB
+    r = mem.check()
+    assert r.ok and [(i.code, i.path) for i in r.warnings] == [("large-entity", "notes/large.md")]
+    assert "2.5 MiB" in r.warnings[0].message and "split it" in r.warnings[0].fix
