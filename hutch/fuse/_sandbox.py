@@ -26,6 +26,7 @@ How (the sandbox wing knows nothing of memory; see hutch/sandbox/_provided.py):
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -140,6 +141,9 @@ def join_cgroups(pid: int, cgroups, sandbox_id: str) -> None:
             with open(os.path.join(real, "cgroup.procs"), "w") as f:
                 f.write(str(pid))
         except OSError as e:
+            if e.errno == errno.ESRCH:
+                raise SandboxError(f"the memory view for sandbox {sandbox_id} died before it started; "
+                                   "create the sandbox again.") from None
             raise SandboxError(
                 f"the memory view could not join sandbox {sandbox_id}'s cgroup {real} ({e.strerror}): a memory "
                 "mount is served by a process of its creator, which must be root (as the daemon is).") from None
