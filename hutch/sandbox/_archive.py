@@ -1,29 +1,34 @@
 """Image archives: `export` writes an image's nodes and layers (not its base) as a tar; `import_`
-reads one back, verifying every layer against its digest before it enters the store.
+reads one back as hostile input (_untar.py) and stores nothing it has not verified.
 
-The tar holds `hutch-image.json` (format 1: the nodes bottom to top, the base reference, each
-layer's metadata with its opaque directories, which tar does not carry as xattrs) and
-`layers/<digest>/...`. Import refuses hard links, devices other than whiteouts, and any entry
-whose path passes through a symlink.
+The tar holds `hutch-image.json` first (format 1: the nodes bottom to top, the base reference, each
+layer's metadata with its opaque directories, which tar does not carry as xattrs), then
+`layers/<digest>/...`. Import validates the manifest (a linear chain of nodes from the base to
+`top`, every field typed and bounded, every layer used), extracts each layer into a private temp
+dir without ever following a link (_untar.py), recomputes every layer's digest with the store's own
+canonical walk, and only then renames the layers into the store and records the nodes.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
-import shutil
+import re
 import tarfile
-import tempfile
-from pathlib import Path
+import time
 
 from hutch._core.errors import ImageError
 from hutch.sandbox._layers import (
-    _ID_RE, _TMP, OPAQUE_XATTRS, PREFIX, _commit_dir, chain, find, layer_fs, layers_dir, private_dir, put_node,
-    tree_digest,
+    ID_RE, PREFIX, chain, commit_dir, find, layer_fs, layers_dir, measure_tree, private_dir, put_node,
 )
+from hutch.sandbox._untar import MANIFEST, ImportLimits, components, read_archive, refuse
 
-MANIFEST = "hutch-image.json"
+MAX_NODES = 4096           # nodes in one manifest
+_TEXT_MAX = 4096           # a workdir, base path, description, env name
+_ENV_MAX = 1024            # env entries of one node
+_VALUE_MAX = 32 << 10      # one env value
+_KINDS = ("step", "snapshot", "import")
+_NAME_RE = re.compile(r"^[A-Za-z0-9:][A-Za-z0-9_.:-]{0,127}$")   # as hutch.Image names (image.py)
 
 
 def export(key: str, fileobj) -> dict:
@@ -45,67 +50,119 @@ def export(key: str, fileobj) -> dict:
     return {"ref": PREFIX + top["id"], "id": top["id"], "layers": len(manifest["layers"])}
 
 
-_NO_FILTER = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+def _text(value, what: str, limit: int = _TEXT_MAX) -> str:
+    if not isinstance(value, str) or "\0" in value or len(value) > limit:
+        raise refuse(MANIFEST, f"has {what} that is not a string of at most {limit} characters without NUL")
+    return value
 
 
-def _through_symlink(root: Path, parts) -> bool:
-    p = root
-    for part in parts:
-        p = p / part
-        if p.is_symlink():
-            return True
-    return False
+def _node(n, parent: str, layers: dict) -> dict:
+    if not isinstance(n, dict) or not isinstance(n.get("id"), str) or not ID_RE.match(n["id"]):
+        raise refuse(MANIFEST, "has a node that is not an object with a 64-hex-digit id")
+    what = f"node {n['id'][:12]}"
+    if n.get("parent") != parent:
+        raise refuse(MANIFEST, f"has {what} whose parent is not {parent[:70]!r} (the nodes must be one chain "
+                     "from the base up to `top`)")
+    layer = n.get("layer")
+    if layer is not None and layer not in layers:
+        raise refuse(MANIFEST, f"has {what} whose layer is not among the archive's layers")
+    kind = n.get("kind", "import")
+    if kind not in _KINDS:
+        raise refuse(MANIFEST, f"has {what} of kind {str(kind)[:20]!r} (one of {', '.join(_KINDS)})")
+    env = n.get("env") or {}
+    if not isinstance(env, dict) or len(env) > _ENV_MAX:
+        raise refuse(MANIFEST, f"has {what} whose env is not an object of at most {_ENV_MAX} entries")
+    for k, v in env.items():
+        if not _text(k, f"an env name in {what}") or "=" in k:
+            raise refuse(MANIFEST, f"has an env name in {what} that is empty or holds '='")
+        _text(v, f"an env value in {what}", _VALUE_MAX)
+    workdir = n.get("workdir")
+    if workdir is not None and not _text(workdir, f"the workdir of {what}").startswith("/"):
+        raise refuse(MANIFEST, f"has {what} whose workdir is not an absolute path")
+    name = n.get("name")
+    if name is not None and (not isinstance(name, str) or not _NAME_RE.match(name)):
+        raise refuse(MANIFEST, f"has {what} whose name is not letters, digits, '_', '.', ':', '-'")
+    pinned = n.get("pinned", False)
+    if not isinstance(pinned, bool):
+        raise refuse(MANIFEST, f"has {what} whose pinned flag is not true or false")
+    return {"id": n["id"], "parent": parent, "layer": layer, "kind": kind, "env": dict(env), "workdir": workdir,
+            "name": name, "pinned": pinned, "description": _text(n.get("description", ""), f"the description of {what}")}
 
 
-def import_(fileobj) -> dict:
-    """Read a tar made by export(); every layer is verified against its digest before it is stored."""
-    base = layers_dir()
-    private_dir(base)
-    work = Path(tempfile.mkdtemp(prefix=_TMP, dir=base))
+def _layer_meta(digest, meta) -> dict:
+    if not isinstance(digest, str) or not ID_RE.match(digest) or not isinstance(meta, dict):
+        raise refuse(MANIFEST, "lists a layer that is not a 64-hex-digit digest with an object of metadata")
+    files, size, opaque = meta.get("files"), meta.get("size"), meta.get("opaque", [])
+    if type(files) is not int or type(size) is not int or files < 1 or size < 0:
+        raise refuse(MANIFEST, f"declares no entry count or size for layer {digest[:12]}")
+    if not isinstance(opaque, list) or len(opaque) > files:
+        raise refuse(MANIFEST, f"lists more opaque directories than entries for layer {digest[:12]}")
+    return {"files": files, "size": size, "opaque": list(opaque)}
+
+
+def check_manifest(m, limits: ImportLimits) -> dict:
+    """The manifest, validated like any other input (see the module docstring); refused as an ImageError."""
+    if not isinstance(m, dict) or m.get("format") != 1:
+        raise refuse(MANIFEST, "is not a hutch image manifest of format 1")
+    nodes, layers, base = m.get("nodes"), m.get("layers"), m.get("base")
+    if not isinstance(nodes, list) or not nodes or len(nodes) > MAX_NODES:
+        raise refuse(MANIFEST, f"lists no image, or more than {MAX_NODES} nodes")
+    if not isinstance(layers, dict):
+        raise refuse(MANIFEST, "has no object of layers")
+    if base != "debian-slim" and not (isinstance(base, str) and base.startswith("dir:/")
+                                      and _text(base, "a base reference")):
+        raise refuse(MANIFEST, "names a base that is neither 'debian-slim' nor 'dir:/<absolute path>'")
+    metas = {d: _layer_meta(d, meta) for d, meta in layers.items()}
+    if sum(v["files"] for v in metas.values()) >= limits.entries:
+        raise ImageError(f"the image archive declares more than {limits.entries} entries (HUTCH_IMPORT_MAX_ENTRIES "
+                         "of the daemon); raise that limit if the archive is yours.")
+    out, parent, seen = [], base, set()
+    for n in nodes:
+        node = _node(n, parent, metas)
+        if node["id"] in seen:
+            raise refuse(MANIFEST, f"lists node {node['id'][:12]} twice")
+        seen.add(node["id"])
+        out.append(node)
+        parent = PREFIX + node["id"]
+    if m.get("top") != out[-1]["id"]:
+        raise refuse(MANIFEST, "names a `top` that is not the last node of its chain")
+    unused = set(metas) - {n["layer"] for n in out}
+    if unused:
+        raise refuse(MANIFEST, f"lists layer {sorted(unused)[0][:12]}, which no node of it uses")
+    for d, meta in metas.items():
+        for rel in meta["opaque"]:
+            if not isinstance(rel, str) or not rel.startswith("/"):
+                raise refuse(MANIFEST, f"names an opaque directory of layer {d[:12]} that is not an absolute path")
+            if rel != "/":
+                components(rel[1:], f"opaque directory {rel[:100]!r}")
+    return {"top": out[-1]["id"], "base": base, "nodes": out, "layers": metas}
+
+
+def import_(fileobj, limits: ImportLimits | None = None) -> dict:
+    """Read a tar made by export(); nothing is stored unless every layer matches its digest (see above)."""
+    limits = limits or ImportLimits.from_env()
+    store = layers_dir()
+    private_dir(store)
+    manifest, trees = read_archive(fileobj, store, limits, lambda m: check_manifest(m, limits))
     try:
-        manifest = None
-        try:
-            with tarfile.open(fileobj=fileobj, mode="r|") as tar:
-                for m in tar:
-                    if m.name == MANIFEST:
-                        manifest = json.loads(tar.extractfile(m).read())
-                        continue
-                    parts = Path(m.name).parts
-                    if len(parts) < 2 or parts[0] != "layers" or not _ID_RE.match(parts[1]) or ".." in parts \
-                            or m.islnk():
-                        raise ImageError(f"the image archive holds an unexpected entry {m.name!r}; "
-                                         "import only files made by `hutch image export`.")
-                    if m.isblk() or m.isfifo() or (m.ischr() and (m.devmajor or m.devminor)) or \
-                            _through_symlink(work, parts[:-1]):
-                        raise ImageError(f"the image archive holds an unsafe entry {m.name!r} (a device, or a "
-                                         "path through a symlink); import only files made by `hutch image export`.")
-                    tar.extract(m, work, set_attrs=True, numeric_owner=True, **_NO_FILTER)
-        except (tarfile.TarError, ValueError, KeyError) as e:
-            raise ImageError(f"the image archive is not readable ({e}); give a file made by `hutch image export`.") from e
-        if not isinstance(manifest, dict) or manifest.get("format") != 1:
-            raise ImageError("the archive has no hutch image manifest; give a file made by `hutch image export`.")
-        for digest, meta in manifest["layers"].items():
-            tree = work / "layers" / digest
-            if not tree.is_dir():
-                tree.mkdir(parents=True)   # an empty layer has no entries in the archive
-            for rel in meta.get("opaque", ()):   # both: see _layers._Walker.walk_dir
-                for x in OPAQUE_XATTRS:
-                    os.setxattr(tree / rel.lstrip("/"), x, b"y")
-            got = tree_digest(tree)
-            if got != digest:
-                raise ImageError(f"layer {digest[:12]} in the archive does not match its digest (got {got[:12]}); "
-                                 "the file is damaged: export it again.")
-            tmp = Path(tempfile.mkdtemp(prefix=_TMP, dir=base))
-            os.rename(tree, tmp / "fs")
-            _commit_dir(tmp, digest, meta)
+        metas = {}
+        for digest, tree in trees.items():
+            meta = measure_tree(tree.fs)
+            if meta["digest"] != digest:
+                raise ImageError(f"layer {digest[:12]} in the archive does not match its digest (got "
+                                 f"{meta['digest'][:12]}); nothing was imported: the file is damaged or forged, "
+                                 "export it again.")
+            metas[digest] = meta
+        for digest, tree in trees.items():
+            commit_dir(tree.dir, digest, {**metas[digest], "created_at": time.time()})
         for n in manifest["nodes"]:
-            put_node(n["id"], n["parent"], layer=n.get("layer"), kind=n.get("kind", "import"), env=n.get("env"),
-                     workdir=n.get("workdir"), name=n.get("name"), description=n.get("description", ""),
-                     pinned=n["id"] == manifest["top"] or bool(n.get("pinned")))
+            put_node(n["id"], n["parent"], layer=n["layer"], kind=n["kind"], env=n["env"], workdir=n["workdir"],
+                     name=n["name"], description=n["description"], pinned=n["id"] == manifest["top"] or n["pinned"])
         return {"ref": PREFIX + manifest["top"], "id": manifest["top"], "base": manifest["base"],
                 "layers": len(manifest["layers"])}
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        for tree in trees.values():
+            tree.discard()   # a committed one was renamed away: nothing left to remove
 
 
-__all__ = ["MANIFEST", "export", "import_"]
+__all__ = ["MANIFEST", "ImportLimits", "check_manifest", "export", "import_"]

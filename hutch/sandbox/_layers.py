@@ -34,10 +34,10 @@ from hutch._core.atomic import atomic_write
 from hutch._core.errors import ConfigError, ImageError, NotFoundError, StateError
 
 PREFIX = "image:"
-_ID_RE = re.compile(r"^[0-9a-f]{64}$")
+ID_RE = re.compile(r"^[0-9a-f]{64}$")
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
 _OVERLAY_XATTR = ("trusted.overlay.", "user.overlay.")
-_TMP = ".tmp-"
+TMP_PREFIX = ".tmp-"
 STALE_TMP = 3600.0     # seconds after which prune takes a .tmp- entry for a crashed write
 _CHUNK = 1 << 20
 _cache: dict[str, dict] = {}          # node id -> node (nodes never change; rm drops them)
@@ -205,11 +205,16 @@ def _getxattr(fd: int, name: str) -> bytes | None:
 
 def tree_digest(root: str | os.PathLike) -> str:
     """The content digest of a tree (as a layer of it would be named)."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    return measure_tree(root)["digest"]
+
+
+def measure_tree(root: str | os.PathLike) -> dict:
+    """A tree's layer meta as the store computes it: {digest, size, files, opaque}, by the canonical walk."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         w = _Walker(None)
         w.walk_dir(fd, "/")
-        return w.h.hexdigest()
+        return {"digest": w.h.hexdigest(), "size": w.size, "files": w.files, "opaque": w.opaque}
     finally:
         os.close(fd)
 
@@ -226,20 +231,21 @@ def commit_tree(src_fd: int, uid_shift: int = 0) -> tuple[str, dict]:
     An identical layer already stored is reused (the copy is dropped)."""
     base = layers_dir()
     private_dir(base)
-    tmp = Path(tempfile.mkdtemp(prefix=_TMP, dir=base))
+    tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=base))
     try:
         (tmp / "fs").mkdir()
         w = _Walker(tmp / "fs", uid_shift)
         w.walk_dir(src_fd, "/")
         digest = w.h.hexdigest()
         meta = {"digest": digest, "size": w.size, "files": w.files, "opaque": w.opaque, "created_at": time.time()}
-        return digest, _commit_dir(tmp, digest, meta)
+        return digest, commit_dir(tmp, digest, meta)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _commit_dir(tmp: Path, digest: str, meta: dict) -> dict:
+def commit_dir(tmp: Path, digest: str, meta: dict) -> dict:
+    """Rename the complete temp dir `tmp` (holding `fs`, the verified tree of `digest`) into the store."""
     final = layers_dir() / digest
     with store_lock():
         if (final / "layer.json").exists():   # deduplicated: this content is stored already
@@ -253,7 +259,7 @@ def _commit_dir(tmp: Path, digest: str, meta: dict) -> dict:
 # --- nodes ------------------------------------------------------------------------------------
 
 def node_id_of(ref: str) -> str | None:
-    if ref.startswith(PREFIX) and _ID_RE.match(ref[len(PREFIX):]):
+    if ref.startswith(PREFIX) and ID_RE.match(ref[len(PREFIX):]):
         return ref[len(PREFIX):]
     return None
 
@@ -299,7 +305,7 @@ def put_node(node_id: str, parent: str, *, layer: str | None, kind: str, env: di
              workdir: str | None = None, name: str | None = None, description: str = "",
              pinned: bool = False) -> dict:
     """Record an image node (idempotent: an existing node is kept, a name or pin is added to it)."""
-    if not _ID_RE.match(node_id):
+    if not ID_RE.match(node_id):
         raise ConfigError(f"image id {node_id!r} must be 64 hex digits.")
     nodes_dir().mkdir(parents=True, exist_ok=True)
     with store_lock():
@@ -342,7 +348,7 @@ def list_nodes() -> list[dict]:
 def find(key: str) -> dict:
     """A node by full id, `image:` ref, unique id prefix (>= 6 digits) or name."""
     key = key[len(PREFIX):] if key.startswith(PREFIX) else key
-    if _ID_RE.match(key) and (nodes_dir() / f"{key}.json").exists():
+    if ID_RE.match(key) and (nodes_dir() / f"{key}.json").exists():
         return get_node(key)   # the common case, without listing the store
     nodes = list_nodes()
     named = [n for n in nodes if n.get("name") == key]
@@ -413,7 +419,7 @@ def prune(in_use_layers: set[str], in_use_nodes: set[str]) -> dict:
         removed_layers, freed = [], 0
         d = layers_dir()
         for p in list(d.iterdir()) if d.is_dir() else ():
-            if p.name.startswith(_TMP):
+            if p.name.startswith(TMP_PREFIX):
                 if time.time() - p.stat().st_mtime < STALE_TMP:   # a snapshot or import under way
                     continue
                 shutil.rmtree(p, ignore_errors=True)
@@ -424,5 +430,6 @@ def prune(in_use_layers: set[str], in_use_nodes: set[str]) -> dict:
     return {"nodes": sorted(removed_nodes), "layers": sorted(removed_layers), "bytes": freed}
 
 
-__all__ = ["PREFIX", "chain", "commit_tree", "find", "get_node", "list_nodes", "node_id_of", "private_dir", "prune",
-           "put_node", "remove", "snapshot_id", "tree_digest"]
+__all__ = ["ID_RE", "OPAQUE_XATTRS", "PREFIX", "TMP_PREFIX", "chain", "commit_dir", "commit_tree", "find", "get_node",
+           "list_nodes", "measure_tree", "node_id_of", "private_dir", "prune", "put_node", "remove", "snapshot_id",
+           "tree_digest"]

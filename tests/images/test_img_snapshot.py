@@ -85,25 +85,13 @@ def test_export_import_round_trip_and_damaged_archives(make_sandbox, base, tmp_p
         for m in src.getmembers():
             data = src.extractfile(m).read() if m.isfile() else None
             if m.isfile() and m.name.endswith("/top"):
-                data = b"tampered\n"
+                data = b"TOP\n"   # the same size as the real /top: only the digest can tell
                 m.size = len(data)
             dst.addfile(m, io.BytesIO(data) if data is not None else None)
     hutch.Image.from_name(built.ref)   # still there from the good import
     with pytest.raises(hutch.ImageError, match="does not match its digest"):
         hutch.Image.import_(bad)
-    # an archive that tries to write through a symlink is refused
-    evil = tmp_path / "evil.tar"
-    with tarfile.open(evil, "w") as t:
-        d = "layers/" + "0" * 64
-        link = tarfile.TarInfo(f"{d}/esc")
-        link.type, link.linkname = tarfile.SYMTYPE, str(tmp_path)
-        t.addfile(link)
-        f = tarfile.TarInfo(f"{d}/esc/pwned")
-        f.size = 1
-        t.addfile(f, io.BytesIO(b"x"))
-    with pytest.raises(hutch.ImageError, match="unsafe entry"):
-        hutch.Image.import_(evil)
-    assert not (tmp_path / "pwned").exists()
+    # the attacks on import (links, duplicates, bombs, forged manifests): test_img_archive.py
 
 
 def test_image_rm_and_prune(base, daemon, make_sandbox):

@@ -9,7 +9,7 @@ import tempfile
 
 from aiohttp import web
 
-from hutch._core.errors import ConfigError, StateError
+from hutch._core.errors import ConfigError, ImageError, StateError
 from hutch.sandbox import _archive, _images, _layers, _volumes
 from hutch.sandbox._daemon._calls import _error
 from hutch.sandbox._daemon._http import json_body, send_fd
@@ -141,14 +141,20 @@ class StoreRoutes:
             os.unlink(tmp)
 
     async def import_(self, request):
+        limits = _archive.ImportLimits.from_env()
         _layers.private_dir(_layers.layers_dir())
         fd, tmp = tempfile.mkstemp(prefix=".tmp-import-", dir=_layers.layers_dir())
         try:
             with os.fdopen(fd, "wb") as f:
+                size = 0
                 async for chunk in request.content.iter_chunked(CHUNK):
+                    size += len(chunk)
+                    if size > limits.bytes:   # the spool is bounded too, not only what is extracted from it
+                        raise ImageError(f"the image archive is larger than {limits.bytes} bytes "
+                                         "(HUTCH_IMPORT_MAX_BYTES of the daemon); raise that limit if it is yours.")
                     f.write(chunk)
             with open(tmp, "rb") as f:
-                result = await _run(_archive.import_, f)
+                result = await _run(_archive.import_, f, limits)
             return web.json_response(result, status=201)
         finally:
             os.unlink(tmp)
