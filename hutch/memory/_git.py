@@ -130,10 +130,15 @@ class Git:
     def has_head(self) -> bool:
         return self.ok("rev-parse", "-q", "--verify", "HEAD")
 
-    def commit(self, paths: list[str], message: str, author: tuple[str, str], when: str | None = None) -> str | None:
+    def head(self) -> str | None:
+        """The sha HEAD points to, or None on an unborn branch."""
+        return self.run("rev-parse", "-q", "--verify", "HEAD", check=False).strip() or None
+
+    def commit(self, paths: list[str], message: str, author: tuple[str, str], when: str | None = None,
+               on_parent=None) -> str | None:
         """Stage exactly `paths` (additions, changes, deletions) and commit them. None if nothing changed.
 
-        Returns the new commit's sha.
+        Returns the new commit's sha. `on_parent(sha or None)` is called just before HEAD moves.
         """
         if paths:
             # update-index takes exact paths (no pathspec matching, which is quadratic for big batches)
@@ -158,6 +163,8 @@ class Git:
         args = ["commit-tree", tree, *(["-p", parent] if parent else []), "-F", "-"]
         sha = self.run(*args, input=message.encode(), env=env).strip()
         subject = message.split("\n", 1)[0]
+        if on_parent is not None:
+            on_parent(parent)
         self.run("update-ref", "-m", f"commit: {subject}", "HEAD", sha, parent or "0" * 40)
         return sha
 
@@ -166,7 +173,7 @@ class Git:
         return BlobStream(self)
 
     def commit_bulk(self, paths: list[str], message: str, author: tuple[str, str],
-                    stream: "BlobStream | None" = None) -> str | None:
+                    stream: "BlobStream | None" = None, on_parent=None) -> str | None:
         """Commit many paths at once: blobs go into one pack through `git fast-import`, not loose files.
 
         With a `stream`, blobs already sent while writing are referenced by
@@ -179,7 +186,7 @@ class Git:
         if not branch or not self.has_head():
             if stream is not None:
                 stream.abort()
-            return self.commit(paths, message, author)
+            return self.commit(paths, message, author, on_parent=on_parent)
         parent = self.run("rev-parse", "HEAD").strip()
         marks = stream.marks if stream is not None else {}
         body: list[bytes] = []
@@ -206,6 +213,8 @@ class Git:
         head = [b"commit " + branch.encode() + b"\n", b"author " + who + b"\n", b"committer " + who + b"\n",
                 b"data %d\n" % len(msg) + msg + b"\n", b"from " + parent.encode() + b"\n"]
         stream_in = b"".join(head + body) + b"\ndone\n"
+        if on_parent is not None:
+            on_parent(parent)
         if stream is not None:
             stream.finish(stream_in)
         else:

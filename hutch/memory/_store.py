@@ -23,7 +23,7 @@ from hutch._core.errors import (
 from hutch.memory import _format as fmt
 from hutch.memory._entity import Entity, Neighbor
 from hutch.memory._git import DEFAULT_AUTHOR, Git, trailer_value
-from hutch.memory._tx import LOCK_NAME, StoreLock, Transaction
+from hutch.memory._tx import LOCK_NAME, StoreLock, Transaction, recover
 
 #: The directory inside a store for derived, never-committed state (index, lock).
 DERIVED_DIR = ".hutch"
@@ -65,7 +65,7 @@ class Memory:
         self.root = Path(os.path.abspath(os.fspath(path)))
         self.author = _parse_author(author)
         self.git = Git(self.root)
-        self._lock = StoreLock(self.root / DERIVED_DIR / LOCK_NAME)
+        self._lock = StoreLock(self.root / DERIVED_DIR / LOCK_NAME, recover=self._recover)
         self._tx: Transaction | None = None
         self.embedder = embedder  # search: an EmbeddingProvider; None = the local default model
         self._search_index = None
@@ -78,6 +78,10 @@ class Memory:
             self.root.mkdir(parents=True, exist_ok=True)
         if not self.git.is_repo() or not self._ignores_derived() or not self.git.has_head():
             self._init_repo()
+
+    def _recover(self, root_fd: int, hutch_fd: int) -> None:
+        """Run with the lock just taken: undo the transaction of a writer that died holding it."""
+        recover(self.root, root_fd, hutch_fd, self.git.head, self.git.unstage)
 
     def __repr__(self) -> str:
         return f"Memory({str(self.root)!r})"
@@ -112,13 +116,17 @@ class Memory:
 
     def _paths(self, entity_id: str) -> tuple[str, str, Path]:
         cls, slug = fmt.split_id(entity_id)
+        return cls, slug, self._class_dir(cls) / f"{slug}.md"
+
+    def _class_dir(self, cls: str) -> Path:
+        # a clear error early; the guarantee is the write path's (_tx), which never follows a link
         cdir = self.root / cls
         if cdir.is_symlink():
             raise StorePathError(
                 f"{cdir} is a symbolic link: an entity class must be a real directory inside the store "
                 "(a link could lead outside it). Replace the link with a directory."
             )
-        return cls, slug, cdir / f"{slug}.md"
+        return cdir
 
     def _links_dir(self, cls: str, slug: str) -> Path:
         return self.root / cls / f"{slug}{fmt.LINKS_SUFFIX}"
@@ -319,7 +327,8 @@ class Memory:
                     outer.record(op, subject or "", **{"Source": source, "Reason": reason, **trailers})
                 yield outer
                 return
-            tx = Transaction(self.root, message, source, reason)
+            tx = Transaction(self.root, message, source, reason, root_fd=self._lock.root_fd,
+                             hutch_fd=self._lock.hutch_fd)
             if op:
                 tx.record(op, subject or "", **{"Source": source, "Reason": reason, **trailers})
             self._tx = tx
@@ -331,18 +340,21 @@ class Memory:
                     msg = _message(op or "transaction", message or _subject(tx), tx.ops, tx, self.author)
                     try:
                         if len(paths) > _BULK_PATHS or tx.stream is not None:
-                            self.git.commit_bulk(paths, msg, self.author, tx.stream)
+                            self.git.commit_bulk(paths, msg, self.author, tx.stream, on_parent=tx.committing)
                             tx.stream = None
                         else:
-                            self.git.commit(paths, msg, self.author)
+                            self.git.commit(paths, msg, self.author, on_parent=tx.committing)
                     except BaseException:
                         self.git.unstage(paths)
                         raise
             except BaseException:
                 tx.rollback()
                 raise
+            else:
+                tx.finish()   # outside the rollback: once committed, a failure here must not undo the files
             finally:
                 self._tx = None
+                tx.close()
 
     # ================================================================ writes
 
@@ -360,6 +372,7 @@ class Memory:
         supersede() for a change that is true from a date on.
         """
         fmt.check_class(cls)
+        self._class_dir(cls)
         if not isinstance(title, str) or not title.strip():
             raise ConfigError("An entity needs a non-empty title: put(cls, 'Alice Chen', ...).")
         title = " ".join(title.split())

@@ -281,3 +281,140 @@ def test_a_file_name_that_is_not_utf8_breaks_no_search(seeded):
     mem.check()
     with pytest.raises(StorePathError, match="UTF-8"):
         mem.put("topics", "Whatever", slug=os.fsdecode(b"new\xfe"))
+
+
+def test_put_never_writes_through_a_symlinked_class_directory(seeded, outside):
+    """put() of a new entity into a class directory that is a link: refused, nothing lands where it points."""
+    os.symlink(outside, seeded.root / "evilclass")
+    with pytest.raises(StorePathError, match="symbolic link"):
+        seeded.put("evilclass", "Planted", body="would land outside")
+    from hutch.fuse._write import commit_bytes
+    with pytest.raises(StorePathError, match="symbolic link"):
+        commit_bytes(seeded, "evilclass/planted2", b"through the mount", "test")
+    assert _listing(outside) == ["canary.txt"]
+    assert not list((seeded.root / ".hutch").glob("journal"))
+
+
+@pytest.mark.parametrize("where", ["class", "links", "relation"])
+def test_no_write_of_a_transaction_follows_a_link_swapped_in_after_the_checks(seeded, outside, where):
+    """The write path itself refuses every link below the store's root (the checks before it are only the
+    friendlier error): a directory swapped for a link between a check and the write is never written through."""
+    root = seeded.root
+    (root / "orgs" / "acme.links").mkdir(exist_ok=True)
+    target = {"class": root / "topics" / "new.md",
+              "links": root / "orgs" / "acme.links" / "about" / "topics--pricing.md",
+              "relation": root / "orgs" / "acme.links" / "about" / "pricing.md"}[where]
+    swap = {"class": root / "topics", "links": root / "orgs" / "acme.links",
+            "relation": root / "orgs" / "acme.links" / "about"}[where]
+    before = _listing(root)
+    with pytest.raises(StorePathError, match="symbolic link"):
+        with seeded.transaction("swapped") as tx:
+            subprocess.run(["rm", "-rf", str(swap)], check=True)
+            os.symlink(outside, swap)
+            if where == "class":
+                tx.write(target, "---\ntitle: New\n---\nlanded outside\n")
+            else:
+                tx.symlink(target, "../../../topics/pricing.md")
+    assert _listing(outside) == ["canary.txt"]
+    os.unlink(swap)
+    subprocess.run(["git", "-C", str(root), "checkout", "--", "."], check=True, capture_output=True)
+    assert not (root / ".hutch" / "journal").exists()
+    assert set(_listing(root)) <= set(before) | {".hutch/write.lock"}
+
+
+_CHILD = r"""
+import sys, time
+import hutch
+from hutch.memory import _tx, _git
+
+store, point, bulk = sys.argv[1], sys.argv[2], sys.argv[3] == "bulk"
+
+def stop_here():
+    print("ready", flush=True)
+    time.sleep(600)
+
+if point == "committing":
+    real = _tx.Transaction.committing
+    def committing(self, parent):
+        real(self, parent)   # the journal says "HEAD may move from here" ...
+        stop_here()          # ... and the writer dies before git moves it
+    _tx.Transaction.committing = committing
+elif point == "landed":
+    def finish(self):        # the commit landed; the writer dies before it drops its journal
+        stop_here()
+    _tx.Transaction.finish = finish
+
+mem = hutch.Memory(store)
+with mem.transaction("killed midway"):
+    mem.put("newclass", "Fresh", body="a new entity in a new class")
+    mem.update("topics/pricing", body="rewritten by the killed writer")
+    mem.link("orgs/acme", "about", "topics/pricing")
+    mem.unlink("actors/alice-chen", "works_at", "orgs/acme")
+    mem.forget("orgs/acme", reason="killed writer")
+    for i in range(70 if bulk else 0):
+        mem.put("notes", f"Note {i}", body="bulk")
+    if point == "writing":
+        stop_here()
+print("not killed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("bulk", ["single", "bulk"])
+@pytest.mark.parametrize("point", ["writing", "committing", "landed"])
+def test_a_writer_killed_mid_transaction_is_rolled_back_by_the_next_writer(seeded, point, bulk):
+    """A real SIGKILL of a writing child process: the next writer to take the lock finds its journal and puts
+    the store back as it was before that transaction (or keeps it, if its commit landed); no file it made
+    stays, nothing is left staged, no temp file or empty directory remains."""
+    import signal
+    import sys
+
+    root = seeded.root
+    head_before = seeded.git.run("rev-parse", "HEAD").strip()
+    files_before = {p: (root / p).read_bytes() if (root / p).is_file() or (root / p).is_symlink() else None
+                    for p in _listing(root) if not p.startswith((".git/", ".hutch"))}
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(root), point, bulk], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+    mem = hutch.Memory(root)
+    mem.put("topics", "After", body="the next writer")
+    landed = point == "landed"
+    listing = [p for p in _listing(root) if not p.startswith((".git/", ".hutch"))]
+    if not landed:
+        assert "newclass" not in listing, "a file the killed writer made stayed in the store"
+    assert mem.git.run("rev-list", "--count", f"{head_before}..HEAD").strip() == ("2" if landed else "1")
+    assert mem.git.run("status", "--porcelain", "--untracked-files=all") == ""
+    assert not (root / ".hutch" / "journal").exists()
+    assert not [p for p in listing if ".tmp-" in p]
+    if landed:
+        assert mem.exists("newclass/fresh") and not mem.exists("orgs/acme")
+        assert "rewritten by the killed writer" in mem.get("topics/pricing").body
+        return
+    assert "newclass" not in listing and not any(p.startswith("notes") for p in listing)
+    assert set(listing) == set(files_before) | {"topics/after.md"}
+    for p, data in files_before.items():
+        if data is not None:
+            assert (root / p).read_bytes() == data, f"{p} was not put back"
+    assert mem.get("actors/alice-chen").links == {"works_at": [mem.get("orgs/acme")]}
+
+
+def test_a_planted_journal_cannot_make_the_next_writer_touch_files_outside_the_store(seeded, outside):
+    import json
+
+    mem = hutch.Memory(seeded.root)
+    rel = os.path.relpath(outside / "canary.txt", seeded.root)
+    records = [{"v": 1, "tx": "abcd", "n": 0}, {"rel": rel, "kind": "none", "n": 0},
+               {"rel": str(outside / "canary.txt"), "kind": "none", "n": 0},
+               {"dir": os.path.relpath(outside, seeded.root), "n": 0}]
+    (seeded.root / ".hutch" / "journal").write_text("".join(json.dumps(r) + "\n" for r in records))
+    os.symlink(outside, seeded.root / "linkdir")
+    (seeded.root / ".hutch" / "journal").write_text(
+        (seeded.root / ".hutch" / "journal").read_text() + json.dumps({"rel": "linkdir/canary.txt", "kind": "none",
+                                                                      "n": 0}) + "\n")
+    mem.put("topics", "After", body="next writer")
+    assert (outside / "canary.txt").read_text() == SECRET + "\n"
+    assert not (seeded.root / ".hutch" / "journal").exists()
