@@ -303,3 +303,29 @@ def test_a_valid_layer_keeps_hard_links_setuid_bits_and_whiteouts_and_none_is_re
             os._exit(code)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     assert not [p for p in os.listdir(daemon.state_dir / "layers") if p.startswith(".tmp-")]
+
+
+def test_the_daemon_stops_spooling_an_upload_past_its_byte_limit(tmp_path, base):
+    """HUTCH_IMPORT_MAX_BYTES of the daemon bounds the upload it spools to disk, not only what it extracts."""
+    import shutil
+    import tempfile
+
+    from hutch_testing import sdk_pointed_at
+    from img_support import start_daemon, stop_daemon
+
+    run_dir = Path(tempfile.mkdtemp(prefix="hutch-img-run-"))
+    state_dir = Path(tempfile.mkdtemp(prefix="hutch-img-state-"))
+    try:
+        with sdk_pointed_at(run_dir, HUTCH_STATE_DIR=str(state_dir)):
+            proc = start_daemon(run_dir, extra_env={"HUTCH_IMPORT_MAX_BYTES": "200000"})
+            try:
+                big = _tar(tmp_path / "big.tar", _manifest(base.ref, _layers_meta(size=1 << 30)),
+                           [_info(f"layers/{LAYER}/b", data=os.urandom(2 << 20))])
+                with pytest.raises(hutch.ImageError, match="larger than 200000 bytes"):
+                    hutch.Image.import_(big)
+                assert _store(state_dir) == ([], [])
+            finally:
+                stop_daemon(proc)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(state_dir, ignore_errors=True)
