@@ -127,6 +127,9 @@ def export_(key: str, file: str) -> None:
 def import_(file: str) -> None:
     """Import an archive made by `hutch image export`; prints the image reference.
 
+    The archive is untrusted input: nothing is stored unless every layer is well formed and
+    matches its digest (docs/images.md).
+
     \b
     Example: hutch image import agent.tar
     """
