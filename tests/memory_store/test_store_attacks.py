@@ -418,3 +418,15 @@ def test_a_planted_journal_cannot_make_the_next_writer_touch_files_outside_the_s
     mem.put("topics", "After", body="next writer")
     assert (outside / "canary.txt").read_text() == SECRET + "\n"
     assert not (seeded.root / ".hutch" / "journal").exists()
+
+
+def test_a_dot_git_symlink_is_refused_by_every_write(seeded, outside):
+    """git would write the store's objects and refs wherever a `.git` link points."""
+    real = outside / "repo.git"
+    os.rename(seeded.root / ".git", real)
+    os.symlink(real, seeded.root / ".git")
+    before = _listing(real)
+    with pytest.raises(StorePathError, match=r"\.git is a symbolic link"):
+        hutch.Memory(seeded.root).put("topics", "Churn", body="churn words")
+    assert _listing(real) == before
+    assert not (seeded.root / "topics" / "churn.md").exists()
