@@ -1,10 +1,11 @@
 """hutch's MCP server: sandboxes and memory as tools for any agent framework.
 
     hutch mcp --store ./agent-memory            # stdio
-    hutch mcp --store ./agent-memory --http     # streamable HTTP on 127.0.0.1:8765/mcp
+    hutch mcp --store ./agent-memory --http     # streamable HTTP on 127.0.0.1:8765/mcp, bearer token
 
 `build_server()` composes both wings (this entry point may import both; they
-never import each other). See docs/mcp.md for the tools and their arguments.
+never import each other). Over HTTP every request needs `Authorization: Bearer
+<token>` (_http.py). See docs/mcp.md for the tools and their arguments.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ INSTRUCTIONS = (
 )
 
 
-def build_server(store: str | os.PathLike | None = None, *, sandboxes: bool = True, image: str | None = None):
-    """An MCPServer with the memory tools (if `store` is given) and the sandbox tools (if `sandboxes`)."""
+def build_server(store: str | os.PathLike | None = None, *, sandboxes: bool = True, image: str | None = None,
+                 allow_host_dirs: bool = False):
+    """An MCPServer with the memory tools (if `store` is given) and the sandbox tools (if `sandboxes`).
+
+    `allow_host_dirs`: clients may name `dir:` images and bind host paths (hutch/mcp/_policy.py)."""
     from mcp.server.mcpserver import MCPServer
 
     import hutch
@@ -39,16 +43,24 @@ def build_server(store: str | os.PathLike | None = None, *, sandboxes: bool = Tr
 
         def mount(writable: bool, target: str):
             return hutch.MemoryMount(mem, target, writable=writable)
-        _sandbox_tools.register(server, image=image, memory_mount=mount if mem is not None else None)
+        from hutch.mcp._policy import HostAccess
+
+        _sandbox_tools.register(server, image=image, memory_mount=mount if mem is not None else None,
+                                policy=HostAccess(allow_host_dirs=allow_host_dirs, default_image=image))
     return server
 
 
 def run(store=None, *, sandboxes: bool = True, image: str | None = None, http: bool = False,
-        host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
-    """Serve over stdio (default) or streamable HTTP at http://host:port/mcp, until stopped."""
-    server = build_server(store, sandboxes=sandboxes, image=image)
+        host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, token: str | None = None,
+        allow_host_dirs: bool = False) -> None:
+    """Serve over stdio (default) or streamable HTTP at http://host:port/mcp, until stopped.
+
+    Over HTTP every request must carry `Authorization: Bearer <token>`; `token` is required."""
+    server = build_server(store, sandboxes=sandboxes, image=image, allow_host_dirs=allow_host_dirs)
     if http:
-        server.run("streamable-http", host=host, port=port)
+        from hutch.mcp._http import serve_http
+
+        serve_http(server, host=host, port=port, token=token)
     else:
         server.run("stdio")
 

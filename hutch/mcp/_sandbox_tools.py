@@ -1,8 +1,10 @@
 """MCP tools over sandboxes: create, exec, read and write files, list, terminate.
 
 Sandboxes made here are tagged `created_by=mcp` and belong to this server
-process: when it exits, the host daemon ends them (unless created with
-`keep=True`, which still ends at their timeout).
+process: when it exits, the host daemon ends them. The tools act only on the
+sandboxes this process created (other sandboxes of the host, made by other users
+of the daemon, are out of a client's reach), and what a client may make the host
+do is `policy` (hutch/mcp/_policy.py: no host directories unless allowed).
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from hutch._core.errors import ConfigError
+from hutch._core.errors import ConfigError, NotFoundError
+from hutch.mcp._policy import HostAccess
 from hutch.mcp._tools import DESTRUCTIVE, READ_ONLY, RUNS_CODE, WRITE, first, tool
 
 #: Bytes of stdout / stderr a tool result carries (the sandbox drains and drops the rest; the result says so).
@@ -24,16 +27,24 @@ def _info(sb) -> dict[str, Any]:
             "image": (i.get("spec") or {}).get("image")}
 
 
-def register(server, *, image: str | None = None, memory_mount=None) -> None:
+def register(server, *, image: str | None = None, memory_mount=None, policy: HostAccess | None = None) -> None:
     """Add the sandbox tools to `server`. `image`: the default image; `memory_mount(writable, target)`
-    returns a hutch.MemoryMount of the server's store, or is None when the server has no store."""
+    returns a hutch.MemoryMount of the server's store, or is None when the server has no store;
+    `policy`: what clients may ask of the host (default: no host directories)."""
     import hutch
+
+    policy = policy or HostAccess(default_image=image)
+    owned: dict[str, str | None] = {}   # id -> name of each sandbox this server created
 
     def _sb(sandbox_id, id_):
         sid = first(sandbox_id=sandbox_id, id=id_)
         if not sid:
             raise ConfigError("Give the sandbox_id that sandbox_create returned (sandbox_list shows them).")
-        return hutch.Sandbox.from_id(sid)
+        real = sid if sid in owned else next((i for i, n in owned.items() if n is not None and n == sid), None)
+        if real is None:
+            raise NotFoundError(f"{sid} is not a sandbox of this MCP server, which acts only on the sandboxes it "
+                                "created: create one with sandbox_create, or see sandbox_list.")
+        return hutch.Sandbox.from_id(real)
 
     @tool(server, WRITE)
     def sandbox_create(image: str | None = None, timeout: float = 600, memory: str = "512M", cpu: float = 1.0,
@@ -44,7 +55,8 @@ def register(server, *, image: str | None = None, memory_mount=None) -> None:
 
         Run commands in it with sandbox_exec, move files with sandbox_write_file / sandbox_read_file,
         end it with sandbox_terminate (it also ends after `timeout` seconds, or when this server stops).
-        image: an image reference (default: Debian with python3). memory: a size such as "512M" or "2G".
+        image: an image reference (default: Debian with python3; host directories, dir:..., are refused unless
+        the server was started with --allow-host-dirs). memory: a size such as "512M" or "2G".
         allow_domains: DNS names it may reach over HTTPS/HTTP, e.g. ["pypi.org", "*.pythonhosted.org"].
         mount_memory: "ro" or "rw" mounts this server's memory store at /memory, so code can
         `ls '/memory/search/<query>/'` and cat the hits; with "rw" its writes become commits naming the sandbox.
@@ -57,9 +69,12 @@ def register(server, *, image: str | None = None, memory_mount=None) -> None:
                 raise ConfigError("This MCP server has no memory store: start it with `hutch mcp --store PATH`.")
             mounts.append(memory_mount(mount_memory == "rw", "/memory"))
         network = hutch.Network.allow(domains=allow_domains) if allow_domains else None
+        policy.check_image(image)
+        policy.check_mounts(mounts)
         sb = hutch.Sandbox.create(image=image or server_default_image, timeout=timeout, memory=memory, cpu=cpu,
                                   network=network, env=env, name=name, tags={**(tags or {}), **TAG},
                                   mounts=mounts)
+        owned[sb.id] = sb.name
         return {"sandbox_id": sb.id, **_info(sb)}
 
     server_default_image = image
@@ -109,12 +124,10 @@ def register(server, *, image: str | None = None, memory_mount=None) -> None:
         return {"path": path, "size": len(data)}
 
     @tool(server, READ_ONLY)
-    def sandbox_list(tags: dict[str, str] | None = None, all: bool = False) -> dict[str, Any]:
-        """List sandboxes: those this server created, or every sandbox on the host with all=true."""
-        want = dict(tags or {})
-        if not all:
-            want.update(TAG)
-        return {"sandboxes": [_info(sb) for sb in hutch.Sandbox.list(tags=want)]}
+    def sandbox_list(tags: dict[str, str] | None = None) -> dict[str, Any]:
+        """List the sandboxes this server created (running and ended), optionally only those with these tags."""
+        want = {**(tags or {}), **TAG}
+        return {"sandboxes": [_info(sb) for sb in hutch.Sandbox.list(tags=want) if sb.id in owned]}
 
     @tool(server, DESTRUCTIVE)
     def sandbox_terminate(sandbox_id: str | None = None, id: str | None = None) -> dict[str, Any]:

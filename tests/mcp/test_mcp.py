@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
+import httpx
+import httpx2
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 import hutch
 
@@ -192,11 +198,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_streamable_http(store, image, daemon, tmp_path):
+@contextmanager
+def http_server(tmp_path, *args: str, env: dict | None = None):
+    """`hutch mcp --http ARGS` on a free loopback port; yields (url, log path) once it listens."""
     port = _free_port()
-    log = open(tmp_path / "mcp.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "hutch", "mcp", "--store", str(store.root), "--image", image,
-                             "--http", "--port", str(port)], stdout=log, stderr=log, env={**os.environ, **daemon})
+    log_path = tmp_path / f"mcp-{port}.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "hutch", "mcp", *args, "--http", "--port", str(port)],
+                            stdout=log, stderr=log, env={**os.environ, **(env or {})})
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -204,14 +213,9 @@ def test_streamable_http(store, image, daemon, tmp_path):
                 socket.create_connection(("127.0.0.1", port), 0.2).close()
                 break
             except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "mcp.log").read_text()
+                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
                 time.sleep(0.1)
-
-        async def main():
-            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
-                await _memory_session(client, store)
-                await _sandbox_session(client, store)
-        anyio.run(main)
+        yield f"http://127.0.0.1:{port}/mcp", log_path
     finally:
         proc.terminate()
         try:
@@ -222,7 +226,133 @@ def test_streamable_http(store, image, daemon, tmp_path):
         log.close()
 
 
+def _token_file(tmp_path) -> tuple[Path, str]:
+    token = secrets.token_urlsafe(24)
+    p = tmp_path / "mcp-token"
+    p.write_text(token)
+    os.chmod(p, 0o600)
+    return p, token
+
+
+def _authed(url: str, token: str) -> Client:
+    return Client(streamable_http_client(url, http_client=httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30, read=300))))
+
+
+def test_streamable_http(store, image, daemon, tmp_path):
+    tf, token = _token_file(tmp_path)
+    with http_server(tmp_path, "--store", str(store.root), "--image", image, "--token-file", str(tf),
+                     env=daemon) as (url, _):
+        async def main():
+            async with _authed(url, token) as client:
+                await _memory_session(client, store)
+                await _sandbox_session(client, store)
+        anyio.run(main)
+
+
+def _status(url: str, headers: dict) -> int:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    return httpx.post(url, json=body, headers={"Accept": "application/json, text/event-stream", **headers},
+                      timeout=10).status_code
+
+
+def test_http_needs_the_token(tmp_path):
+    tf, token = _token_file(tmp_path)
+    with http_server(tmp_path, "--no-sandboxes", "--token-file", str(tf)) as (url, _):
+        assert _status(url, {}) == 401
+        assert _status(url, {"Authorization": f"Bearer {token}x"}) == 401
+        assert _status(url, {"Authorization": token}) == 401
+        assert _status(url, {"Authorization": f"Bearer {token}"}) != 401
+
+        async def main():
+            async with _authed(url, "wrong-" + token) as client:
+                await client.list_tools()
+        with pytest.raises(BaseException):
+            anyio.run(main)
+    # without --token-file or $HUTCH_MCP_TOKEN a token is made, printed, and required
+    with http_server(tmp_path, "--no-sandboxes") as (url, log):
+        printed = re.search(r"Authorization: Bearer (\S+)", log.read_text()).group(1)
+        assert _status(url, {}) == 401 and _status(url, {"Authorization": f"Bearer {printed}"}) != 401
+    with http_server(tmp_path, "--no-sandboxes", env={"HUTCH_MCP_TOKEN": token}) as (url, log):
+        assert token not in log.read_text()
+        assert _status(url, {}) == 401 and _status(url, {"Authorization": f"Bearer {token}"}) != 401
+
+
 def test_http_refuses_a_non_loopback_address_without_allow_remote():
     r = subprocess.run([sys.executable, "-m", "hutch", "mcp", "--http", "--host", "0.0.0.0", "--no-sandboxes"],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and "no authentication" in r.stderr and "--allow-remote" in r.stderr
+    assert r.returncode == 1 and "plain HTTP" in r.stderr and "--allow-remote" in r.stderr
+
+
+async def _create_error(client, args) -> str:
+    r = await client.call_tool("sandbox_create", {"timeout": 60, **args})
+    assert r.is_error, r.structured_content
+    return r.content[0].text
+
+
+def test_clients_may_not_use_host_directories_unless_allowed(store, image, daemon, tmp_path, other_root):
+    other_dir, other_snapshot = other_root
+    tf, token = _token_file(tmp_path)
+    with http_server(tmp_path, "--store", str(store.root), "--image", image, "--token-file", str(tf),
+                     env=daemon) as (url, _):
+        async def main():
+            async with _authed(url, token) as client:
+                for ref in ("dir:/", other_dir, other_snapshot):   # the host's root, a root directory, one built on it
+                    text = await _create_error(client, {"image": ref})
+                    assert "--allow-host-dirs" in text and "directory of the MCP server's host" in text, text
+                for args in ({}, {"image": image}):   # the operator's --image is the operator's choice
+                    r = await client.call_tool("sandbox_create", {"timeout": 60, **args})
+                    assert not r.is_error, r.content
+                    await client.call_tool("sandbox_terminate",
+                                           {"sandbox_id": r.structured_content["result"]["sandbox_id"]})
+        anyio.run(main)
+
+    async def stdio():   # the same over stdio
+        async with Client(_params(store, image, daemon)) as client:
+            assert "--allow-host-dirs" in await _create_error(client, {"image": "dir:/"})
+    anyio.run(stdio)
+
+    with http_server(tmp_path, "--token-file", str(tf), "--allow-host-dirs", env=daemon) as (url, _):
+        async def allowed():
+            async with _authed(url, token) as client:
+                r = await client.call_tool("sandbox_create", {"image": other_snapshot, "timeout": 60})
+                assert not r.is_error, r.content
+                sid = r.structured_content["result"]["sandbox_id"]
+                r = await client.call_tool("sandbox_exec", {"sandbox_id": sid, "command": "echo ok"})
+                assert r.structured_content["result"]["stdout"] == "ok\n"
+                await client.call_tool("sandbox_terminate", {"sandbox_id": sid})
+        anyio.run(allowed)
+
+
+@pytest.fixture(scope="module")
+def other_root(daemon, tmp_path_factory):
+    """A root directory that is not the server's --image, and an image: built on it (a snapshot)."""
+    ref = "dir:" + str(busybox_root(tmp_path_factory.mktemp("bb-other") / "root"))
+    from hutch.sandbox import _client
+
+    with hutch.Sandbox.create(image=ref, timeout=60) as sb:
+        sb.run("sh", "-c", "echo snap > /home/user/s")
+        snap = sb.snapshot_filesystem()
+    try:
+        yield ref, snap.ref
+    finally:   # the snapshot went to the host's image store: take it out again
+        _client.default_client().request("DELETE", f"/v1/images/{snap.ref}", params={"force": 1})
+
+
+def test_tools_act_only_on_this_servers_sandboxes(store, image, daemon, tmp_path):
+    outside = hutch.Sandbox.create(image=image, timeout=60, tags={"t": "mcp-outside"}, name=f"outside-{os.getpid()}")
+    try:
+        async def main():
+            async with Client(_params(store, image, daemon)) as client:
+                for tool, args in (("sandbox_exec", {"command": "id"}), ("sandbox_read_file", {"path": "/etc/passwd"}),
+                                   ("sandbox_write_file", {"path": "/tmp/x", "content": "x"}),
+                                   ("sandbox_terminate", {})):
+                    for ref in (outside.id, outside.name):
+                        r = await client.call_tool(tool, {"sandbox_id": ref, **args})
+                        assert r.is_error and "not a sandbox of this MCP server" in r.content[0].text, r.content
+                r = await client.call_tool("sandbox_list", {"tags": {"t": "mcp-outside"}})
+                assert r.structured_content["result"]["sandboxes"] == []
+        anyio.run(main)
+        assert outside.poll() is None   # untouched
+    finally:
+        outside.terminate()

@@ -1,0 +1,70 @@
+"""Bearer tokens: read from a file or the environment, never from argv; compared in constant time.
+
+argv is in /proc/<pid>/cmdline, which every user can read, so a token is never
+taken from the command line. A token file that others than its owner may read is
+refused (not merely warned about): whoever holds the daemon's token is root on
+its host, and a warning in a log is easily missed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import stat
+from pathlib import Path
+
+from hutch._core.errors import ConfigError
+
+#: Shortest token accepted.
+MIN_TOKEN_CHARS = 16
+#: Largest token file read.
+MAX_TOKEN_FILE = 4096
+
+
+def from_env_or_file(env: str, file_env: str | None = None) -> str | None:
+    """The token in the environment variable `env`, else in the file named by `file_env`, else None."""
+    value = os.environ.get(env)
+    if value:
+        return check_token(value.strip(), f"${env}")
+    path = os.environ.get(file_env) if file_env else None
+    if path:
+        return read_token_file(path, f"${file_env}")
+    return None
+
+
+def read_token_file(path: str | os.PathLike, what: str = "--token-file") -> str:
+    """The token in `path` (surrounding whitespace stripped); refused if others than its owner may read it."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError(f"{what} {p}: cannot read it ({e.strerror}); write the token there, e.g. "
+                          f"`openssl rand -hex 32 > {p} && chmod 600 {p}`.") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{what} {p} is not a regular file; write the token into a file.")
+        if st.st_mode & 0o077:
+            raise ConfigError(f"{what} {p} may be read by other users (mode {stat.S_IMODE(st.st_mode):04o}), "
+                              f"and whoever reads the token may drive hutch: `chmod 600 {p}`.")
+        data = os.read(fd, MAX_TOKEN_FILE + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_TOKEN_FILE:
+        raise ConfigError(f"{what} {p} is larger than 4 KiB; it must hold just the token.")
+    return check_token(data.decode("utf-8", "replace").strip(), f"{what} {p}")
+
+
+def check_token(token: str, where: str) -> str:
+    if len(token) < MIN_TOKEN_CHARS or any(c.isspace() or not c.isprintable() for c in token):
+        raise ConfigError(f"the token in {where} must be at least {MIN_TOKEN_CHARS} printable characters "
+                          "without spaces; make one with `openssl rand -hex 32`.")
+    return token
+
+
+def token_matches(header: str | None, token: str) -> bool:
+    """Is `header` exactly "Bearer <token>"? Constant time in the token's content."""
+    return hmac.compare_digest((header or "").encode(), f"Bearer {token}".encode())
+
+
+__all__ = ["MIN_TOKEN_CHARS", "check_token", "from_env_or_file", "read_token_file", "token_matches"]
