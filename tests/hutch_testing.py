@@ -6,7 +6,11 @@ Importable from every test module because tests/conftest.py puts this directory 
 
 from __future__ import annotations
 
+import grp
+import json
 import os
+import pwd
+import secrets
 import shutil
 import signal
 import subprocess
@@ -39,18 +43,22 @@ def make_busybox_root(root: Path, busybox: str | None = None) -> Path:
 
 
 def start_daemon(run_dir: Path, extra_env: dict | None = None, prefix: tuple[str, ...] = (),
-                 timeout: float = 30.0) -> subprocess.Popen:
-    """`python -m hutch serve` on run_dir/hutch.sock (state dir from os.environ), ready when this returns.
+                 timeout: float = 30.0, args: tuple[str, ...] = (), sock: Path | None = None,
+                 log: Path | None = None, preexec_fn=None) -> subprocess.Popen:
+    """`python -m hutch serve [args]` on `sock` (default run_dir/hutch.sock; state dir from os.environ),
+    ready when this returns; its output goes to `log` (default run_dir/test-daemon.log).
 
     `prefix` runs it under another command (e.g. nsenter into a test network namespace)."""
     from hutch.sandbox._client import Endpoint, _ping
 
-    sock = run_dir / "hutch.sock"
-    log = run_dir / "test-daemon.log"
+    sock = sock or run_dir / "hutch.sock"
+    log = log or run_dir / "test-daemon.log"
     env = dict(os.environ, HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(sock), **(extra_env or {}))
+    env.pop("HUTCH_URL", None)
     with open(log, "ab") as lf:
-        proc = subprocess.Popen([*prefix, sys.executable, "-m", "hutch", "serve"], env=env,
-                                stdin=subprocess.DEVNULL, stdout=lf, stderr=lf, start_new_session=True)
+        proc = subprocess.Popen([*prefix, sys.executable, "-m", "hutch", "serve", *args], env=env,
+                                stdin=subprocess.DEVNULL, stdout=lf, stderr=lf, start_new_session=True,
+                                preexec_fn=preexec_fn)
     ep = Endpoint(socket_path=str(sock))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -117,3 +125,90 @@ def sandbox_maker(root: Path, tags: dict):
     finally:
         for sb in made:
             sb.terminate()
+
+
+# --- other host accounts: the attacker's side of the access tests --------------------------------------
+
+#: The host's own python (stdlib only), which another account can run (the venv's lives under /root).
+HOST_PYTHON = next((p for p in ("/usr/bin/python3.11", "/usr/bin/python3") if os.access(p, os.X_OK)), None)
+
+
+@contextmanager
+def host_group():
+    """A new host group hutch-tg-<random>; removed at exit, also when the test failed. Yields its grp entry."""
+    name = f"hutch-tg-{secrets.token_hex(4)}"
+    subprocess.run(["groupadd", name], check=True, capture_output=True)
+    try:
+        yield grp.getgrnam(name)
+    finally:
+        subprocess.run(["groupdel", name], capture_output=True)
+        assert not _exists(grp.getgrnam, name), f"group {name} is still there"
+
+
+@contextmanager
+def host_user(groups: tuple[str, ...] = ()):
+    """A new unprivileged host account hutch-test-<random> (its own primary group, members of `groups`);
+    removed at exit with userdel -r, also when the test failed. Yields its pwd entry."""
+    name = f"hutch-test-{secrets.token_hex(4)}"
+    cmd = ["useradd", "--no-create-home", "--user-group", "--shell", "/usr/sbin/nologin"]
+    if groups:
+        cmd += ["--groups", ",".join(groups)]
+    subprocess.run([*cmd, name], check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", "-r", name], capture_output=True)   # no home to remove: its complaint is fine
+        assert not _exists(pwd.getpwnam, name), f"user {name} is still there"
+
+
+def _exists(lookup, name) -> bool:
+    try:
+        lookup(name)
+        return True
+    except KeyError:
+        return False
+
+
+def run_as(user: pwd.struct_passwd, script: str, *args: str, timeout: float = 60.0,
+           primary_gid: int | None = None) -> subprocess.CompletedProcess:
+    """Run a stdlib-only Python `script` as `user` with exactly the groups the group database gives it
+    (never root's supplementary groups), in a directory it may enter; stdout/stderr as text."""
+    assert HOST_PYTHON, "no host python3.11 for the other account (python3.11 is in scripts/debian-packages.txt)"
+    gid = user.pw_gid if primary_gid is None else primary_gid
+    return subprocess.run([HOST_PYTHON, "-I", "-S", "-c", script, *args], user=user.pw_uid, group=gid,
+                          extra_groups=os.getgrouplist(user.pw_name, user.pw_gid), cwd="/",
+                          env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+#: As another user: connect to the Unix socket argv[1], GET /v1/health, print {"connect": errno name or "ok",
+#: "status": HTTP status or None, "body": answer body}.
+UNIX_GET = r"""
+import errno, json, socket, sys
+out = {"connect": "ok", "status": None, "body": ""}
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(10)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    out["connect"] = errno.errorcode.get(e.errno, str(e.errno))
+else:
+    try:
+        s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: hutch\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        out["status"] = int(head.split()[1]) if head.startswith(b"HTTP/") else None
+        out["body"] = body.decode(errors="replace")
+    except OSError as e:
+        out["error"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def unix_get_as(user: pwd.struct_passwd, sock: Path, **kw) -> dict:
+    """UNIX_GET run as `user` against `sock`."""
+    r = run_as(user, UNIX_GET, str(sock), **kw)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
