@@ -276,20 +276,67 @@ def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"
 
 
+def _refuse_token_on_argv(ctx, param, value):
+    if value is not None:
+        raise click.UsageError("--token would put the token in /proc/<pid>/cmdline, where every user can read it: "
+                               "write it to a file only root can read and pass --token-file PATH (or set HUTCH_TOKEN).")
+
+
 @click.command()
-@click.option("--listen", metavar="HOST:PORT", help="Also serve remote clients over TCP (needs --token).")
-@click.option("--token", envvar="HUTCH_TOKEN", help="Bearer token remote clients must send (env: HUTCH_TOKEN).")
+@click.option("--listen", metavar="HOST:PORT", help="Also serve remote clients over TCP with TLS (needs a token).")
+@click.option("--token-file", type=click.Path(dir_okay=False), metavar="PATH",
+              help="File holding the bearer token TCP clients must send (mode 0600; else env HUTCH_TOKEN).")
+@click.option("--token", hidden=True, expose_value=False, callback=_refuse_token_on_argv,
+              help="Refused: use --token-file.")
+@click.option("--group", metavar="NAME", help="Let members of this group use the Unix socket too (default: root only).")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), metavar="PEM",
+              help="Certificate of the TCP listener (default: one made on first start under the state dir).")
+@click.option("--tls-key", type=click.Path(dir_okay=False), metavar="PEM", help="Key of --tls-cert (mode 0600).")
 @click.option("--socket", "socket_path", type=click.Path(), help="Unix socket path (default: HUTCH_SOCKET or /run/hutch/hutch.sock).")
-def serve(listen, token, socket_path):
+@click.option("--header-timeout", type=float, metavar="S", help="Seconds a request head may take (default 10).")
+@click.option("--idle-timeout", type=float, metavar="S", help="Seconds an idle connection is kept (default 60).")
+@click.option("--max-tcp", type=int, metavar="N", help="TCP connections at once (default 1024).")
+@click.option("--max-tcp-per-peer", type=int, metavar="N",
+              help="Unauthenticated TCP connections from one address (default 16).")
+def serve(listen, token_file, group, tls_cert, tls_key, socket_path, header_timeout, idle_timeout, max_tcp,
+          max_tcp_per_peer):
     """Run the host daemon that owns this host's sandboxes (SDK and CLI start it when none runs).
+
+    The Unix socket serves root, and the members of --group if given. With --listen,
+    TCP clients speak TLS and send the token; the daemon prints its certificate's
+    fingerprint for them to pin (HUTCH_FINGERPRINT), as `hutch tls-fingerprint` does.
 
     \b
     Examples:
-      hutch serve
-      hutch serve --listen 0.0.0.0:7450 --token "$(openssl rand -hex 16)"
+      hutch serve --group hutch
+      openssl rand -hex 32 > /etc/hutch/token && chmod 600 /etc/hutch/token
+      hutch serve --listen 0.0.0.0:7450 --token-file /etc/hutch/token
     """
-    if listen and not token:
-        raise click.UsageError("--listen needs --token (or HUTCH_TOKEN): remote clients must authenticate.")
+    from hutch.sandbox._daemon import ListenLimits
     from hutch.sandbox._daemon import serve as serve_daemon
 
-    serve_daemon(socket_path=socket_path, listen=listen, token=token)
+    if listen and not token_file and not os.environ.get("HUTCH_TOKEN"):
+        raise click.UsageError("--listen needs a token: --token-file PATH (or HUTCH_TOKEN); remote clients must "
+                               "authenticate.")
+    given = {k: v for k, v in dict(header_timeout=header_timeout, idle_timeout=idle_timeout, max_tcp=max_tcp,
+                                   max_tcp_per_peer=max_tcp_per_peer).items() if v is not None}
+    serve_daemon(socket_path=socket_path, listen=listen, token_file=token_file, group=group, tls_cert=tls_cert,
+                 tls_key=tls_key, limits=ListenLimits(**given))
+
+
+@click.command("tls-fingerprint")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), metavar="PEM",
+              help="A certificate given to `hutch serve --tls-cert` (default: the one the daemon made).")
+def tls_fingerprint(tls_cert):
+    """Print the SHA-256 fingerprint of the daemon's TLS certificate, for clients' HUTCH_FINGERPRINT.
+
+    Without --tls-cert it is the certificate `hutch serve --listen` made under the state
+    directory (made now, as root, if there is none yet).
+
+    \b
+    Example:
+      export HUTCH_FINGERPRINT=$(ssh host hutch tls-fingerprint)
+    """
+    from hutch.sandbox._daemon._tls import fingerprint, made_certificate
+
+    click.echo(fingerprint(tls_cert or made_certificate()))

@@ -1,14 +1,17 @@
-"""HTTP to the hutch daemon: a Unix socket on this host, or TCP with a bearer token.
+"""HTTP to the hutch daemon: a Unix socket on this host, or TCP with TLS and a bearer token.
 
-Which daemon: `HUTCH_URL` (http://host:port, with `HUTCH_TOKEN`) if set, else the
-Unix socket `hutch._core.paths.daemon_socket()`. When nothing answers on the
-socket, the client starts `python -m hutch serve` itself (detached, logging to
+Which daemon: `HUTCH_URL` (https://host:port, with `HUTCH_TOKEN` or `HUTCH_TOKEN_FILE`,
+verified by `HUTCH_FINGERPRINT` or `HUTCH_CA`: _remote.py) if set, else the Unix
+socket `hutch._core.paths.daemon_socket()`. When nothing answers on the socket, a
+root client starts `python -m hutch serve` itself (detached, logging to
 run_dir/daemon.log) and waits for it, so `Sandbox.create()` needs no set-up. A
-lock file makes two clients that start at once spawn one daemon.
+lock file makes two clients that start at once spawn one daemon. Another user
+needs a daemon started with `--group` naming a group of theirs.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -26,24 +29,22 @@ import httpx
 
 from hutch._core import paths
 from hutch._core.errors import DaemonError
+from hutch.sandbox._remote import ENV_URL, Remote
+from hutch.sandbox._remote import unverified_hint, verification_failure
 from hutch.sandbox._wire import error_from_answer
-
-ENV_URL = "HUTCH_URL"
-ENV_TOKEN = "HUTCH_TOKEN"
 AUTOSTART_TIMEOUT = 20.0   # seconds to wait for a spawned daemon's socket
 _CONNECT_TIMEOUT = 10.0
 _UDS_BASE = "http://hutch"
 
 
 class Endpoint:
-    """Where the daemon is: a socket path, or a TCP url and token."""
+    """Where the daemon is: a socket path, or a TCP daemon (`remote`: its https url, token and TLS check)."""
 
     def __init__(self, url: str | None = None, token: str | None = None, socket_path: str | None = None):
         self.url = url if url is not None else os.environ.get(ENV_URL) or None
-        self.token = token if token is not None else os.environ.get(ENV_TOKEN) or None
         self.socket = Path(socket_path) if socket_path else paths.daemon_socket()
-        if self.url and not self.url.startswith(("http://", "https://")):
-            raise DaemonError(f"{ENV_URL}={self.url!r} must be a URL like http://10.0.0.5:7450.")
+        self.remote = Remote.from_env(self.url, token) if self.url else None
+        self.token = self.remote.token if self.remote else None
 
     @property
     def base(self) -> str:
@@ -57,9 +58,8 @@ class Endpoint:
 
     def raw_connect(self, timeout: float = _CONNECT_TIMEOUT) -> socket.socket:
         """A plain connected socket (for the lease and health pings)."""
-        if self.url:
-            u = httpx.URL(self.url)
-            s = socket.create_connection((u.host, u.port or 80), timeout=timeout)
+        if self.remote:
+            s = self.remote.connect(timeout)
         else:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.settimeout(timeout)
@@ -98,10 +98,14 @@ def _ping(ep: Endpoint, timeout: float = 2.0) -> bool:
 def ensure_daemon(ep: Endpoint) -> None:
     """Start a local daemon if none answers on the socket; safe when several clients race."""
     if ep.url:
-        raise DaemonError(f"no hutch daemon answers at {ep.url}; start one there with `hutch serve --listen HOST:PORT --token T`.")
+        raise DaemonError(f"no hutch daemon answers at {ep.url}; start one there with "
+                          "`hutch serve --listen HOST:PORT --token-file PATH`.")
     sock, run = ep.socket, paths.run_dir()
-    run.mkdir(parents=True, exist_ok=True)
-    sock.parent.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        raise DaemonError(f"no hutch daemon answers on {sock}, and only root can start one: run `sudo hutch serve "
+                          "--group GROUP` with a group of yours (or set HUTCH_SOCKET to a daemon's socket).")
+    run.mkdir(parents=True, exist_ok=True, mode=0o700)
+    sock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(run / "autostart.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)   # the loser of a race finds the winner's daemon below
         if _ping(ep):
@@ -135,6 +139,17 @@ def ensure_daemon(ep: Endpoint) -> None:
         )
 
 
+def _denied(e: BaseException) -> bool:
+    """Did connecting fail because the socket (or its directory) is not ours to use?"""
+    seen = 0
+    while e is not None and seen < 10:
+        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -146,6 +161,12 @@ def _alive(pid: int) -> bool:
 
 
 def _unreachable(ep: Endpoint, e: Exception) -> DaemonError:
+    if verification_failure(e) is not None:
+        return DaemonError(f"{unverified_hint(ep.url)} ({verification_failure(e).verify_message}).")
+    if _denied(e):
+        return DaemonError(f"you may not connect to the hutch daemon's socket {ep.socket} (permission denied): it "
+                           "serves root and the members of the group it was started with (`hutch serve --group "
+                           "NAME`); ask its operator to add you to that group.")
     return DaemonError(
         f"cannot reach the hutch daemon at {ep.describe()} ({e}); start it with `hutch serve`"
         + (" there." if ep.url else ", or unset HUTCH_SOCKET to use the default socket.")
@@ -353,7 +374,7 @@ class Client:
         self.ep = endpoint or Endpoint()
         transport = None if self.ep.url else _UnixTransport(str(self.ep.socket))
         self.http = httpx.Client(base_url=self.ep.base, transport=transport, headers=self.ep.headers(),
-                                 timeout=_TIMEOUT, limits=_LIMITS)
+                                 timeout=_TIMEOUT, limits=_LIMITS, verify=_verify(self.ep))
         # the local socket's common calls skip httpx's request building (see _UnixTransport.quick)
         self._quick = transport if transport is not None and not self.ep.headers() else None
 
@@ -369,7 +390,7 @@ class Client:
                     resp.read()
                 break
             except httpx.ConnectError as e:
-                if attempt or self.ep.url:
+                if attempt or self.ep.url or _denied(e):
                     raise _unreachable(self.ep, e) from e
                 ensure_daemon(self.ep)
             except httpx.TransportError as e:
@@ -394,7 +415,7 @@ class AsyncClient:
         self.ep = endpoint or Endpoint()
         transport = None if self.ep.url else httpx.AsyncHTTPTransport(uds=str(self.ep.socket))
         self.http = httpx.AsyncClient(base_url=self.ep.base, transport=transport, headers=self.ep.headers(),
-                                      timeout=_TIMEOUT, limits=_LIMITS)
+                                      timeout=_TIMEOUT, limits=_LIMITS, verify=_verify(self.ep))
 
     async def request(self, method: str, path: str, *, stream: bool = False, **kw) -> httpx.Response:
         import asyncio
@@ -404,7 +425,7 @@ class AsyncClient:
                 resp = await self.http.send(self.http.build_request(method, path, **kw), stream=stream)
                 break
             except httpx.ConnectError as e:
-                if attempt or self.ep.url:
+                if attempt or self.ep.url or _denied(e):
                     raise _unreachable(self.ep, e) from e
                 await asyncio.to_thread(ensure_daemon, self.ep)
             except httpx.TransportError as e:
@@ -422,6 +443,11 @@ class AsyncClient:
         return r.json() if r.content else None
 
 
+def _verify(ep: Endpoint):
+    """httpx's `verify` for this endpoint: the remote daemon's verifying context (the Unix socket needs none)."""
+    return ep.remote.ssl_context() if ep.remote else True
+
+
 _lock = threading.Lock()
 _clients: dict[tuple, Client] = {}
 _aclients: dict[tuple, tuple] = {}
@@ -429,7 +455,8 @@ _aclients: dict[tuple, tuple] = {}
 
 def _key() -> tuple:
     ep = Endpoint()
-    return (os.getpid(), ep.url, ep.token, str(ep.socket)), ep
+    r = ep.remote
+    return (os.getpid(), ep.url, ep.token, str(ep.socket), r and r.ca, r and r.fingerprint), ep
 
 
 def default_client() -> Client:

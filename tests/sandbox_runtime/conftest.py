@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,7 +50,11 @@ def daemon(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    d = Daemon(tmp_path_factory.mktemp("rt") / "run", listen=f"127.0.0.1:{port}", token="t0ken-for-tests")
+    tls = tmp_path_factory.mktemp("rt-tls")   # a certificate of its own, not the host's state dir's
+    subprocess.run([sys.executable, "-m", "hutch", "tls-fingerprint"], env=dict(os.environ, HUTCH_STATE_DIR=str(tls)),
+                   check=True, capture_output=True, timeout=60)
+    d = Daemon(tmp_path_factory.mktemp("rt") / "run", listen=f"127.0.0.1:{port}", token="t0ken-for-the-tests",
+               tls=(tls / "tls" / "daemon.crt", tls / "tls" / "daemon.key"))
     d.port = port
     try:
         yield d.start()

@@ -88,8 +88,10 @@ def split_frames(data: bytes) -> tuple[bytes, bytes, dict]:
 class Daemon:
     """A hutch daemon subprocess with a private run directory."""
 
-    def __init__(self, run_dir: Path, listen: str | None = None, token: str | None = None, env: dict | None = None):
+    def __init__(self, run_dir: Path, listen: str | None = None, token: str | None = None, env: dict | None = None,
+                 tls: tuple[Path, Path] | None = None):
         self.extra_env = env or {}
+        self.tls = tls
         self.run_dir = run_dir
         self.sock = run_dir / "hutch.sock"
         self.cgroup_parent = cgroup_parent_for(run_dir)
@@ -106,6 +108,8 @@ class Daemon:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.proc is None or self.proc.poll() is not None:
             args = f"socket_path=None, listen={self.listen!r}, token={self.token!r}"
+            if self.tls:
+                args += f", tls_cert={str(self.tls[0])!r}, tls_key={str(self.tls[1])!r}"
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-c", f"from hutch.sandbox._daemon import serve; serve({args})"],

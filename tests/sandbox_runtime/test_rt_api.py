@@ -103,7 +103,7 @@ def test_env_workdir_and_hostname(api, image):
 
 def test_docs_name_the_daemon_entry_point():
     text = (REPO / "docs" / "api.md").read_text()
-    assert "serve(socket_path=None, listen=None, token=None)" in text
+    assert "serve(socket_path=None, listen=None, token=None, *, token_file=None, group=None" in text
     assert Path(REPO / "hutch" / "sandbox" / "_daemon" / "__init__.py").exists()
 
 

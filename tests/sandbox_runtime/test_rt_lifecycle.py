@@ -202,12 +202,15 @@ def test_daemon_kill9_then_restart_reaps_everything(tmp_path, image):
 
 
 def test_tcp_needs_the_token(daemon):
-    base = f"http://127.0.0.1:{daemon.port}"
-    r = httpx.get(f"{base}/v1/health")
+    import ssl
+
+    base = f"https://127.0.0.1:{daemon.port}"
+    tls = ssl.create_default_context(cafile=str(daemon.tls[0]))
+    r = httpx.get(f"{base}/v1/health", verify=tls)
     assert r.status_code == 401 and r.json()["error"] == "DaemonError"
-    r = httpx.get(f"{base}/v1/health", headers={"Authorization": "Bearer wrong"})
+    r = httpx.get(f"{base}/v1/health", headers={"Authorization": "Bearer wrong"}, verify=tls)
     assert r.status_code == 401
-    r = httpx.get(f"{base}/v1/health", headers={"Authorization": f"Bearer {daemon.token}"})
+    r = httpx.get(f"{base}/v1/health", headers={"Authorization": f"Bearer {daemon.token}"}, verify=tls)
     assert r.status_code == 200 and r.json()["pid"] == daemon.proc.pid
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hmac
 import json
 import os
 import signal
@@ -50,15 +49,25 @@ def error_response(e: BaseException) -> web.Response:
     return web.json_response(body, status=status)
 
 
-def make_app(mgr: Manager, token: str | None = None) -> web.Application:
+def make_app(mgr: Manager, gate=None) -> web.Application:
+    """The API's app. `gate` (_listen.Gate) accepted the connections: every request must come through one
+    of its connections (Unix peers it checked; TCP requests carry its token), else it is refused."""
+
     @web.middleware
     async def guard(request: web.Request, handler):
-        if token is not None and isinstance(request.transport.get_extra_info("sockname"), tuple):
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return web.json_response({"error": "DaemonError", "message":
-                                          "missing or wrong bearer token; send Authorization: Bearer <token>."},
-                                         status=401)
+        conn = gate.lookup(request.transport) if gate is not None else None
+        if conn is None:
+            resp = web.json_response({"error": "DaemonError", "message":
+                                      "this connection did not come through the daemon's listeners."}, status=403)
+            resp.force_close()
+            return resp
+        if not gate.authorize(conn, request.headers.get("Authorization")):
+            resp = web.json_response({"error": "DaemonError", "message":
+                                      "missing or wrong bearer token; send Authorization: Bearer <token> "
+                                      "(the SDK sends $HUTCH_TOKEN or the file $HUTCH_TOKEN_FILE)."}, status=401)
+            resp.force_close()
+            return resp
+        conn.begin()
         try:
             return await handler(request)
         except web.HTTPException as e:
@@ -75,6 +84,8 @@ def make_app(mgr: Manager, token: str | None = None) -> web.Application:
             raise
         except Exception as e:  # noqa: BLE001 - every failure becomes a JSON error body
             return error_response(e)
+        finally:
+            conn.end()
 
     app = web.Application(middlewares=[guard], client_max_size=1 << 30)
     h = Handlers(mgr)

@@ -1,0 +1,165 @@
+"""How the SDK reaches a daemon over TCP: https only, its certificate verified, a token from env or file.
+
+    HUTCH_URL=https://host:7450
+    HUTCH_TOKEN=...            or HUTCH_TOKEN_FILE=/path (mode 0600)
+    HUTCH_FINGERPRINT=AB:CD:.. (the SHA-256 `hutch serve` prints)  or  HUTCH_CA=/path/ca.pem
+
+A pin is checked before anything is sent: one probe handshake reads the server's
+certificate and compares its SHA-256 with the pin; from then on every connection
+verifies the server against exactly that certificate (it is the context's only
+trust anchor), so the token only ever goes to the holder of its key. With HUTCH_CA
+the chain and the host name are verified against that file; with neither, against
+the system's CAs. A server that cannot be verified is refused, naming both variables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import ssl
+import threading
+from dataclasses import dataclass
+
+from hutch._core.errors import DaemonError
+from hutch._core.tokens import from_env_or_file
+
+ENV_URL = "HUTCH_URL"
+ENV_TOKEN = "HUTCH_TOKEN"
+ENV_TOKEN_FILE = "HUTCH_TOKEN_FILE"
+ENV_CA = "HUTCH_CA"
+ENV_FINGERPRINT = "HUTCH_FINGERPRINT"
+PROBE_TIMEOUT = 10.0
+
+
+def _pin(value: str) -> str:
+    h = value.strip().lower()
+    if h.startswith("sha256:"):
+        h = h[7:]
+    h = h.replace(":", "")
+    if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+        raise DaemonError(f"{ENV_FINGERPRINT}={value!r} is not a SHA-256 fingerprint; give the one `hutch serve` "
+                          "prints (or `hutch tls-fingerprint` on the daemon's host), like AB:CD:...")
+    return h
+
+
+def unverified_hint(url: str) -> str:
+    return (f"the hutch daemon at {url} could not be verified: pin its certificate with {ENV_FINGERPRINT}=<the "
+            f"SHA-256 `hutch serve` prints, or `hutch tls-fingerprint` on its host>, or name the CA (or the "
+            f"certificate itself) that signs it in {ENV_CA}=/path/ca.pem")
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A TCP daemon: its https URL, the token, and how its certificate is verified."""
+
+    url: str
+    host: str
+    port: int
+    token: str | None = None
+    ca: str | None = None
+    fingerprint: str | None = None
+
+    @classmethod
+    def from_env(cls, url: str, token: str | None = None) -> "Remote":
+        import httpx
+
+        if url.startswith("http://"):
+            raise DaemonError(f"{ENV_URL}={url!r} is plain http, but the daemon's TCP listener speaks TLS only (the "
+                              "token must not cross the network in the clear): use https://HOST:PORT, and pin the "
+                              f"daemon with {ENV_FINGERPRINT} (`hutch serve --listen` prints it) or {ENV_CA}.")
+        if not url.startswith("https://"):
+            raise DaemonError(f"{ENV_URL}={url!r} must be a URL like https://10.0.0.5:7450.")
+        u = httpx.URL(url)
+        if not u.host:
+            raise DaemonError(f"{ENV_URL}={url!r} names no host; give https://HOST:PORT.")
+        if token is None:
+            token = from_env_or_file(ENV_TOKEN, ENV_TOKEN_FILE)
+        if not token:
+            raise DaemonError(f"{ENV_URL} names a remote daemon, which needs its token: set {ENV_TOKEN_FILE} to a file "
+                              f"holding it (mode 0600) or {ENV_TOKEN}.")
+        fp = os.environ.get(ENV_FINGERPRINT) or None
+        ca = os.environ.get(ENV_CA) or None
+        if ca is not None and not os.path.isfile(ca):
+            raise DaemonError(f"{ENV_CA}={ca!r} is not a file; give a PEM file of the CA (or of the daemon's certificate).")
+        return cls(url, u.host, u.port or 443, token, ca, _pin(fp) if fp else None)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The verifying context for this daemon (made once per process and endpoint; a pin probes once)."""
+        key = (self.host, self.port, self.ca, self.fingerprint)
+        with _lock:
+            ctx = _contexts.get(key)
+        if ctx is None:
+            ctx = self._make_context()
+            with _lock:
+                _contexts[key] = ctx
+        return ctx
+
+    def _make_context(self) -> ssl.SSLContext:
+        if self.fingerprint:
+            der = self._probe()
+            got = hashlib.sha256(der).hexdigest()
+            if got != self.fingerprint:
+                raise DaemonError(f"the daemon at {self.url} presented a certificate whose SHA-256 is {_fmt(got)}, not "
+                                  f"the {ENV_FINGERPRINT} pin {_fmt(self.fingerprint)}: nothing was sent to it. If its "
+                                  f"certificate changed, pin the new one; otherwise someone is in between (and {ENV_CA} "
+                                  "is the other way to verify it).")
+            ctx = ssl.create_default_context(cadata=ssl.DER_cert_to_PEM_cert(der))
+            ctx.check_hostname = False   # the pin names the server; its certificate need not name the address used
+        elif self.ca:
+            try:
+                ctx = ssl.create_default_context(cafile=self.ca)
+            except (OSError, ssl.SSLError) as e:
+                raise DaemonError(f"{ENV_CA}={self.ca!r} is not a PEM certificate file ({e}).") from e
+        else:
+            ctx = ssl.create_default_context()
+        ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN   # a leaf certificate may be the trust anchor itself
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        return ctx
+
+    def _probe(self) -> bytes:
+        probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        probe.check_hostname = False
+        probe.verify_mode = ssl.CERT_NONE   # only to read the certificate; it is compared with the pin below
+        try:
+            with socket.create_connection((self.host, self.port), timeout=PROBE_TIMEOUT) as raw:
+                with probe.wrap_socket(raw, server_hostname=self.host) as s:
+                    return s.getpeercert(binary_form=True)
+        except (OSError, ssl.SSLError) as e:
+            raise DaemonError(f"cannot reach the hutch daemon at {self.url} ({e}); start it there with "
+                              "`hutch serve --listen HOST:PORT --token-file PATH`.") from e
+
+    def connect(self, timeout: float) -> socket.socket:
+        """A TLS socket to the daemon, verified (for the lease and health pings)."""
+        raw = socket.create_connection((self.host, self.port), timeout=timeout)
+        try:
+            return self.ssl_context().wrap_socket(raw, server_hostname=self.host)
+        except ssl.SSLCertVerificationError as e:
+            raw.close()
+            raise DaemonError(f"{unverified_hint(self.url)} ({e.verify_message}).") from e
+        except BaseException:
+            raw.close()
+            raise
+
+
+def verification_failure(e: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification error somewhere in `e`'s causes, if that is why a connection failed."""
+    seen = 0
+    while e is not None and seen < 10:
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return e
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None
+
+
+def _fmt(h: str) -> str:
+    h = h.upper()
+    return ":".join(h[i:i + 2] for i in range(0, len(h), 2))
+
+
+_lock = threading.Lock()
+_contexts: dict[tuple, ssl.SSLContext] = {}
+
+__all__ = ["ENV_CA", "ENV_FINGERPRINT", "ENV_TOKEN", "ENV_TOKEN_FILE", "ENV_URL", "Remote", "unverified_hint",
+           "verification_failure"]

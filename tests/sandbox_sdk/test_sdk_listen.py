@@ -1,0 +1,203 @@
+"""The daemon's listeners under abuse: slow and idle connections are closed, a TCP flood neither starves
+the Unix socket's clients nor fills the disk with log."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import ssl
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import hutch
+from hutch_testing import SDK_ENV, restore_env
+from sdk_support import RUN_TAG, start_remote, stop_remote
+
+HEADER_TIMEOUT, IDLE_TIMEOUT = 1.0, 2.0
+
+
+@pytest.fixture
+def work():
+    d = Path(tempfile.mkdtemp(prefix="hutch-listen-"))
+    saved = {k: os.environ.get(k) for k in (*SDK_ENV, "HUTCH_TOKEN_FILE", "HUTCH_FINGERPRINT", "HUTCH_CA")}
+    try:
+        yield d
+    finally:
+        restore_env(saved)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def tight(work):
+    """A daemon whose request heads get HEADER_TIMEOUT and idle connections IDLE_TIMEOUT."""
+    r = start_remote(work, "--header-timeout", str(HEADER_TIMEOUT), "--idle-timeout", str(IDLE_TIMEOUT))
+    try:
+        yield r
+    finally:
+        stop_remote(r)
+
+
+def _closed_after(s: socket.socket, t0: float, limit: float = 10.0, trickle: bytes = b"") -> float:
+    """Seconds from t0 until the peer closed `s` (sending `trickle` a byte every 0.2 s meanwhile)."""
+    s.settimeout(0.2)
+    deadline = t0 + limit
+    i = 0
+    while time.monotonic() < deadline:
+        try:
+            if trickle:
+                s.sendall(trickle[i % len(trickle):i % len(trickle) + 1])
+                i += 1
+            data = s.recv(65536)
+            if not data:
+                return time.monotonic() - t0
+        except (socket.timeout, ssl.SSLWantReadError):
+            continue
+        except (ConnectionResetError, BrokenPipeError, ssl.SSLError):
+            return time.monotonic() - t0
+    raise AssertionError(f"the connection was still open after {limit} s")
+
+
+def _tls(r, raw: socket.socket) -> ssl.SSLSocket:
+    return ssl.create_default_context(cafile=str(r.cert)).wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def test_slow_and_silent_request_heads_are_cut_off(tight):
+    t0 = time.monotonic()   # TCP, not even a TLS handshake
+    s = socket.create_connection(("127.0.0.1", tight.port), timeout=5)
+    assert _closed_after(s, t0) < HEADER_TIMEOUT + 1.5
+    s.close()
+    t0 = time.monotonic()   # TLS, then a head that never ends (slow loris)
+    s = _tls(tight, socket.create_connection(("127.0.0.1", tight.port), timeout=5))
+    s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n")
+    took = _closed_after(s, t0, trickle=b"X-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n")
+    assert took < HEADER_TIMEOUT + 1.5, took
+    s.close()
+    u = socket.socket(socket.AF_UNIX)   # the Unix socket too (root is served, but not forever)
+    u.connect(str(tight.run_dir / "run" / "hutch.sock"))
+    u.sendall(b"GET /v1/health HTTP/1.1\r\n")
+    t0 = time.monotonic()
+    assert _closed_after(u, t0, trickle=b"X-Slow: aaaaaaaa\r\n") < HEADER_TIMEOUT + 1.5
+    u.close()
+    assert "no complete request head" in tight.log.read_text()
+
+
+def _get(s: socket.socket, token: str, path: str = "/v1/health") -> bytes:
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(65536)
+    return head
+
+
+def test_idle_connections_are_closed_but_a_long_request_is_not(tight, busybox_root):
+    s = _tls(tight, socket.create_connection(("127.0.0.1", tight.port), timeout=5))
+    assert _get(s, tight.token).startswith(b"HTTP/1.1 200")
+    t0 = time.monotonic()
+    assert _get(s, tight.token).startswith(b"HTTP/1.1 200")   # kept alive between requests ...
+    took = _closed_after(s, t0)                               # ... until it idles IDLE_TIMEOUT
+    assert IDLE_TIMEOUT - 0.5 < took < IDLE_TIMEOUT + 1.5, took
+    s.close()
+    os.environ.update(HUTCH_URL=tight.url, HUTCH_TOKEN_FILE=str(tight.token_file), HUTCH_FINGERPRINT=tight.fingerprint,
+                      HUTCH_SOCKET=str(tight.run_dir / "no-such.sock"))
+    os.environ.pop("HUTCH_TOKEN", None)
+    with hutch.Sandbox.create(image=hutch.Image.from_directory(busybox_root), tags=RUN_TAG) as sb:
+        # longer than both timeouts, silent all along: a request in progress is never cut
+        r = sb.run("sleep", str(IDLE_TIMEOUT + HEADER_TIMEOUT + 0.5))
+        assert r.returncode == 0
+        time.sleep(IDLE_TIMEOUT + 0.5)    # the SDK's pooled connection was closed meanwhile: it reconnects
+        assert sb.run("echo", "again").stdout == "again\n"
+        assert sb.status == "running"     # and its lease (a request in progress) held all along
+
+
+def _flood(port: int, count: int, addresses: int = 40) -> list[socket.socket]:
+    """`count` TCP connections to `port` from 127.0.0.2... (so that per-address caps do not stop it), left open."""
+    out = []
+    for i in range(count):
+        s = socket.socket()
+        s.setblocking(False)
+        s.bind((f"127.0.0.{2 + i % addresses}", 0))
+        s.connect_ex(("127.0.0.1", port))   # not waited for: beyond the listen queue the SYNs just wait
+        out.append(s)
+    return out
+
+
+def _unix_latencies(sock: Path, n: int) -> list[float]:
+    from hutch.sandbox._client import Endpoint, _ping
+
+    ep = Endpoint(socket_path=str(sock))
+    out = []
+    for _ in range(n):
+        t0 = time.monotonic()
+        assert _ping(ep, 5.0), "a Unix-socket client was not served"
+        out.append(time.monotonic() - t0)
+    return out
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.fixture
+def starved(work):
+    """A daemon limited to 512 descriptors (hard limit too), with the default caps (so fitted to the limit)."""
+    os.environ.pop("HUTCH_URL", None)
+    r = start_remote(work, "--header-timeout", "5", prefix=("prlimit", "--nofile=512:512"))
+    try:
+        yield r
+    finally:
+        stop_remote(r)
+
+
+def test_a_tcp_flood_past_the_descriptor_limit_does_not_starve_unix_clients(starved):
+    sock = starved.run_dir / "run" / "hutch.sock"
+    quiet = _unix_latencies(sock, 20)
+    conns = _flood(starved.port, 1500)
+    try:
+        time.sleep(1.0)   # the daemon accepts what its caps allow
+        loud = _unix_latencies(sock, 50)
+        fds = _fds(starved.proc.pid)
+    finally:
+        for s in conns:
+            s.close()
+    p99 = sorted(loud)[int(len(loud) * 0.99) - 1]
+    print(f"unix health ping: quiet median {statistics.median(quiet) * 1e3:.1f} ms; under a flood of "
+          f"{len(conns)} TCP connections median {statistics.median(loud) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms; "
+          f"daemon descriptors {fds}/512")
+    assert p99 < 1.0, loud
+    assert fds < 400, fds   # TCP got at most its share; the Unix socket's room stayed free
+
+
+def test_the_log_stays_bounded_under_a_flood(starved):
+    before = starved.log.stat().st_size
+    ctx = ssl.create_default_context(cafile=str(starved.cert))
+    t_end = time.monotonic() + 6
+    held = _flood(starved.port, 1200)
+    churned = 0
+    try:
+        while time.monotonic() < t_end:
+            for i in range(20):   # connect and hang up, from one address: over the per-address cap
+                try:
+                    socket.create_connection(("127.0.0.1", starved.port), timeout=0.5).close()
+                    churned += 1
+                except OSError:
+                    pass
+            try:   # a TLS request with a wrong token
+                with socket.create_connection(("127.0.0.1", starved.port), timeout=0.5) as raw, \
+                        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+                    s.sendall(b"GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n\r\n")
+                    s.recv(100)
+            except (OSError, ssl.SSLError):
+                pass
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.5)
+    grown = starved.log.stat().st_size - before
+    print(f"log grew {grown} bytes during a 6 s flood ({len(held)} held, {churned} churned connections)")
+    assert grown < 64 * 1024, starved.log.read_text()[-3000:]
+    assert _unix_latencies(starved.run_dir / "run" / "hutch.sock", 3)
