@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import os
 import socket
@@ -34,6 +35,7 @@ class Channel:
         self.pending: dict[int, asyncio.Future] = {}
         self.rids = itertools.count(1)
         self.closed = False
+        self.outbox: collections.deque[tuple[bytes, list[int], asyncio.Future]] = collections.deque()
         self.loop.add_reader(sock.fileno(), self._readable)
 
     def _readable(self) -> None:
@@ -69,7 +71,13 @@ class Channel:
             return
         self.closed = True
         self.loop.remove_reader(self.sock.fileno())
+        if self.outbox:
+            self.loop.remove_writer(self.sock.fileno())
         self.sock.close()
+        for _, _, fut in self.outbox:
+            if not fut.done():
+                fut.set_exception(StateError("the sandbox ended before the call could be sent; create a new sandbox."))
+        self.outbox.clear()
         for fut in self.pending.values():
             if not fut.done():
                 fut.set_exception(StateError("the sandbox ended while the call was in flight; create a new sandbox."))
@@ -80,25 +88,45 @@ class Channel:
             raise StateError("the sandbox has ended; create a new sandbox.")
         data, fdl, mfd = _wire.pack(msg, fds)
         try:
-            while True:
-                try:
-                    if fdl:
-                        socket.send_fds(self.sock, [data], fdl)
-                    else:
-                        self.sock.send(data)
-                    return
-                except BlockingIOError:
-                    fut = self.loop.create_future()
-                    self.loop.add_writer(self.sock.fileno(), fut.set_result, None)
-                    try:
-                        await fut
-                    finally:
-                        self.loop.remove_writer(self.sock.fileno())
-                except OSError as e:
-                    raise StateError("the sandbox has ended; create a new sandbox.") from e
+            if not self.outbox and self._send_now(data, fdl):
+                return
+            # The socket is full (or others wait before us): queue in order. One writer callback per socket
+            # serves the whole queue; add_writer replaces an earlier callback, so one per waiter would lose some.
+            fut = self.loop.create_future()
+            self.outbox.append((data, fdl, fut))
+            if len(self.outbox) == 1:
+                self.loop.add_writer(self.sock.fileno(), self._writable)
+            await fut   # cancelled while queued: _writable skips it (its fds are closed by the caller)
         finally:
             if mfd is not None:
                 os.close(mfd)
+
+    def _send_now(self, data: bytes, fdl: list[int]) -> bool:
+        """Send one message; False if the socket is full."""
+        try:
+            if fdl:
+                socket.send_fds(self.sock, [data], fdl)
+            else:
+                self.sock.send(data)
+            return True
+        except BlockingIOError:
+            return False
+        except OSError as e:
+            raise StateError("the sandbox has ended; create a new sandbox.") from e
+
+    def _writable(self) -> None:
+        while self.outbox:
+            data, fdl, fut = self.outbox[0]
+            if not fut.done():
+                try:
+                    if not self._send_now(data, fdl):
+                        return   # still full: stay registered
+                except StateError as e:
+                    fut.set_exception(e)
+                else:
+                    fut.set_result(None)
+            self.outbox.popleft()
+        self.loop.remove_writer(self.sock.fileno())
 
     async def request(self, msg: dict, fds=()) -> tuple[dict, list[int]]:
         rid = next(self.rids)
