@@ -79,20 +79,44 @@ class Endpoint:
         return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def _ping(ep: Endpoint, timeout: float = 2.0) -> bool:
-    """True if a hutch daemon answers GET /v1/health."""
+def _probe(ep: Endpoint, timeout: float = 2.0) -> tuple[bool, str]:
+    """(answered, problem): whether a hutch daemon answers GET /v1/health, and why it cannot start
+    sandboxes now ("" when it can)."""
     try:
         s = ep.raw_connect(timeout)
     except OSError:
-        return False
+        return False, ""
     try:
         s.sendall(ep.raw_request("GET", "/v1/health", close=True))
-        head = s.recv(64)
-        return head.startswith(b"HTTP/1.") and head[9:12] == b"200"
+        data = b""
+        while len(data) < 1 << 16 and (chunk := s.recv(4096)):   # Connection: close ends the answer
+            data += chunk
     except OSError:
-        return False
+        return False, ""
     finally:
         s.close()
+    if not data.startswith(b"HTTP/1."):
+        return False, ""
+    if data[9:12] == b"200":
+        return True, ""
+    try:
+        why = json.loads(data.partition(b"\r\n\r\n")[2])["message"]
+    except (ValueError, KeyError, TypeError):
+        why = f"GET /v1/health answered {data[9:12].decode(errors='replace')}"
+    return True, str(why)
+
+
+def _ping(ep: Endpoint, timeout: float = 2.0) -> bool:
+    """True if a hutch daemon answers GET /v1/health and can start sandboxes."""
+    answered, problem = _probe(ep, timeout)
+    return answered and not problem
+
+
+def _unhealthy(sock: Path, problem: str, log: Path) -> DaemonError:
+    # Not a reason to start another daemon: this one holds the run directory and the socket.
+    return DaemonError(f"the hutch daemon on {sock} runs but cannot start sandboxes: {problem} Its log: {log} "
+                       "(if the SDK started it; else where you sent its output). Fix what it names, or restart "
+                       "it (`hutch serve`).")
 
 
 def ensure_daemon(ep: Endpoint) -> None:
@@ -108,9 +132,12 @@ def ensure_daemon(ep: Endpoint) -> None:
     sock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(run / "autostart.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)   # the loser of a race finds the winner's daemon below
-        if _ping(ep):
-            return
         log = run / "daemon.log"
+        answered, problem = _probe(ep)
+        if answered:
+            if problem:
+                raise _unhealthy(sock, problem, log)
+            return
         env = dict(os.environ, HUTCH_SOCKET=str(sock))
         # sh backgrounds the daemon and exits at once: the daemon is re-parented to init, in its own
         # session (setsid), so it outlives this client and leaves no zombie behind.
@@ -122,7 +149,10 @@ def ensure_daemon(ep: Endpoint) -> None:
         pid = int(out.strip() or 0)
         deadline = time.monotonic() + AUTOSTART_TIMEOUT
         while time.monotonic() < deadline:
-            if _ping(ep, 1.0):
+            answered, problem = _probe(ep, 1.0)
+            if answered:
+                if problem:
+                    raise _unhealthy(sock, problem, log)
                 return
             if pid and not _alive(pid):
                 break

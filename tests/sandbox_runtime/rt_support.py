@@ -89,9 +89,10 @@ class Daemon:
     """A hutch daemon subprocess with a private run directory."""
 
     def __init__(self, run_dir: Path, listen: str | None = None, token: str | None = None, env: dict | None = None,
-                 tls: tuple[Path, Path] | None = None):
+                 tls: tuple[Path, Path] | None = None, prefix: tuple[str, ...] = ()):
         self.extra_env = env or {}
         self.tls = tls
+        self.prefix = prefix   # a command that execs the daemon (e.g. unshare -m: a mount namespace of its own)
         self.run_dir = run_dir
         self.sock = run_dir / "hutch.sock"
         self.cgroup_parent = cgroup_parent_for(run_dir)
@@ -112,7 +113,7 @@ class Daemon:
                 args += f", tls_cert={str(self.tls[0])!r}, tls_key={str(self.tls[1])!r}"
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-c", f"from hutch.sandbox._daemon import serve; serve({args})"],
+                    [*self.prefix, sys.executable, "-c", f"from hutch.sandbox._daemon import serve; serve({args})"],
                     env=self.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=str(REPO))
         if not wait:
             return self

@@ -42,6 +42,7 @@ WARM_POOL = int(os.environ.get("HUTCH_WARM_POOL", "4"))  # inits kept ready in t
 LEASE_GRACE = 5.0        # seconds a non-detached sandbox may wait for its creator's lease
 START_TIMEOUT = 10.0     # seconds for an init to report ready
 KEEP_ENDED = 1000        # ended sandboxes remembered for info/wait
+RESTART_BACKOFF = (0.05, 5.0)   # seconds before the first retry of a failed zygote start, and the cap
 ENDED = frozenset({"exited", "terminated", "timeout", "idle_timeout", "oom", "failed"})
 
 
@@ -102,6 +103,8 @@ class Manager(Calls):
         self.warming = 0
         self.creating = 0                 # creates in flight: the pool refills once none is
         self.streams: set[asyncio.Task] = set()   # exec output handlers: a client that stops reading holds one
+        self.problem: str | None = None   # why no sandbox can start now (GET /v1/health reports it)
+        self.restarting: asyncio.Task | None = None
 
     # --- daemon lifecycle ---------------------------------------------------------------
 
@@ -120,8 +123,9 @@ class Manager(Calls):
         if not getattr(self, "prepared", False):
             self.prepare()
         self.cgroups.setup()
-        self.zygote = Zygote(self._on_reaped, self._on_zygote_death)
-        await self.zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF))
+        zygote = Zygote(self._on_reaped, self._on_zygote_death)
+        await zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF))
+        self.zygote = zygote
         self._refill()
         if self.network is not None and hasattr(self.network, "start"):
             try:  # the egress gateway: host rules, resolver, proxy; also reaps a predecessor's veths
@@ -146,6 +150,10 @@ class Manager(Calls):
 
     async def shutdown(self) -> None:
         self.closing = True
+        self.problem = "it is shutting down"
+        if self.restarting is not None:
+            self.restarting.cancel()
+            await asyncio.gather(self.restarting, return_exceptions=True)
         everyone = list(self.sandboxes.values()) + self.pool
         await asyncio.gather(*(self.end(sb, "terminated") for sb in everyone if not sb.gone.is_set()))
         for task in list(self.streams):   # output a client never took would hold the shutdown back
@@ -166,9 +174,11 @@ class Manager(Calls):
             except OSError:
                 pass
 
-    def _on_zygote_death(self) -> None:
-        if self.closing:
+    def _on_zygote_death(self, zygote: Zygote) -> None:
+        if self.closing or zygote is not self.zygote:
             return
+        self.zygote = None
+        self.problem = "the sandbox start server died and is being restarted"
         # Every init dies with it (PDEATHSIG; one of a user namespace is killed here, see
         # _zygote.clone_init); their pidfds clean up. Start a new zygote.
         for sb in list(self.sandboxes.values()):
@@ -181,8 +191,38 @@ class Manager(Calls):
                     signal.pidfd_send_signal(sb.pidfd, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        self.zygote = Zygote(self._on_reaped, self._on_zygote_death)
-        asyncio.get_running_loop().create_task(self.zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF)))
+        self.restarting = asyncio.get_running_loop().create_task(self._restart_zygote(zygote))
+
+    async def _restart_zygote(self, dead: Zygote) -> None:
+        """Start a new zygote until one runs, remaking what it needs first (someone may have removed the
+        cgroups); retried with capped exponential backoff, the reason in GET /v1/health meanwhile."""
+        await dead.reap()
+        delay, attempt = RESTART_BACKOFF[0], 0
+        while not self.closing:
+            attempt += 1
+            zygote = Zygote(self._on_reaped, self._on_zygote_death)
+            try:
+                self.records.mkdir(parents=True, exist_ok=True)
+                self.scratch.mkdir(exist_ok=True)
+                self.cgroups.setup()
+                await zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF))
+            except Exception as e:  # noqa: BLE001 - anything that stops it is retried, and reported meanwhile
+                await zygote.reap()
+                self.problem = (f"the sandbox start server could not be restarted ({e}); attempt {attempt}, "
+                                f"the next in {delay:.2f} s")
+                print(f"hutch daemon: {self.problem}", file=sys.stderr, flush=True)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RESTART_BACKOFF[1])
+                continue
+            if self.closing:
+                zygote.stop()
+                return
+            self.zygote, self.problem, self.restarting = zygote, None, None
+            if attempt > 1:
+                print(f"hutch daemon: the sandbox start server runs again (attempt {attempt})", file=sys.stderr,
+                      flush=True)
+            self._refill()
+            return
 
     def _on_reaped(self, pid: int, status: int) -> None:
         sb = self.by_pid.pop(pid, None)
@@ -281,7 +321,8 @@ class Manager(Calls):
         if userns is None:
             userns = self.idmap.userns_fd >= 0
         if self.zygote is None:
-            raise DaemonError("the sandbox start server is not running; restart the daemon.")
+            raise DaemonError(f"this daemon cannot start sandboxes now: {self.problem or 'it is starting'}. It "
+                              "retries by itself (GET /v1/health answers 200 again once it can); see its log.")
         loop = asyncio.get_running_loop()
         sb = Sandbox(id=secrets.token_hex(6), status="warm", userns=userns)
         sb.warm, sb.ready = loop.create_future(), loop.create_future()

@@ -29,7 +29,7 @@ _PATH_Q = _q("path", "a path inside the sandbox", True)
 
 # (method, path) -> operation
 OPERATIONS: dict[tuple[str, str], dict] = {
-    ("get", "/v1/health"): {"summary": "Daemon version and pid",
+    ("get", "/v1/health"): {"summary": "Daemon version and pid; 503 with the reason while it cannot start sandboxes",
                             "responses": _json_ok({"type": "object", "properties": {"version": {"type": "string"}, "pid": {"type": "integer"}}})},
     ("get", "/v1/openapi.json"): {"summary": "This document", "responses": _json_ok({"type": "object"})},
     ("post", "/v1/sandboxes"): {"summary": "Create a sandbox",

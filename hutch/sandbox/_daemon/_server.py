@@ -132,7 +132,12 @@ class Handlers:
         self.mgr = mgr
 
     async def health(self, request):
-        return web.json_response({"version": hutch.__version__, "pid": os.getpid()})
+        body = {"version": hutch.__version__, "pid": os.getpid()}
+        if self.mgr.problem:   # it cannot start sandboxes now: not healthy, and why
+            return web.json_response({**body, "error": "DaemonError", "message":
+                                      f"the daemon cannot start sandboxes now: {self.mgr.problem}; it retries by "
+                                      "itself, see its log."}, status=503)
+        return web.json_response(body)
 
     async def openapi(self, request):
         return web.json_response(openapi_document(request.app))

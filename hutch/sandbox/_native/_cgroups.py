@@ -65,6 +65,7 @@ class Cgroups:
         self._memsw: bool | None = None   # the v1 memory controller accounts swap (looked up once)
 
     def setup(self) -> None:
+        """Make (or remake: a restart after someone removed them) the parents and the zygote's leaf."""
         for b in self.bases:
             b.mkdir(exist_ok=True)
         if self.v2:
@@ -74,7 +75,8 @@ class Cgroups:
         # Process ids are a host-wide pool (kernel.pid_max, 32768 by default): 64 sandboxes filling their own
         # pids limit (512) would leave the host none. All of this daemon's sandboxes together get at most a share.
         _write(self.pids_dir() / "pids.max", host_pids_share())
-        self.create(ZYGOTE_LEAF)
+        for b in self.bases:
+            (b / ZYGOTE_LEAF).mkdir(exist_ok=True)
 
     def pids_dir(self) -> Path:
         """The daemon's own cgroup of the pids controller (its sandboxes' parent)."""

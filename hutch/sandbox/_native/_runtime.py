@@ -154,7 +154,7 @@ def _close_all(fds) -> None:
 class Zygote:
     """The start server process (see _zygote.py), owned by the daemon."""
 
-    def __init__(self, on_reaped: Callable[[int, int], None], on_death: Callable[[], None]):
+    def __init__(self, on_reaped: Callable[[int, int], None], on_death: Callable[["Zygote"], None]):
         self.on_reaped = on_reaped
         self.on_death = on_death
         self.proc: subprocess.Popen | None = None
@@ -176,18 +176,24 @@ class Zygote:
         def on_event(msg, fds):
             _close_all(fds)
             if msg["op"] == "ready" and not ready.done():
+                self.pid = msg["pid"]
                 ready.set_result(msg)
             elif msg["op"] == "reaped":
                 self.on_reaped(msg["pid"], msg["status"])
             elif msg["op"] == "eof":
                 if not ready.done():
-                    ready.set_exception(DaemonError("the sandbox start server exited during start-up; see the daemon log."))
-                else:
-                    self.on_death()
+                    ready.set_exception(DaemonError("the sandbox start server exited during start-up (its error is "
+                                                    "in the daemon's log)"))
+                elif self.pid:
+                    self.on_death(self)
 
         self.channel = Channel(ours, on_event)
-        await self.channel.notify({"op": "config", "seccomp": build_filter().hex(), "home_procs": home_procs})
-        self.pid = (await asyncio.wait_for(ready, 10))["pid"]
+        try:
+            await self.channel.notify({"op": "config", "seccomp": build_filter().hex(), "home_procs": home_procs})
+            await asyncio.wait_for(ready, 10)
+        except BaseException:
+            await self.reap()
+            raise
 
     async def spawn(self, plan: dict) -> tuple[int, socket.socket]:
         """Start a sandbox's init from a plan; returns its host pid and the socket to it."""
@@ -205,6 +211,26 @@ class Zygote:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+    async def reap(self) -> None:
+        """Kill the process if it still runs and collect its exit status, without blocking the loop:
+        a zygote that died (or failed to start) must not stay a zombie child of the daemon."""
+        if self.channel is not None:
+            self.channel.close()
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.kill()
+        pidfd = os.pidfd_open(proc.pid)
+        loop = asyncio.get_running_loop()
+        gone = loop.create_future()
+        loop.add_reader(pidfd, lambda: gone.done() or gone.set_result(None))
+        try:
+            await gone
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        proc.wait()
 
 
 def build_plan(spec, image, *, sid: str, scratch: str, cgroup_procs: list[str]) -> dict:
