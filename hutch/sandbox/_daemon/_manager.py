@@ -99,7 +99,7 @@ class Manager(Calls):
         self.closing = False
         self.pool: list[Sandbox] = []     # warm inits: cgroups joined, namespaces made, no root yet
         self.idmap = IdMapper(run_dir)
-        self.ranges = UidRanges()
+        self.ranges = UidRanges(cgroup_lock=str(self.cgroups.lock_file()))
         self.warming = 0
         self.creating = 0                 # creates in flight: the pool refills once none is
         self.streams: set[asyncio.Task] = set()   # exec output handlers: a client that stops reading holds one

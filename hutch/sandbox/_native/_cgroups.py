@@ -78,6 +78,11 @@ class Cgroups:
         for b in self.bases:
             (b / ZYGOTE_LEAF).mkdir(exist_ok=True)
 
+    def lock_file(self) -> Path:
+        """A file of this cgroup tree's root, the same for every daemon whatever its mount namespace (it locks
+        byte ranges there: see _idmap.UidRanges)."""
+        return self.bases[0].parent / "cgroup.procs" if self.v2 else self.pids_dir().parent / "cgroup.procs"
+
     def pids_dir(self) -> Path:
         """The daemon's own cgroup of the pids controller (its sandboxes' parent)."""
         return self.bases[0] if self.v2 else self.bases[V1_CONTROLLERS.index("pids")]

@@ -4,8 +4,13 @@ Each sandbox gets its own range of 65536 host ids (HOST_ID_BASE + k * 65536 ..),
 escaped one sandbox's namespaces is a different nobody from every other sandbox's processes: it can
 neither signal nor ptrace them. A range is taken when the sandbox's init is spawned and given back
 once its cgroups are gone (its processes are dead). Ranges are shared by every daemon of the host
-through byte-range locks on one file (RANGE_LOCK): the kernel drops a crashed daemon's locks, so its
-ranges are free again the moment it dies (its sandboxes die with it).
+through byte-range locks, which the kernel drops when a daemon dies (its sandboxes die with it), so its
+ranges are free again at once. Range k is a daemon's when it holds byte k of RANGE_LOCK and byte
+CGROUP_LOCK_OFFSET + k of the root cgroup.procs of the cgroup tree its sandboxes live in: /run may be
+another directory for a daemon in another mount namespace (a container's, a chroot's), but the cgroup
+tree is the one thing every daemon that can start sandboxes shares (a new mount of it is the same
+files). Only root can open that file for writing, and so take a write lock there: a byte that only
+read locks cover (any local user can take those) is ignored rather than counted as another daemon's.
 
 The image's layers and the bind sources, owned by host root, are attached to each sandbox as
 idmapped mounts made with the sandbox's own user namespace (host 0 -> its root), as detached mount
@@ -29,6 +34,7 @@ HOST_ID_BASE = 1_000_000_000   # far above /etc/subuid's usual 100000-based rang
 ID_COUNT = 65536
 RANGES = 32768                 # up to HOST_ID_BASE + 2**31: below the 32-bit end (4294967295 is "no id")
 RANGE_LOCK = "/run/hutch-uid-ranges.lock"
+CGROUP_LOCK_OFFSET = 1 << 40   # far from any offset another program might lock in a cgroup file
 
 
 def write_maps(pid: int, base: int = HOST_ID_BASE) -> None:
@@ -43,26 +49,29 @@ def write_maps(pid: int, base: int = HOST_ID_BASE) -> None:
 
 
 class UidRanges:
-    """The host id ranges this daemon holds: byte k of RANGE_LOCK locked = range k in use by its holder."""
+    """The host id ranges this daemon holds (see the module docstring for the two locks of each)."""
 
-    def __init__(self, path: str = RANGE_LOCK):
-        self.path = path
-        self.fd = -1
+    def __init__(self, path: str = RANGE_LOCK, cgroup_lock: str | None = None):
+        self.paths = [path] + ([cgroup_lock] if cgroup_lock else [])
+        self.fds: list[int] = []
         self.held: set[int] = set()
         self.next = 0
 
     def take(self) -> int:
         """Lock a free range; returns its first host id."""
-        if self.fd < 0:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if not self.fds:
+            self.fds = [os.open(self.paths[0], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)]
+            self.fds += [os.open(p, os.O_RDWR | os.O_CLOEXEC) for p in self.paths[1:]]
         for i in range(RANGES):
             k = (self.next + i) % RANGES
             if k in self.held:
                 continue   # fcntl locks are per process: our own lock would not refuse us
-            try:
-                fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, k)
-            except OSError:
+            if not _lock(self.fds[0], k):
                 continue   # another daemon's
+            if len(self.fds) > 1 and not _lock(self.fds[1], CGROUP_LOCK_OFFSET + k) \
+                    and _written(self.fds[1], CGROUP_LOCK_OFFSET + k):
+                _unlock(self.fds[0], k)
+                continue   # a daemon's that sees another /run
             self.held.add(k)
             self.next = k + 1
             return HOST_ID_BASE + k * ID_COUNT
@@ -72,13 +81,37 @@ class UidRanges:
         k = (base - HOST_ID_BASE) // ID_COUNT
         if k in self.held:
             self.held.discard(k)
-            fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, k)
+            _unlock(self.fds[0], k)
+            if len(self.fds) > 1:
+                _unlock(self.fds[1], CGROUP_LOCK_OFFSET + k)
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)   # drops every lock
-            self.fd = -1
+        for fd in self.fds:
+            os.close(fd)   # drops every lock
+        self.fds = []
         self.held.clear()
+
+
+def _lock(fd: int, offset: int) -> bool:
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
+        return True
+    except OSError:
+        return False
+
+
+def _unlock(fd: int, offset: int) -> None:
+    fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset)
+
+
+def _written(fd: int, offset: int) -> bool:
+    """Whether a write lock covers the byte (and not only read locks): only a writer blocks a reader."""
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, offset)
+    except OSError:
+        return True
+    _unlock(fd, offset)
+    return False
 
 
 def mounts_under(path: Path) -> list[str]:
