@@ -13,7 +13,8 @@ from pathlib import Path
 DEFAULT_STATE_DIR = Path("/var/lib/hutch")
 #: Runtime state: the daemon's socket, pid file, per-sandbox records. Env: HUTCH_RUN_DIR.
 DEFAULT_RUN_DIR = Path("/run/hutch")
-#: Name prefix for every kernel object a sandbox owns (cgroups, veths, netns names).
+#: Name prefix of the kernel objects a daemon makes (cgroup parents, nft tables); each carries the daemon's
+#: instance id too (hutch/sandbox/_instance.py). Veths are `hv<id>...`: IFNAMSIZ leaves no room for more.
 KERNEL_NAME_PREFIX = "hutch"
 
 

@@ -570,7 +570,9 @@ def test_a_second_gateway_that_cannot_start_leaves_the_first_ones_rules(world, s
     import subprocess
 
     from egress_world import SUBNET, GatewayThread
-    with pytest.raises(OSError):
+
+    from hutch._core.errors import SandboxError
+    with pytest.raises(SandboxError, match="is another gateway's on this host"):
         GatewayThread(world.host, upstream_resolvers=["192.0.2.53"], subnet=SUBNET, table="hutch_egress_test")
     out = subprocess.run(["ip", "netns", "exec", world.host, "nft", "list", "table", "inet", "hutch_egress_test"],
                          capture_output=True, text=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import gc
-import hashlib
 import os
 import signal
 import socket
@@ -33,16 +32,15 @@ from hutch.sandbox._daemon._listen import ListenLimits
 from hutch.sandbox._daemon._ratelog import INTERVAL, RateLog, install
 from hutch.sandbox._daemon._tls import fingerprint, server_certificate, server_context
 
-DEFAULT_CGROUP_PARENT = paths.KERNEL_NAME_PREFIX
 #: The daemon's TCP token, when no token file is given (the SDK reads the same name).
 ENV_TOKEN = "HUTCH_TOKEN"
 
 
 def cgroup_parent_for(run_dir: Path) -> str:
-    """`hutch` for the default run directory, `hutch-<hash>` for another, so daemons never reap each other."""
-    if run_dir.resolve() == paths.DEFAULT_RUN_DIR.resolve():
-        return DEFAULT_CGROUP_PARENT
-    return f"{DEFAULT_CGROUP_PARENT}-{hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:10]}"
+    """`hutch-<instance id>`: the run directory's daemon instance's own (see hutch/sandbox/_instance.py)."""
+    from hutch.sandbox._instance import names_for
+
+    return names_for(run_dir).cgroup_parent
 
 
 def _parse_listen(listen: str) -> tuple[str, int]:

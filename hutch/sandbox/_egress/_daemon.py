@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
-import hashlib
 import os
 
 from hutch._core import paths
 from hutch._core.errors import NetworkPolicyError
-from hutch.sandbox._egress._gateway import DEFAULT_SUBNET, DEFAULT_TABLE, Gateway
+from hutch.sandbox._egress._gateway import Gateway
+from hutch.sandbox._instance import names_for
 from hutch.sandbox._spec import Network
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -136,22 +136,14 @@ class DaemonAttacher:
 def daemon_attacher() -> DaemonAttacher:
     """The attacher the hutch daemon loads (see hutch.sandbox._daemon._network).
 
-    The daemon on the default run dir uses 198.18.0.0/16 and table `hutch_egress`; a daemon on
-    another run dir (tests, private daemons) gets its own /24 in 198.19.0.0/16 and its own table,
-    chosen from the run dir, so several daemons on one host each keep a working gateway.
-    HUTCH_EGRESS_SUBNET overrides the subnet, HUTCH_EGRESS_RESOLVERS the upstream resolvers.
+    Its table, link prefix and subnet come from the daemon's instance id (hutch/sandbox/_instance.py):
+    the first /20 of 198.18.0.0/15, in the instance's own order, that nothing on the host uses, so
+    several daemons on one host (in other mount namespaces or with other run dirs) each keep their own.
+    HUTCH_EGRESS_SUBNET gives the subnet instead, HUTCH_EGRESS_RESOLVERS the upstream resolvers.
     """
     return DaemonAttacher(**gateway_settings(paths.run_dir()))
 
 
 def gateway_settings(run_dir) -> dict:
-    run = os.path.realpath(run_dir)
-    if run == os.path.realpath(paths.DEFAULT_RUN_DIR):
-        kw = {"table": DEFAULT_TABLE}
-        subnet = DEFAULT_SUBNET
-    else:
-        h = int(hashlib.sha1(run.encode()).hexdigest(), 16)
-        kw = {"table": f"{DEFAULT_TABLE}_{h % (1 << 32):08x}"}
-        subnet = f"198.19.{1 + h % 254}.0/24"
-    kw["subnet"] = os.environ.get("HUTCH_EGRESS_SUBNET") or subnet
-    return kw
+    names = names_for(run_dir)
+    return {"table": names.nft_table, "link_prefix": names.link_prefix, "subnets": names.egress_subnets()}

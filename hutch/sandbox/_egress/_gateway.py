@@ -17,6 +17,7 @@ resolver and the proxy know which sandbox (and so which policy) asks.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import os
 import socket
@@ -126,23 +127,22 @@ class Gateway:
     /etc/resolv.conf.
     """
 
-    def __init__(self, upstream_resolvers=None, *, subnet: str | None = None, proxy_port: int = DEFAULT_PROXY_PORT,
-                 dns_port: int = DEFAULT_DNS_PORT, table: str = DEFAULT_TABLE, link_prefix: str = "hv"):
-        subnet = subnet or os.environ.get("HUTCH_EGRESS_SUBNET") or DEFAULT_SUBNET
-        try:
-            self._subnet = ipaddress.IPv4Network(subnet)
-        except ValueError as e:
-            raise ConfigError(f"subnet {subnet!r} is not an IPv4 network; give one like '198.18.0.0/16'.") from e
-        if self._subnet.num_addresses < 4:
-            raise ConfigError(f"subnet {subnet!r} is too small; give a /30 or larger.")
+    def __init__(self, upstream_resolvers=None, *, subnet: str | None = None, subnets: list[str] | None = None,
+                 proxy_port: int = DEFAULT_PROXY_PORT, dns_port: int = DEFAULT_DNS_PORT, table: str = DEFAULT_TABLE,
+                 link_prefix: str = "hv"):
+        # A subnet given (or HUTCH_EGRESS_SUBNET) is used as it is; else start() takes the first of the
+        # candidates `subnets` that nothing on the host uses.
+        given = subnet or os.environ.get("HUTCH_EGRESS_SUBNET") or (None if subnets else DEFAULT_SUBNET)
+        self._candidates = [_subnet_of(s) for s in ([given] if given else subnets)]
+        if len(link_prefix) + 8 > 15:
+            raise ConfigError(f"link_prefix {link_prefix!r} is too long: with 8 hex digits it must fit in 15 "
+                              "characters (IFNAMSIZ).")
         self._resolvers = _resolvers_from(upstream_resolvers)
-        self.gateway_address = str(self._subnet.network_address + 1)
         self.proxy_port = proxy_port
         self.dns_port = dns_port
-        self._rules = AddressRules(self._subnet)
-        self._plumber = _netns.Plumber(table=table, gw=self.gateway_address, subnet=str(self._subnet), dns_port=dns_port,
-                                       proxy_port=proxy_port, prefix=link_prefix)
+        self._table = table
         self._prefix = link_prefix
+        self._use_subnet(self._candidates[0])
         self._upstream = Upstream(self._resolvers)
         self._resolver = Resolver(self._dns_decide, self._lane_of)
         self._proxy = Proxy(self)
@@ -156,6 +156,43 @@ class Gateway:
         self._refresher: asyncio.Task | None = None
         self._host_fd = -1
         self._started = False
+
+    def _use_subnet(self, net: ipaddress.IPv4Network) -> None:
+        self._subnet = net
+        self.gateway_address = str(net.network_address + 1)
+        self._rules = AddressRules(net)
+        self._plumber = _netns.Plumber(table=self._table, gw=self.gateway_address, subnet=str(net),
+                                       dns_port=self.dns_port, proxy_port=self.proxy_port, prefix=self._prefix)
+
+    async def _claim_subnet(self) -> socket.socket:
+        """Pick the subnet and hold it: the proxy's socket listening on its gateway address, which no other
+        gateway of this network namespace can then listen on (a check of addresses alone would race)."""
+        loop = asyncio.get_running_loop()
+        refused = []
+        for net in self._candidates:
+            if len(self._candidates) > 1:
+                used = await loop.run_in_executor(self._pool, _netns.subnet_users, str(net), self._prefix, self._table)
+                if used:
+                    refused.append(f"{net}: {used}")
+                    continue
+            self._use_subnet(net)
+            s = None
+            try:
+                s = self._listen_socket(socket.SOCK_STREAM, self.gateway_address, self.proxy_port)
+                s.listen(4096)
+                return s
+            except OSError as e:
+                if s is not None:
+                    s.close()
+                if e.errno != errno.EADDRINUSE:
+                    raise
+                if len(self._candidates) == 1:
+                    raise SandboxError(f"the egress subnet {net} is another gateway's on this host "
+                                       f"({self.gateway_address}:{self.proxy_port} is taken); give this one "
+                                       "another subnet (HUTCH_EGRESS_SUBNET).") from e
+                refused.append(f"{net}: {self.gateway_address}:{self.proxy_port} is another gateway's")
+        raise SandboxError("no egress subnet is free on this host (" + "; ".join(refused) + "); end a daemon "
+                           "that holds one, or give this one a free IPv4 subnet in HUTCH_EGRESS_SUBNET.")
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -175,6 +212,7 @@ class Gateway:
                                            initializer=_netns._setns, initargs=(host_fd,))
         dns_socks, proxy_sock = (), None
         try:
+            proxy_sock = await self._claim_subnet()
             # bind first: if the DNS port is taken on this host, fall back to another one,
             # which the host rules then redirect port 53 to
             try:
@@ -185,7 +223,6 @@ class Gateway:
                 self.dns_port = FALLBACK_DNS_PORT
                 dns_socks = self._bind_pair(self.dns_port)
             self._plumber.dns_port = self.dns_port
-            proxy_sock = self._listen_socket(socket.SOCK_STREAM, self.gateway_address, self.proxy_port)
             await loop.run_in_executor(self._pool, self._plumber.setup, host_fd)
             addrs = await loop.run_in_executor(self._pool, self._plumber.host_addresses)
             self._rules.set_host_addresses(addrs)
@@ -464,6 +501,16 @@ class Gateway:
         via = f" (through CNAMEs: {' -> '.join(answer.names[1:])})" if len(answer.names) > 1 else ""
         self._record(sb, name, ",".join(ok), 53, "dns", "allow", v.reason + via)
         return RCODE.NOERROR, ok, min(ttl, ANSWER_TTL)
+
+
+def _subnet_of(subnet: str) -> ipaddress.IPv4Network:
+    try:
+        net = ipaddress.IPv4Network(subnet)
+    except ValueError as e:
+        raise ConfigError(f"subnet {subnet!r} is not an IPv4 network; give one like '198.18.0.0/20'.") from e
+    if net.num_addresses < 4:
+        raise ConfigError(f"subnet {subnet!r} is too small; give a /30 or larger.")
+    return net
 
 
 def _raise_nofile() -> None:

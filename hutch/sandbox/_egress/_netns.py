@@ -20,7 +20,9 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import ipaddress
 import os
+import re
 import socket
 import threading
 from contextlib import contextmanager
@@ -321,6 +323,44 @@ class Plumber:
             ct.flush_source(addr)
         except OSError:
             pass   # no conntrack netlink, or an old kernel: the entries time out by themselves
+
+
+def subnet_users(subnet: str, own_prefix: str, own_table: str) -> str:
+    """What in this netns (the host's: run on a plumbing thread) already uses `subnet`; "" if nothing does.
+
+    An address in it or a route into it (other than on links named with our own prefix: what a crashed
+    predecessor of ours left, reaped by setup), or another egress gateway's table naming it (a gateway
+    without sandboxes has neither). The caller then holds the subnet by listening on its gateway address.
+    """
+    net = ipaddress.IPv4Network(subnet)
+
+    def foreign(index: int) -> str | None:
+        try:
+            name = socket.if_indextoname(index)
+        except OSError:
+            return "?"
+        return None if name.startswith(own_prefix) else name
+
+    rt = Rtnl()
+    try:
+        for index, addr in rt.ipv4_addresses():
+            if ipaddress.IPv4Address(addr) in net and (dev := foreign(index)):
+                return f"address {addr} on {dev}"
+        for dst, plen, oif in rt.ipv4_routes():
+            if plen and net.overlaps(ipaddress.IPv4Network(f"{dst}/{plen}")) and (dev := foreign(oif) if oif else "-"):
+                return f"a route to {dst}/{plen} via {dev}"
+    finally:
+        rt.close()
+    nft = Nft()
+    try:
+        for table in re.findall(r"table inet (hutch_egress\S*)", nft.run("list tables inet")):
+            if table != own_table:
+                for cidr in re.findall(r"ip [sd]addr (\d+\.\d+\.\d+\.\d+/\d+)", nft.run(f"list table inet {table}")):
+                    if net.overlaps(ipaddress.IPv4Network(cidr, strict=False)):
+                        return f"the egress gateway of table inet {table}"
+    finally:
+        nft.close()
+    return ""
 
 
 def link_name(prefix: str, addr: str) -> str:

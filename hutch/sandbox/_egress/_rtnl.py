@@ -18,14 +18,14 @@ RTM_NEWLINK, RTM_DELLINK = 16, 17
 RTM_NEWADDR, RTM_GETADDR = 20, 22
 NLM_F_DUMP = 0x300
 NLMSG_DONE = 3
-RTM_NEWROUTE = 24
+RTM_NEWROUTE, RTM_GETROUTE = 24, 26
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
 NLMSG_ERROR = 2
 IFLA_IFNAME, IFLA_LINKINFO, IFLA_NET_NS_FD = 3, 18, 28
 IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
 VETH_INFO_PEER = 1
 IFA_ADDRESS, IFA_LOCAL = 1, 2
-RTA_GATEWAY, RTA_OIF = 5, 4
+RTA_DST, RTA_GATEWAY, RTA_OIF = 1, 5, 4
 IFF_UP = 0x1
 RT_TABLE_MAIN, RTPROT_BOOT, RTN_UNICAST = 254, 3, 1
 
@@ -41,6 +41,18 @@ def _attr(kind: int, data: bytes) -> bytes:
 
 def _name(name: str) -> bytes:
     return name.encode() + b"\0"
+
+
+def _attrs(msg: bytes, p: int) -> dict[int, bytes]:
+    """The attributes of one netlink message, from offset `p` (after the family header)."""
+    attrs = {}
+    while p + 4 <= len(msg):
+        alen, atype = struct.unpack_from("=HH", msg, p)
+        if alen < 4:
+            break
+        attrs[atype] = msg[p + 4:p + alen]
+        p += (alen + 3) & ~3
+    return attrs
 
 
 class Rtnl:
@@ -79,39 +91,50 @@ class Rtnl:
         if first_error is not None:
             raise first_error
 
-    def ipv4_addresses(self) -> list[tuple[int, str]]:
-        """(ifindex, address) of every IPv4 address in this netns (IFA_LOCAL, else IFA_ADDRESS)."""
+    def _dump(self, kind: int, body: bytes):
+        """Send a dump request; yield (message type, message) of each answer."""
         self.seq += 1
-        body = _IFADDR.pack(socket.AF_INET, 0, 0, 0, 0)
-        self.sock.sendall(struct.pack("=IHHII", 16 + len(body), RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP,
-                                      self.seq, 0) + body)
-        out = []
+        self.sock.sendall(struct.pack("=IHHII", 16 + len(body), kind, NLM_F_REQUEST | NLM_F_DUMP, self.seq, 0) + body)
         while True:
             data = self.sock.recv(1 << 16)
             off = 0
             while off + 16 <= len(data):
-                length, kind, _, seq, _ = struct.unpack_from("=IHHII", data, off)
+                length, mtype, _, seq, _ = struct.unpack_from("=IHHII", data, off)
                 if length < 16:
-                    return out
+                    return
                 if seq == self.seq:
-                    if kind == NLMSG_DONE:
-                        return out
-                    if kind == NLMSG_ERROR:
+                    if mtype == NLMSG_DONE:
+                        return
+                    if mtype == NLMSG_ERROR:
                         code = -struct.unpack_from("=i", data, off + 16)[0]
                         raise OSError(code, f"rtnetlink: {os.strerror(code)}")
-                    if kind == RTM_NEWADDR:
-                        family, _, _, _, index = _IFADDR.unpack_from(data, off + 16)
-                        attrs, p, end = {}, off + 16 + _IFADDR.size, off + length
-                        while p + 4 <= end:
-                            alen, atype = struct.unpack_from("=HH", data, p)
-                            if alen < 4:
-                                break
-                            attrs[atype] = data[p + 4:p + alen]
-                            p += (alen + 3) & ~3
-                        raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)
-                        if family == socket.AF_INET and raw and len(raw) == 4:
-                            out.append((index, socket.inet_ntoa(raw)))
+                    yield mtype, data[off:off + length]
                 off += (length + 3) & ~3
+
+    def ipv4_addresses(self) -> list[tuple[int, str]]:
+        """(ifindex, address) of every IPv4 address in this netns (IFA_LOCAL, else IFA_ADDRESS)."""
+        out = []
+        for kind, msg in self._dump(RTM_GETADDR, _IFADDR.pack(socket.AF_INET, 0, 0, 0, 0)):
+            if kind == RTM_NEWADDR:
+                family, _, _, _, index = _IFADDR.unpack_from(msg, 16)
+                attrs = _attrs(msg, 16 + _IFADDR.size)
+                raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)
+                if family == socket.AF_INET and raw and len(raw) == 4:
+                    out.append((index, socket.inet_ntoa(raw)))
+        return out
+
+    def ipv4_routes(self) -> list[tuple[str, int, int]]:
+        """(destination, prefix length, ifindex or 0) of every IPv4 route in this netns, of every table."""
+        out = []
+        for kind, msg in self._dump(RTM_GETROUTE, _RTMSG.pack(socket.AF_INET, 0, 0, 0, 0, 0, 0, 0, 0)):
+            if kind == RTM_NEWROUTE:
+                family, dst_len = _RTMSG.unpack_from(msg, 16)[:2]
+                attrs = _attrs(msg, 16 + _RTMSG.size)
+                dst = attrs.get(RTA_DST, b"\0\0\0\0")
+                oif = struct.unpack("=i", attrs[RTA_OIF])[0] if len(attrs.get(RTA_OIF, b"")) == 4 else 0
+                if family == socket.AF_INET and len(dst) == 4:
+                    out.append((socket.inet_ntoa(dst), dst_len, oif))
+        return out
 
     # --- requests ---------------------------------------------------------------
 
