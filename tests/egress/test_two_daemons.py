@@ -180,3 +180,30 @@ def test_two_daemons_with_one_run_dir_path_keep_apart(world, image, tmp_path):
     assert not cgroup_dirs(a_id)
     assert not [n for n in host_links(world) if n.startswith(f"hv{a_id[:5]}")]
     assert f"hutch_egress_{a_id}" not in host_tables(world)
+
+
+def test_a_gateway_takes_only_a_subnet_nothing_on_the_host_uses(world):
+    from egress_world import GatewayThread
+
+    from hutch._core.errors import SandboxError
+
+    # in use: the suite's own gateway (its table names 198.18.0.0/24), and a route
+    candidates = ["198.18.0.0/20", "198.18.48.0/20", "198.18.64.0/20"]
+    sh("ip", "-n", world.host, "route", "add", "blackhole", "198.18.50.0/24")
+    gw = None
+    try:
+        gw = GatewayThread(world.host, upstream_resolvers=[DNS_ADDR], subnets=candidates, table="hutch_egress_probe",
+                           link_prefix="hvprobe")
+        assert gw.gw.gateway_address == "198.18.64.1"
+        with pytest.raises(SandboxError, match="no egress subnet is free") as e:
+            GatewayThread(world.host, upstream_resolvers=[DNS_ADDR], subnets=candidates, table="hutch_egress_probe2",
+                          link_prefix="hvprob2")
+        why = str(e.value)
+        assert "198.18.0.0/20: the egress gateway of table inet hutch_egress_test" in why, why
+        assert "198.18.48.0/20: a route to 198.18.50.0/24" in why, why
+        assert "198.18.64.0/20: the egress gateway of table inet hutch_egress_probe" in why, why
+        assert "hutch_egress_probe2" not in host_tables(world)
+    finally:
+        if gw is not None:
+            gw.close()
+        sh("ip", "-n", world.host, "route", "del", "blackhole", "198.18.50.0/24", check=False)

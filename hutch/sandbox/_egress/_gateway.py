@@ -134,6 +134,7 @@ class Gateway:
         # candidates `subnets` that nothing on the host uses.
         given = subnet or os.environ.get("HUTCH_EGRESS_SUBNET") or (None if subnets else DEFAULT_SUBNET)
         self._candidates = [_subnet_of(s) for s in ([given] if given else subnets)]
+        self._probe = not given
         if len(link_prefix) + 8 > 15:
             raise ConfigError(f"link_prefix {link_prefix!r} is too long: with 8 hex digits it must fit in 15 "
                               "characters (IFNAMSIZ).")
@@ -168,13 +169,15 @@ class Gateway:
         """Pick the subnet and hold it: the proxy's socket listening on its gateway address, which no other
         gateway of this network namespace can then listen on (a check of addresses alone would race)."""
         loop = asyncio.get_running_loop()
+        in_use = []
+        if self._probe:
+            in_use = await loop.run_in_executor(self._pool, _netns.networks_in_use, self._prefix, self._table)
         refused = []
         for net in self._candidates:
-            if len(self._candidates) > 1:
-                used = await loop.run_in_executor(self._pool, _netns.subnet_users, str(net), self._prefix, self._table)
-                if used:
-                    refused.append(f"{net}: {used}")
-                    continue
+            user = next((who for used, who in in_use if net.overlaps(used)), None)
+            if user:
+                refused.append(f"{net}: {user}")
+                continue
             self._use_subnet(net)
             s = None
             try:
@@ -186,7 +189,7 @@ class Gateway:
                     s.close()
                 if e.errno != errno.EADDRINUSE:
                     raise
-                if len(self._candidates) == 1:
+                if not self._probe:
                     raise SandboxError(f"the egress subnet {net} is another gateway's on this host "
                                        f"({self.gateway_address}:{self.proxy_port} is taken); give this one "
                                        "another subnet (HUTCH_EGRESS_SUBNET).") from e

@@ -325,14 +325,15 @@ class Plumber:
             pass   # no conntrack netlink, or an old kernel: the entries time out by themselves
 
 
-def subnet_users(subnet: str, own_prefix: str, own_table: str) -> str:
-    """What in this netns (the host's: run on a plumbing thread) already uses `subnet`; "" if nothing does.
+def networks_in_use(own_prefix: str, own_table: str) -> list[tuple[ipaddress.IPv4Network, str]]:
+    """What in this netns (the host's: run on a plumbing thread) uses which IPv4 networks, and who.
 
-    An address in it or a route into it (other than on links named with our own prefix: what a crashed
-    predecessor of ours left, reaped by setup), or another egress gateway's table naming it (a gateway
-    without sandboxes has neither). The caller then holds the subnet by listening on its gateway address.
+    Addresses and routes (but those on links named with our own prefix: what a crashed predecessor of
+    ours left, reaped by setup), and the networks other egress gateways' tables name (a gateway without
+    sandboxes has neither addresses nor routes). A gateway then holds the subnet it picks by listening
+    on its address.
     """
-    net = ipaddress.IPv4Network(subnet)
+    out = []
 
     def foreign(index: int) -> str | None:
         try:
@@ -344,23 +345,23 @@ def subnet_users(subnet: str, own_prefix: str, own_table: str) -> str:
     rt = Rtnl()
     try:
         for index, addr in rt.ipv4_addresses():
-            if ipaddress.IPv4Address(addr) in net and (dev := foreign(index)):
-                return f"address {addr} on {dev}"
+            if dev := foreign(index):
+                out.append((ipaddress.IPv4Network(addr), f"address {addr} on {dev}"))
         for dst, plen, oif in rt.ipv4_routes():
-            if plen and net.overlaps(ipaddress.IPv4Network(f"{dst}/{plen}")) and (dev := foreign(oif) if oif else "-"):
-                return f"a route to {dst}/{plen} via {dev}"
+            if plen and (dev := foreign(oif) if oif else "-"):
+                out.append((ipaddress.IPv4Network(f"{dst}/{plen}", strict=False), f"a route to {dst}/{plen} via {dev}"))
     finally:
         rt.close()
     nft = Nft()
     try:
         for table in re.findall(r"table inet (hutch_egress\S*)", nft.run("list tables inet")):
             if table != own_table:
-                for cidr in re.findall(r"ip [sd]addr (\d+\.\d+\.\d+\.\d+/\d+)", nft.run(f"list table inet {table}")):
-                    if net.overlaps(ipaddress.IPv4Network(cidr, strict=False)):
-                        return f"the egress gateway of table inet {table}"
+                rules = nft.run(f"list table inet {table}")
+                for cidr in set(re.findall(r"ip [sd]addr (?:!= )?(\d+\.\d+\.\d+\.\d+/\d+)", rules)):
+                    out.append((ipaddress.IPv4Network(cidr, strict=False), f"the egress gateway of table inet {table}"))
     finally:
         nft.close()
-    return ""
+    return out
 
 
 def link_name(prefix: str, addr: str) -> str:
