@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 from hutch.sandbox._native._cgroups import Cgroups
-from hutch.sandbox._native._idmap import HOST_ID_BASE, ID_COUNT, UidRanges
+from hutch.sandbox._native._idmap import CGROUP_LOCK_OFFSET, HOST_ID_BASE, ID_COUNT, RANGES, UidRanges
 
 CGROUP_LOCK = str(Cgroups("hutch-unused").lock_file())
 
@@ -44,8 +44,14 @@ def test_read_locks_of_a_local_user_block_nothing():
     code = textwrap.dedent(f"""
         import fcntl, os, sys
         fd = os.open({CGROUP_LOCK!r}, os.O_RDONLY)   # any user may read the file, and so read-lock it
-        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 0, 0)
-        print("locked", flush=True)
+        held = 0
+        for k in range({RANGES}):   # every range's byte that no daemon holds now
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, {CGROUP_LOCK_OFFSET} + k)
+                held += 1
+            except OSError:
+                pass
+        print("locked" if held > {RANGES} // 2 else "failed", flush=True)
         sys.stdin.read()
     """)
     squatter = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
