@@ -114,9 +114,8 @@ def _ping(ep: Endpoint, timeout: float = 2.0) -> bool:
 
 def _unhealthy(sock: Path, problem: str, log: Path) -> DaemonError:
     # Not a reason to start another daemon: this one holds the run directory and the socket.
-    return DaemonError(f"the hutch daemon on {sock} runs but cannot start sandboxes: {problem} Its log: {log} "
-                       "(if the SDK started it; else where you sent its output). Fix what it names, or restart "
-                       "it (`hutch serve`).")
+    return DaemonError(f"the hutch daemon on {sock} answers, but {problem} (the log of a daemon the SDK started: "
+                       f"{log}). Fix what it names, or restart that daemon (`hutch serve`).")
 
 
 def ensure_daemon(ep: Endpoint) -> None:

@@ -36,6 +36,7 @@ from hutch.sandbox._daemon._tls import fingerprint, server_certificate, server_c
 ENV_TOKEN = "HUTCH_TOKEN"
 
 
+
 def cgroup_parent_for(run_dir: Path) -> str:
     """`hutch-<instance id>`: the run directory's daemon instance's own (see hutch/sandbox/_instance.py)."""
     from hutch.sandbox._instance import names_for

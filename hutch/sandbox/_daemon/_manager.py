@@ -174,11 +174,17 @@ class Manager(Calls):
             except OSError:
                 pass
 
+    def unavailable(self) -> str | None:
+        """Why no sandbox can start now (None: they can), as GET /v1/health answers it."""
+        if self.problem is None:
+            return None
+        return f"the daemon cannot start sandboxes now: {self.problem}; see its log."
+
     def _on_zygote_death(self, zygote: Zygote) -> None:
         if self.closing or zygote is not self.zygote:
             return
         self.zygote = None
-        self.problem = "the sandbox start server died and is being restarted"
+        self.problem = "its sandbox start server died and is being restarted"
         # Every init dies with it (PDEATHSIG; one of a user namespace is killed here, see
         # _zygote.clone_init); their pidfds clean up. Start a new zygote.
         for sb in list(self.sandboxes.values()):
@@ -208,8 +214,8 @@ class Manager(Calls):
                 await zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF))
             except Exception as e:  # noqa: BLE001 - anything that stops it is retried, and reported meanwhile
                 await zygote.reap()
-                self.problem = (f"the sandbox start server could not be restarted ({e}); attempt {attempt}, "
-                                f"the next in {delay:.2f} s")
+                self.problem = (f"its sandbox start server could not be restarted ({e}); it retries by itself "
+                                f"(attempt {attempt}, the next in {delay:.2f} s)")
                 print(f"hutch daemon: {self.problem}", file=sys.stderr, flush=True)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RESTART_BACKOFF[1])
@@ -321,8 +327,7 @@ class Manager(Calls):
         if userns is None:
             userns = self.idmap.userns_fd >= 0
         if self.zygote is None:
-            raise DaemonError(f"this daemon cannot start sandboxes now: {self.problem or 'it is starting'}. It "
-                              "retries by itself (GET /v1/health answers 200 again once it can); see its log.")
+            raise DaemonError(self.unavailable() or "the daemon is starting; retry in a moment.")
         loop = asyncio.get_running_loop()
         sb = Sandbox(id=secrets.token_hex(6), status="warm", userns=userns)
         sb.warm, sb.ready = loop.create_future(), loop.create_future()

@@ -133,10 +133,9 @@ class Handlers:
 
     async def health(self, request):
         body = {"version": hutch.__version__, "pid": os.getpid()}
-        if self.mgr.problem:   # it cannot start sandboxes now: not healthy, and why
-            return web.json_response({**body, "error": "DaemonError", "message":
-                                      f"the daemon cannot start sandboxes now: {self.mgr.problem}; it retries by "
-                                      "itself, see its log."}, status=503)
+        why = self.mgr.unavailable()
+        if why:   # not healthy while it cannot start sandboxes
+            return web.json_response({**body, "error": "DaemonError", "message": why}, status=503)
         return web.json_response(body)
 
     async def openapi(self, request):
