@@ -365,6 +365,7 @@ def networks_in_use(own_prefix: str, own_table: str) -> list[tuple[ipaddress.IPv
 
 
 def link_name(prefix: str, addr: str) -> str:
-    """hv + the sandbox address in hex: unique per netns even with several gateways."""
+    """The gateway's prefix (`hv`, the daemon's `hv<instance id[:5]>`) + the sandbox address in hex: unique per
+    netns even with several gateways (their subnets differ)."""
     return prefix + socket.inet_aton(addr).hex()
 
