@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hutch.memory._index import _lexicon
+from hutch.memory._index import _fts, _lexicon
 
 needs_wordnet = pytest.mark.skipif(not _lexicon.available(), reason="WordNet is not installed: bash scripts/setup.sh")
 
@@ -94,11 +94,11 @@ def test_category_words_rarest_first_within_the_row_budget(mem, monkeypatch):
     mem.search("warm up the index", k=1)
     si = mem.index
     words = ["piano", "accordion", "drum", "theremin"]  # theremin: in no unit
-    assert si._within_budget(words) == ["accordion", "drum", "piano"]  # rarest first, absent words dropped
+    assert _fts.within_budget(si.idx.db, si.snap, words) == ["accordion", "drum", "piano"]  # rarest first, absent words dropped
     monkeypatch.setattr(_rank, "LEXICAL_LIMIT", 3)
-    assert si._within_budget(words) == ["accordion", "drum"]  # piano's 6 units would pass the budget
+    assert _fts.within_budget(si.idx.db, si.snap, words) == ["accordion", "drum"]  # piano's 6 units would pass the budget
     monkeypatch.setattr(_rank, "LEXICAL_LIMIT", 1)
-    assert si._within_budget(words) == ["accordion"]  # always at least the rarest word
+    assert _fts.within_budget(si.idx.db, si.snap, words) == ["accordion"]  # always at least the rarest word
     hits = mem.search("What instruments does John play?", k=3)
     assert {h.entity_id for h in hits if "category" in h.channels} == {"notes/accordion"}
 
@@ -133,20 +133,20 @@ def test_the_question_is_embedded_once_for_dense_and_senses(mem, monkeypatch):
 
 @needs_wordnet
 def test_the_row_budget_follows_the_index(mem):
-    # _within_budget's answer is kept per index generation: an edit that changes which word is rarer changes it
+    # within_budget's answer is kept per index generation: an edit that changes which word is rarer changes it
     for i in range(3):
         mem.put("notes", f"Piano {i}", body=f"Someone played the piano in room {i}.")
     mem.put("notes", "Accordion", body="John played the accordion at the fair.")
     mem.search("warm up the index", k=1)
     si = mem.index
     words = ["piano", "accordion"]
-    assert si._within_budget(words) == ["accordion", "piano"]
-    assert si._within_budget(words) == ["accordion", "piano"]  # kept
+    assert _fts.within_budget(si.idx.db, si.snap, words) == ["accordion", "piano"]
+    assert _fts.within_budget(si.idx.db, si.snap, words) == ["accordion", "piano"]  # kept
     for i in range(4):
         mem.put("notes", f"Accordion {i}", body=f"An accordion played in hall {i}.")
     mem.search("warm up the index", k=1)
-    assert si._within_budget(words) == ["piano", "accordion"]  # 3 pianos against 5 accordions now
+    assert _fts.within_budget(si.idx.db, si.snap, words) == ["piano", "accordion"]  # 3 pianos against 5 accordions now
     for i in range(4):
         mem.forget(f"notes/accordion-{i}", reason="test")
     mem.search("warm up the index", k=1)
-    assert si._within_budget(words) == ["accordion", "piano"]
+    assert _fts.within_budget(si.idx.db, si.snap, words) == ["accordion", "piano"]

@@ -65,9 +65,9 @@ def test_one_to_one_store_answers_as_the_general_path(mem, monkeypatch):
 
 
 def test_unsorted_bm25_read_is_the_sorted_one(mem, monkeypatch):
-    # _unit_bm25(few=True) reads the matches unsorted when they are all within LEXICAL_LIMIT, and falls back to
+    # unit_bm25(few=True) reads the matches unsorted when they are all within LEXICAL_LIMIT, and falls back to
     # the sorted, limited query when there are more: the same rows and scores either way
-    from hutch.memory._index import _rank, _units
+    from hutch.memory._index import _fts, _rank, _units
 
     for i in range(30):
         crop = "tomatoes" if i % 3 else "beans"
@@ -79,6 +79,6 @@ def test_unsorted_bm25_read_is_the_sorted_one(mem, monkeypatch):
         for limit in (5, 12, 100):
             monkeypatch.setattr(_rank, "LEXICAL_LIMIT", limit)
             matches = si.idx.db.execute("select count(*) from units_fts where units_fts match ?", (fq,)).fetchone()[0]
-            sorted_ = si._unit_bm25(fq, n)
+            sorted_ = _fts.unit_bm25(si.idx.db, si.snap, fq, n)
             assert np.count_nonzero(sorted_) == min(limit, matches)
-            assert np.array_equal(si._unit_bm25(fq, n, True), sorted_)
+            assert np.array_equal(_fts.unit_bm25(si.idx.db, si.snap, fq, n, True), sorted_)

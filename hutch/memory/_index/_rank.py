@@ -18,7 +18,8 @@ The alternative fusion, reciprocal rank fusion, is kept for comparison (`fusion=
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -39,7 +40,7 @@ RRF_K = 60
 MAX_DF_SHARE = 0.2
 #: A capitalised word that is part of more titles than this is not taken as naming any of them.
 MAX_NAME_SHARERS = 20
-#: Pass entity-level BM25 along outgoing links into the entity channel (see SearchIndex._propagated). Off:
+#: Pass entity-level BM25 along outgoing links into the entity channel (see _channels._propagated). Off:
 #: on the LoCoMo dev set it moved R@5 75.7 -> 75.8 and R@10 83.2 -> 83.2 (docs/retrieval.md), so not worth a query.
 LINK_PROPAGATION = False
 #: The dense channel's scale: mean +- this many standard deviations maps to 0..1 (see dist_norm).
@@ -125,7 +126,7 @@ class Snapshot:
     def load_entities(self, db, eids: list[int] | None) -> None:
         q = "select eid, entity_id, cls, t_from, t_to, t_rec from files"
         rows = db.execute(q).fetchall() if eids is None else [
-            r for chunk in _chunks(eids) for r in db.execute(q + f" where eid in ({','.join('?' * len(chunk))})", chunk)]
+            r for chunk in batches(eids) for r in db.execute(q + f" where eid in ({','.join('?' * len(chunk))})", chunk)]
         for eid, entity_id, cls, tf, tt, tr in rows:
             pos = self.eid_pos.get(eid)
             if pos is None:
@@ -154,7 +155,7 @@ class Snapshot:
         100,000 blobs took seconds on a process's first query."""
         q = "select uid, eid, anchor, speaker, dense_hash, ev_from, ev_to from units"
         rows = db.execute(q + " order by uid").fetchall() if uids is None else sorted(
-            r for chunk in _chunks(sorted(uids)) for r in db.execute(
+            r for chunk in batches(sorted(uids)) for r in db.execute(
                 q + f" where uid in ({','.join('?' * len(chunk))})", chunk))
         rows = [r for r in rows if r[0] not in self.upos and r[1] in self.eid_pos]
         if not rows:
@@ -189,7 +190,7 @@ class Snapshot:
         if len(wanted) > 5000:
             got = db.execute("select dense_hash, vec from vectors").fetchall()
         else:
-            got = [r for chunk in _chunks(wanted) for r in db.execute(
+            got = [r for chunk in batches(wanted) for r in db.execute(
                 f"select dense_hash, vec from vectors where dense_hash in ({','.join('?' * len(chunk))})", chunk)]
         got = [(h, v) for h, v in got if len(v) == 4 * self.dim]
         if not got:
@@ -386,7 +387,8 @@ def _smallest(h: np.ndarray, k: int, far: int) -> np.ndarray:
     return np.concatenate([below, np.flatnonzero(h == thr)[:k - len(below)]])
 
 
-def _chunks(items, size: int = 900):
+def batches(items, size: int = 900):
+    """`items` in lists of at most `size`: an SQL `in (...)` list stays below SQLite's limit of variables."""
     items = list(items)
     for i in range(0, len(items), size):
         yield items[i:i + size]
@@ -426,11 +428,32 @@ def ranks_of(x: np.ndarray, mask: np.ndarray, positions) -> list[int]:
 
 @dataclass(frozen=True)
 class Channel:
+    """What one channel found for a query (see _channels): a score for every unit position, and which units."""
+
     name: str
     scores: np.ndarray  # raw scores over all unit positions (0 where the channel has nothing)
     present: np.ndarray  # bool: the channel found the unit at all
     zero_based: bool = True  # 0 means "nothing": scale by the maximum; else min-max (cosines)
     moments: tuple[float, float] | None = None  # (mean, sd) for dist_norm when known (approximate dense)
+    parts: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)  # for the channels after it
+
+    def ranks(self, mask: np.ndarray, positions: list[int]) -> list[int]:
+        """The 1-based rank of each position among the candidates this channel found (ties share the better)."""
+        return ranks_of(self.scores, mask & self.present, positions)
+
+
+def fused_top(channels: list[Channel], mask: np.ndarray, fusion: str, k: int
+              ) -> tuple[list[int], np.ndarray, dict[str, dict[int, int]]]:
+    """The fusion step: (the k best positions, best first; the fused score of every unit; per channel, the rank
+    of each of those positions that it found)."""
+    score = fuse(channels, mask, fusion)
+    top = top_k(score, mask, k)
+    ranks = {}
+    for ch in channels:
+        found = [p for p in top if ch.present[p]]
+        if found:
+            ranks[ch.name] = dict(zip(found, ch.ranks(mask, found)))
+    return top, score, ranks
 
 
 def fuse(channels: list[Channel], mask: np.ndarray, fusion: str) -> np.ndarray:
