@@ -19,6 +19,8 @@
         ├── MalformedEntityError  an entity file with missing or bad front matter (carries .path)
         └── StorePathError        an invalid name or a path escaping the store (also a ConfigError)
 
+    MalformedEntityWarning     (a UserWarning, not an error) search left out entity files it cannot read
+
 Messages are full sentences that say what went wrong and how to fix it.
 """
 
@@ -120,6 +122,11 @@ class MalformedEntityError(MemoryStoreError):
 
 class StorePathError(MemoryStoreError, ConfigError):
     """A class, slug, relation or path that is invalid or would escape the store."""
+
+
+class MalformedEntityWarning(UserWarning):
+    """Search left out entity files whose front matter is malformed (named once per process; `check()` says
+    what is wrong with each). A warning, not an error: the rest of the store answers."""
 
 
 __all__ = [

@@ -7,9 +7,11 @@ Registered on the `mem` group by hutch/cli/_mem.py. Exit codes: 0 success;
 from __future__ import annotations
 
 import json
+import warnings
 
 import click
 
+from hutch._core.errors import MalformedEntityWarning
 from hutch.cli._mem import mem, open_store
 
 EXIT_INDEX_STALE = 4
@@ -39,8 +41,15 @@ def search(ctx, query, k, classes, since, until, as_of, expand, now, explain, as
       hutch mem search "what did we ship last week?" --now 2026-11-30
     """
     m = open_store(ctx)
-    hits = m.search(query, k=k, classes=list(classes) or None, since=since, until=until, as_of=as_of, expand=expand,
-                    now=now)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", MalformedEntityWarning)
+        hits = m.search(query, k=k, classes=list(classes) or None, since=since, until=until, as_of=as_of,
+                        expand=expand, now=now)
+    for w in said:  # files search left out (malformed front matter): named on stderr, never listed as hits
+        if issubclass(w.category, MalformedEntityWarning):
+            click.echo(f"hutch: warning: {w.message}", err=True)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if as_json:
         click.echo(json.dumps([{"id": h.entity_id, "anchor": h.anchor, "speaker": h.speaker, "score": h.score,
                                 "channels": {c: dict(v) for c, v in h.channels.items()}} for h in hits], indent=1))

@@ -4,7 +4,8 @@ Checks: malformed or missing front matter, an id or class that disagrees with
 the file's place, bad dates, links that dangle, escape the store or are not
 symlinks, link directories without an entity, entities without any link
 (orphans, a warning), entities larger than search splits into units (a
-warning; docs/retrieval.md, "Large entities"), and stray temp files. `.git` and `.hutch` are skipped.
+warning; docs/retrieval.md, "Large entities"), bytes that are not UTF-8 in an
+entity's first MiB (a warning: search reads them as U+FFFD), and stray temp files. `.git` and `.hutch` are skipped.
 """
 
 from __future__ import annotations
@@ -78,6 +79,13 @@ def check(mem: "Memory") -> CheckReport:
                         f"is {size / (1 << 20):.1f} MiB: search splits only its first {mib} MiB into units, its "
                         f"words up to {_units.LEXICAL_BYTES >> 20} MiB are searchable, the rest is not.",
                         f"split it into several entities of at most {mib} MiB")
+                try:
+                    head.decode("utf-8")
+                except UnicodeDecodeError as bad:
+                    add("warning", "not-utf8", rel,
+                        f"has bytes that are not UTF-8 (the first at byte {bad.start}): search reads each as U+FFFD "
+                        "(the file itself is kept as it is).",
+                        f"convert it to UTF-8, e.g. iconv -f latin1 -t utf-8 {rel} > {rel}.new && mv {rel}.new {rel}")
                 meta, _ = fmt.parse(head.decode("utf-8", errors="surrogateescape"), rel)
             except MalformedEntityError as err:
                 add("error", "bad-front-matter", rel, str(err).removeprefix(rel + " "),

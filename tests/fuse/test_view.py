@@ -130,6 +130,22 @@ def test_search_directory_lists_hits_best_first(mounted):
     assert q in os.listdir(mounted.p("search"))  # recent queries show
 
 
+def test_search_folders_with_bytes_that_are_not_utf8_and_a_malformed_file(mounted):
+    # issue 16: a file with bytes that are not UTF-8 made every search folder EINVAL; a query whose name is not
+    # UTF-8 reached SQLite as surrogates; a file with malformed front matter was listed as a hit
+    root = mounted.mem.root
+    (root / "topics" / "latin.md").write_bytes(b"---\ntitle: Caf\xe9\n---\nThe caf\xe9 walrus \xff talks churn.\n")
+    (root / "topics" / "broken.md").write_text("---\ntitle: [unclosed\n---\nA walrus walrus walrus file.\n")
+    names = os.listdir(mounted.p("search", "walrus"))
+    assert sorted(names)[1] == "01-topics-latin.md" and not [n for n in names if "broken" in n]  # never the bad file
+    with open(mounted.p("search", "walrus", "01-topics-latin.md"), "rb") as f:
+        assert f.read() == (root / "topics" / "latin.md").read_bytes()  # the file, byte for byte
+    query = os.path.join(os.fsencode(mounted.path), b"search", b"caf\xe9 walrus")  # a name that is not UTF-8
+    assert b"01-topics-latin.md" in os.listdir(query)
+    with open(os.path.join(query, b".explain"), "rb") as f:
+        assert b"01-topics-latin.md" in f.read()
+
+
 def test_as_of_shows_the_past_and_profile_is_live(mounted):
     mem = mounted.mem
     mem.update("topics/pricing", valid_from="2026-01-01")

@@ -123,13 +123,6 @@ def test_doctor_reports_drift_without_fixing_it(mem, store_dir):
     assert r.ok and r.entities == 2 and not (r.stale or r.extra or r.missing)
 
 
-def test_malformed_file_is_still_found_and_reported(mem, store_dir):
-    mem.put("notes", "Fine", body="ordinary words")
-    (store_dir / "notes" / "broken.md").write_text("---\ntitle: [unclosed\n---\nA broken file about walruses.\n")
-    assert [h.entity_id for h in mem.search("walruses", k=1)] == ["notes/broken"]
-    assert mem.doctor().unreadable == ("notes/broken",)
-
-
 def test_same_size_edit_with_the_old_mtime_is_seen(mem, store_dir):
     """(mtime, size) alone would miss this edit; the inotify watch names the file, and its hash decides."""
     mem.put("notes", "Pet", body="The cat sleeps.")

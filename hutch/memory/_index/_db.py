@@ -455,7 +455,8 @@ class IndexDB:
         try:
             meta, body = _format.parse(text, str(path))
         except MalformedEntityError as e:
-            # Still searchable by its words, so that a broken file can be found and fixed; doctor lists it.
+            # Indexed by its words (fixed, it answers at once), but search leaves it out of its hits (a hit's
+            # entity could not be read) and names it; doctor and check() list it.
             meta, body, error = {}, text, str(e)
         title = str(meta.get("title") or entity_id.split("/", 1)[1])
         units, whole = _units.units_of(meta, body, title)

@@ -89,6 +89,7 @@ class Snapshot:
         self.entity_id: list[str] = []
         self.ecls: list[str] = []
         self.e_alive = np.zeros(0, bool)
+        self.e_bad = np.zeros(0, bool)  # its front matter is malformed: search leaves it out (see SearchIndex)
         self.t_from = np.zeros(0)
         self.t_to = np.zeros(0)
         self.t_rec = np.zeros(0)
@@ -117,17 +118,18 @@ class Snapshot:
         if need <= len(self.e_alive):
             return
         cap = max(need, 2 * len(self.e_alive), 256)
-        for name, fill in (("e_alive", False), ("t_from", np.nan), ("t_to", np.nan), ("t_rec", np.nan)):
+        for name, fill in (("e_alive", False), ("e_bad", False), ("t_from", np.nan), ("t_to", np.nan),
+                           ("t_rec", np.nan)):
             old = getattr(self, name)
             new = np.full(cap, fill, dtype=old.dtype)
             new[:len(old)] = old
             setattr(self, name, new)
 
     def load_entities(self, db, eids: list[int] | None) -> None:
-        q = "select eid, entity_id, cls, t_from, t_to, t_rec from files"
+        q = "select eid, entity_id, cls, t_from, t_to, t_rec, error is not null from files"
         rows = db.execute(q).fetchall() if eids is None else [
             r for chunk in batches(eids) for r in db.execute(q + f" where eid in ({','.join('?' * len(chunk))})", chunk)]
-        for eid, entity_id, cls, tf, tt, tr in rows:
+        for eid, entity_id, cls, tf, tt, tr, bad in rows:
             pos = self.eid_pos.get(eid)
             if pos is None:
                 pos = self.ne
@@ -138,6 +140,7 @@ class Snapshot:
                 self.ecls.append(cls)
                 self.ne += 1
             self.e_alive[pos] = True
+            self.e_bad[pos] = bool(bad)
             self.t_from[pos] = np.nan if tf is None else tf
             self.t_to[pos] = np.nan if tt is None else tt
             self.t_rec[pos] = np.nan if tr is None else tr

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from hutch._core.errors import ConfigError, SearchIndexError
+from hutch._core.errors import ConfigError, MalformedEntityWarning, SearchIndexError
 from hutch.memory._index import _channels, _lexicon, _query, _rank, _units
 from hutch.memory._index._db import IndexDB, SyncStats, file_digest
 from hutch.memory._index._embed import default_provider
@@ -53,11 +54,12 @@ class Hit:
 
     @property
     def text(self) -> str:
-        """The hit's text: the turn for an anchored hit, else the entity's body."""
+        """The hit's text: the turn for an anchored hit, else the entity's body (bytes that are not UTF-8 read as
+        U+FFFD, as the index reads them; `entity.text` keeps them as they are)."""
         e = self.entity
         if self.anchor:
-            return e.section(self.anchor) or ""
-        return e.body
+            return _units.valid_text(e.section(self.anchor) or "")
+        return _units.valid_text(e.body)
 
     @property
     def speaker(self) -> str | None:
@@ -67,7 +69,7 @@ class Hit:
         for heading in self.entity.sections:
             at, _, who = heading.partition(" · ")
             if at.strip() == self.anchor:
-                return who.strip() or None
+                return _units.valid_text(who.strip()) or None
         return None
 
     def __repr__(self) -> str:
@@ -92,7 +94,7 @@ class IndexReport:
     stale: tuple[str, ...]  # entity ids whose file differs from what the index holds
     missing: tuple[str, ...]  # files not in the index
     extra: tuple[str, ...]  # index entries whose file is gone
-    unreadable: tuple[str, ...]  # files indexed as plain text because their front matter is malformed
+    unreadable: tuple[str, ...]  # files whose front matter is malformed: search leaves them out (check() says why)
     recovered: tuple[str, ...]  # when and why the index file was discarded and rebuilt
     embed_error: str | None = None  # the embedder's last failure (search then used the lexical channels only)
     seconds: float = 0.0
@@ -139,6 +141,8 @@ class SearchIndex:
         self.last_sync: SyncStats | None = None
         self._counts = _query.WordCounts()  # word -> units holding it (which words the lexical query leaves out)
         self._sense_vecs: dict[str, np.ndarray] = {}  # WordNet sense text -> its vector (see _channels.category)
+        self._named_bad: set[str] = set()  # files with malformed front matter a warning has named (_name_malformed)
+        self._bad_gen: str | None = None
 
     # ------------------------------------------------------------ keeping fresh
 
@@ -200,6 +204,11 @@ class SearchIndex:
         """Hybrid search; see Memory.search."""
         if not isinstance(query, str) or not query.strip():
             raise ConfigError("search() needs a non-empty query string, e.g. mem.search('customer churn').")
+        if len(query) > _units.MAX_QUERY_CHARS:
+            raise ConfigError(f"The query is {len(query):,} characters long; search takes at most "
+                              f"{_units.MAX_QUERY_CHARS:,}: ask with the words that matter (the embedding model reads "
+                              "the first ~600 characters of a query).")
+        query = _units.valid_text(query)
         if not isinstance(k, int) or k < 1:
             raise ConfigError(f"k={k!r} is not a positive integer: ask for at least one hit, e.g. k=10.")
         if not isinstance(expand, int) or not 0 <= expand <= 3:
@@ -215,6 +224,7 @@ class SearchIndex:
         # what "last week" in the question is read against: as_of if given, else now (default: the clock)
         ref = as_of_t if as_of_t is not None else now_t if now_t is not None else time.time()
         self.refresh()
+        self._name_malformed()
         try:
             return self._search(query, k, classes, since_t, until_t, as_of_t, expand, fusion, ref)
         except sqlite3.DatabaseError as e:
@@ -225,12 +235,30 @@ class SearchIndex:
             self.refresh()
             return self._search(query, k, classes, since_t, until_t, as_of_t, expand, fusion, ref)
 
+    def _name_malformed(self) -> None:
+        """A warning naming the files search leaves out because their front matter is malformed (a hit's entity
+        could not be read): each once, when this index first sees it broken (fixed and broken again: again)."""
+        s = self.snap
+        if s is None or s.gen == self._bad_gen:
+            return
+        self._bad_gen = s.gen
+        bad = {s.entity_id[p] for p in np.flatnonzero(s.e_bad[:s.ne] & s.e_alive[:s.ne])}
+        new, self._named_bad = sorted(bad - self._named_bad), bad
+        if not new:
+            return
+        first = self.idx.db.execute("select error from files where entity_id = ?", (new[0],)).fetchone()
+        more = f"; and {', '.join(f'{e}.md' for e in new[1:6])}{' ...' if len(new) > 6 else ''}" if len(new) > 1 else ""
+        warnings.warn(f"search leaves out {len(new)} file{'s' if len(new) > 1 else ''} whose front matter is "
+                      "malformed, until fixed (`hutch mem check` lists them): "
+                      f"{first[0] if first else new[0] + '.md'}{more}", MalformedEntityWarning, stacklevel=3)
+
     def _mask(self, classes, since_t, until_t, as_of_t) -> np.ndarray:
         s = self.snap
         n = s.n
         mask = s.alive[:n].copy()
         ep = s.epos[:n]
-        mask &= s.e_alive[:s.ne][ep] if s.ne else False
+        # a file whose front matter is malformed is never a hit (its entity cannot be read): _name_malformed
+        mask &= (s.e_alive[:s.ne] & ~s.e_bad[:s.ne])[ep] if s.ne else False
         if classes is not None:
             wanted = set(classes)
             ok = np.array([c in wanted for c in s.ecls], bool)
@@ -289,7 +317,8 @@ class SearchIndex:
                 rows += [(s_, rel, src) for s_, rel in db.execute("select src, rel from links where dst=?", (src,))]
                 for a, rel, b in rows:
                     other = b if a == src else a
-                    if other in seen or not (self.root / f"{other}.md").is_file():
+                    p = self.snap.pos_of_id.get(other)
+                    if other in seen or p is None or self.snap.e_bad[p] or not (self.root / f"{other}.md").is_file():
                         continue
                     if wanted and other.split("/", 1)[0] not in wanted:
                         continue

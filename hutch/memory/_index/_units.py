@@ -159,6 +159,27 @@ def time_window(query: str) -> tuple[float, float] | None:
 
 # ------------------------------------------------------------------ queries
 
+#: The longest query search takes, in characters (~700 words). A query is read whole (time words, names, word
+#: counts), so a 10 MB one took 14 s and 1.5 GB before it failed in SQLite; the embedding model reads its first
+#: 128 tokens (~600 characters) and BM25 gains nothing from a page of words.
+MAX_QUERY_CHARS = 4096
+
+
+def valid_text(text: str) -> str:
+    """`text` as valid Unicode: the lone surrogates that stand for bytes that are not UTF-8 (a file read with
+    surrogateescape, a command-line argument, a FUSE path) become U+FFFD, as the index stores such bytes (SQLite,
+    the tokenizer and JSON refuse surrogates)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte (\ud800): any encoding of it will do
+        raw = text.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace")
+
 def terms(query: str) -> list[str]:
     """Lower-cased content words of a query, in order, without duplicates."""
     seen: dict[str, None] = {}

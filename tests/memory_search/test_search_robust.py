@@ -1,0 +1,111 @@
+"""Search is never broken by one bad file or one bad query (issue 16): a file with malformed front matter, bytes
+that are not UTF-8 in a file or in the query, a query of megabytes. Real store, real SQLite, the real CLI."""
+
+import os
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+import hutch
+from hutch.memory._index import _units
+
+BROKEN = "---\ntitle: [unclosed\nfoo: : :\n---\nThe walrus garden has tomatoes, walrus walrus.\n"
+
+
+def _searched(mem, q, **kw):
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        hits = mem.search(q, **kw)
+    return hits, [w for w in said if issubclass(w.category, hutch.MalformedEntityWarning)]
+
+
+def test_a_malformed_file_is_never_a_hit_and_is_named_once(mem, store_dir):
+    mem.put("notes", "Garden plan", body="Tomatoes and beans in the walrus garden.")
+    mem.put("notes", "Other", body="Nothing here about plants.")
+    (store_dir / "notes" / "broken.md").write_text(BROKEN)  # by hand: the best match for the query below
+    hits, said = _searched(mem, "walrus garden tomatoes", k=10)
+    assert [h.entity_id for h in hits][:1] == ["notes/garden-plan"]
+    assert "notes/broken" not in {h.entity_id for h in hits}
+    assert all(h.entity.title and h.text is not None for h in hits)  # every hit's entity can be read
+    assert len(said) == 1 and "notes/broken.md" in str(said[0].message) and "hutch mem check" in str(said[0].message)
+    hits, said = _searched(mem, "walrus", k=1)  # in a small store the broken file matched every query
+    assert [h.entity_id for h in hits] == ["notes/garden-plan"] and said == []  # named once, not per query
+    assert mem.doctor().unreadable == ("notes/broken",)
+    assert [i.code for i in mem.check().issues if i.path == "notes/broken.md"][0] == "bad-front-matter"
+    # expand does not bring it in through a link either
+    mem.link("notes/garden-plan", "see", "notes/other")
+    os.symlink("../../broken.md", store_dir / "notes" / "garden-plan.links" / "see" / "broken.md")
+    hits, _ = _searched(mem, "walrus garden", k=1, expand=1)
+    assert {h.entity_id for h in hits} == {"notes/garden-plan", "notes/other"}
+    # fixed: searchable at once; broken again: named again
+    (store_dir / "notes" / "broken.md").write_text(BROKEN.replace("[unclosed\nfoo: : :", "Broken no more"))
+    hits, said = _searched(mem, "walrus walrus", k=1)
+    assert [h.entity_id for h in hits] == ["notes/broken"] and said == []
+    (store_dir / "notes" / "broken.md").write_text(BROKEN)
+    hits, said = _searched(mem, "walrus walrus", k=1)
+    assert [h.entity_id for h in hits] == ["notes/garden-plan"] and len(said) == 1
+
+
+def test_the_cli_names_a_malformed_file_on_stderr_and_lists_only_good_hits(mem, store_dir):
+    mem.put("notes", "Garden plan", body="Tomatoes and beans in the walrus garden.")
+    (store_dir / "notes" / "broken.md").write_text(BROKEN)
+    r = subprocess.run([sys.executable, "-m", "hutch", "mem", "--store", str(store_dir), "search", "walrus",
+                        "--explain"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "notes/garden-plan" in r.stdout and "broken" not in r.stdout
+    assert r.stderr.count("hutch: warning: search leaves out 1 file") == 1 and "notes/broken.md" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_query_past_the_limit_is_a_config_error_at_once(mem):
+    mem.put("notes", "Garden plan", body="Tomatoes and beans in the garden.")
+    mem.search("garden")
+    huge = "garden tomatoes " * (10 * 1024 * 1024 // 16)  # 10 MB
+    t = time.perf_counter()
+    with pytest.raises(hutch.ConfigError, match="at most 4,096"):
+        mem.search(huge)
+    assert time.perf_counter() - t < 0.5
+    with pytest.raises(hutch.ConfigError):
+        mem.search("g" * (_units.MAX_QUERY_CHARS + 1))
+    longest = ("garden " * (_units.MAX_QUERY_CHARS // 7 + 1))[:_units.MAX_QUERY_CHARS]
+    assert mem.search(longest)[0].entity_id == "notes/garden-plan"  # the limit itself is a query
+
+
+def test_a_long_query_within_the_limit_is_fast_and_bounded(mem):
+    # ~700 distinct words, each counted once against a store over MIN_UNITS_FOR_DF units: well under a second
+    with mem.transaction():
+        for i in range(250):
+            mem.put("notes", f"Note {i}", body=f"word{i} garden {'tomatoes' if i % 2 else 'beans'}")
+    mem.search("warm up")
+    q = " ".join(f"word{i}" for i in range(700))[:_units.MAX_QUERY_CHARS]
+    t = time.perf_counter()
+    hits = mem.search(q, k=5)
+    assert time.perf_counter() - t < 5 and len(hits) == 5
+
+
+NOT_UTF8 = b"---\ntitle: Caf\xe9 notes\n---\n### D1:1 \xb7 Ren\xe9\n\nThe caf\xe9 garden has tomatoes \xff\xfe.\n"
+
+
+def test_bytes_that_are_not_utf8_in_a_file_or_the_query(mem, store_dir):
+    mem.put("notes", "Fine", body="A garden of beans.")
+    (store_dir / "notes" / "latin.md").write_bytes(NOT_UTF8)
+    hits = mem.search("garden tomatoes", k=2)
+    latin = next(h for h in hits if h.entity_id == "notes/latin")
+    assert latin.text.encode("utf-8") and "\ufffd" in latin.text  # as the index reads them: U+FFFD, never surrogates
+    assert mem.get("notes/latin").text.encode("utf-8", "surrogateescape") == NOT_UTF8  # the file itself: as it is
+    # a query with such bytes (a command-line argument or a FUSE path, decoded with surrogateescape)
+    q = b"caf\xe9 tomatoes".decode("utf-8", "surrogateescape")
+    assert mem.search(q, k=1)[0].entity_id == "notes/latin"
+    assert mem.search("garden \ud800", k=1)  # a lone surrogate that stands for no byte
+    issue = next(i for i in mem.check().issues if i.path == "notes/latin.md")
+    assert issue.code == "not-utf8" and issue.severity == "warning" and "byte 14" in issue.message
+    r = subprocess.run([sys.executable, "-m", "hutch", "mem", "--store", str(store_dir), "search",
+                        b"caf\xe9 garden", "--explain"], capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    assert b"notes/latin" in r.stdout and b"Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "hutch", "mem", "--store", str(store_dir), "check"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "notes/latin.md: has bytes that are not UTF-8" in r.stdout
