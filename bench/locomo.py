@@ -2,16 +2,26 @@
 
 Each conversation is ingested through the public API (`Memory.ingest_conversation`)
 into its own store; every question of categories 1-4 is asked with
-`mem.search(question, k=20, classes=["interactions"])`, and turn-level
+`mem.search(question, k=20, classes=["interactions"])` (relative time words
+read by search's own rule; `--now last-session` passes the last session's
+time as now=), and turn-level
 evidence recall@k is the share of the question's evidence turns (dia_ids)
 among the anchors of the top k hits, averaged over questions.
 
-    .venv/bin/python bench/locomo.py [--data DIR] [--fusion weighted|rrf] [--now last-session|clock] [--json out.json]
+    .venv/bin/python bench/locomo.py [--data DIR] [--fusion learned|weighted|rrf] [--now last-session|clock]
+                                     [--fit ranker.json] [--json out.json]
 
 Prints recall@1/5/10/20 per category and overall, MRR, index build rate and
 query latency p50/p99, side by side with the BM25-only peer (the `bm25`
 channel's own ranking from the same hits is not enough, so the peer is FTS5
-BM25 over the same turn texts, computed from the same index).
+BM25 over the same turn texts, computed from the same index); R@5 / R@10 with
+the API's defaults (`mem.search(q, k=10)`: no classes, no now); and the learned
+second stage by leave-one-conversation-out: fitted on the other conversations'
+questions and scored on the held-out one, in turn ("rotated"), beside the
+first stage alone and the in-sample fit, per category and per conversation,
+with the bench's settings and with the API's defaults. Only the rotated
+figures judge a change. `--fit` writes the second stage fitted on every
+conversation given (what ships as hutch/memory/_index/ranker.json).
 """
 
 from __future__ import annotations
@@ -27,7 +37,10 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -37,7 +50,9 @@ from hutch.memory._ingest import _parse_locomo_time, _session_numbers  # noqa: E
 
 CATS = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 KS = (1, 5, 10, 20)
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev"
+# shared/data/locomo-dev beside the repository (/work/main) or beside the worktrees' folder (/work/wt/<name>)
+DEFAULT_DATA = next((p / "shared" / "data" / "locomo-dev" for p in Path(__file__).resolve().parents
+                     if (p / "shared" / "data" / "locomo-dev").is_dir()), Path("shared/data/locomo-dev"))
 
 
 def questions(path: str) -> list[dict]:
@@ -95,18 +110,85 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
+def recall_table(title: str, ranked: list[list[str]], qs: list[dict], convs: list[str] | None = None) -> dict:
+    """Print one line per category (R@1/5/10/20, MRR on the first) and, with `convs`, R@5 / R@10 per conversation."""
+    r = score(ranked, qs)
+    print(f"  {title}")
+    for c in ["all", *CATS.values()]:
+        extra = f" {r['mrr']:6.3f}" if c == "all" else ""
+        print(f"    {c:12s} " + " ".join(f"{r[c][k]:6.1f}" for k in KS) + extra)
+    if convs:
+        per = []
+        for conv in sorted(set(convs)):
+            idx = [i for i, c in enumerate(convs) if c == conv]
+            sub = score([ranked[i] for i in idx], [qs[i] for i in idx])
+            per.append(f"{conv} {sub['all'][5]:.1f} / {sub['all'][10]:.1f}")
+        print("    R@5 / R@10 per conversation: " + ", ".join(per))
+    return r
+
+
+def rerank(pools: list[dict], model) -> list[list[str]]:
+    """The anchors of each pool re-ordered by a second-stage model (a _rerank.Ranker)."""
+    out = []
+    for d in pools:
+        if not len(d["X"]):
+            out.append([])
+            continue
+        order = np.argsort(-model.score(d["X"]), kind="stable")
+        out.append([d["anchors"][i] for i in order])
+    return out
+
+
+def rotated(pools: list[dict], qs: list[dict], convs: list[str], l2: float, names, also=None
+            ) -> tuple[list[list[str]], list]:
+    """Leave one conversation out: for each, the second stage fitted on the others' questions (their pools, and
+    `also`'s: the other setting's) ranks its pools."""
+    from hutch.memory._index import _rerank
+
+    ranked: list[list[str] | None] = [None] * len(qs)
+    models = []
+    for held in sorted(set(convs)):
+        train = [i for i, c in enumerate(convs) if c != held]
+        X, y, g = training(pools, qs, train)
+        if also is not None:
+            X2, y2, g2 = training(also, qs, train)
+            X, y, g = np.vstack([X, X2]), np.r_[y, y2], np.r_[g, g2 + len(qs)]
+        model = _rerank.fit(X, y, g, l2=l2, names=names)
+        models.append((held, model))
+        test = [i for i, c in enumerate(convs) if c == held]
+        for i, r in zip(test, rerank([pools[i] for i in test], model)):
+            ranked[i] = r
+    return ranked, models
+
+
+def training(pools, qs, idx):
+    X = np.vstack([pools[i]["X"] for i in idx if len(pools[i]["X"])])
+    y = np.concatenate([[a in qs[i]["ev"] for a in pools[i]["anchors"]] for i in idx if len(pools[i]["X"])])
+    g = np.concatenate([[i] * len(pools[i]["X"]) for i in idx if len(pools[i]["X"])])
+    return X, y.astype(float), g
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(DEFAULT_DATA))
-    ap.add_argument("--fusion", default="weighted", choices=["weighted", "rrf"])
-    ap.add_argument("--now", default="last-session", choices=["last-session", "clock"],
-                    help="what relative time words in a question are read against")
+    ap.add_argument("--fusion", default="learned", choices=["learned", "weighted", "rrf"],
+                    help="the shipped pipeline's fusion (learned: the weighted sum, then the shipped second stage)")
+    ap.add_argument("--now", default="rule", choices=["rule", "last-session", "clock"],
+                    help="what relative time words in a question are read against: rule = no now= (search's own "
+                         "rule: the newest time among the candidates, at most the clock), last-session = now= "
+                         "the conversation's last session, clock = now= the current time")
+    ap.add_argument("--l2", type=float, default=1.0, help="the second stage's L2 penalty (standardised features)")
+    ap.add_argument("--fit", help="fit the second stage on every conversation given and write it here "
+                                  "(hutch/memory/_index/ranker.json ships it)")
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--pools", help="write the questions, first-stage lists and second-stage pools (pickle) here: "
+                                    "fit and score variants offline in seconds")
     args = ap.parse_args()
     files = sorted(glob.glob(os.path.join(args.data, "*.json")))
     if not files:
         sys.exit(f"no LoCoMo JSON files in {args.data}")
-    ranked, peer, qs, lat = [], [], [], []
+    ranked, peer, qs, lat, convs = [], [], [], [], []
+    defaults, first_b, first_d, pools_b, pools_d, reasoned = [], [], [], [], [], []
     ingest_s = index_s = 0.0
     n_entities = n_units = 0
     tmp = tempfile.mkdtemp(prefix="hutch-locomo-")
@@ -122,17 +204,40 @@ def main() -> None:
             index_s += t2 - t1
             n_entities += rep.entities
             n_units += rep.units
-            now = last_session_time(f) if args.now == "last-session" else None
+            now = (last_session_time(f) if args.now == "last-session" else
+                   datetime.now(timezone.utc).isoformat() if args.now == "clock" else None)
+            smart = (hutch.Memory(mem.root, reasoner=hutch.OpenAIReasoner(
+                os.environ["HUTCH_REASONER_URL"], os.environ.get("HUTCH_REASONER_MODEL", "gpt-4o-mini")))
+                if os.environ.get("HUTCH_REASONER_URL") else None)
             for q in questions(f):
+                if smart is not None:
+                    reasoned.append([h.anchor for h in smart.search(q["q"], k=20, classes=["interactions"], now=now)])
                 t = time.perf_counter()
                 hits = mem.search(q["q"], k=20, classes=["interactions"], fusion=args.fusion, now=now)
                 lat.append(1000 * (time.perf_counter() - t))
                 ranked.append([h.anchor for h in hits])
+                # the API's defaults: no classes, no now, k=10
+                defaults.append([h.anchor for h in mem.search(q["q"], k=10)])
+                # the first stage alone, with the second stage's pool and features (for leave-one-out)
+                for kw, first, pools in (({"classes": ["interactions"], "now": now}, first_b, pools_b),
+                                         ({}, first_d, pools_d)):
+                    got: dict = {}
+                    hits = mem.index.search(q["q"], k=20, fusion="weighted", collect=got, **kw)
+                    first.append([h.anchor for h in hits])
+                    pools.append(got or {"X": np.zeros((0, 1)), "anchors": []})
                 peer.append(bm25_peer(mem, q["q"], 20))
                 qs.append(q)
+                convs.append(Path(f).stem)
             mem.index.close()
+            if smart is not None:
+                smart.index.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if args.pools:
+        import pickle
+
+        Path(args.pools).write_bytes(pickle.dumps({"qs": qs, "convs": convs, "first_b": first_b, "first_d": first_d,
+                                                   "pools_b": pools_b, "pools_d": pools_d}))
     ours, base = score(ranked, qs), score(peer, qs)
     print(f"LoCoMo turn-level evidence recall, {len(files)} conversations, {len(qs)} questions (categories 1-4), "
           f"fusion={args.fusion}, now={args.now}")
@@ -144,12 +249,58 @@ def main() -> None:
         extra = (f" {ours['mrr']:6.3f}   " if c == "all" else f" {'':6s}   ")
         extra_b = (f" {base['mrr']:6.3f}" if c == "all" else "")
         print(f"{c:14s} " + " ".join(f"{a[k]:7.1f}" for k in KS) + extra + " ".join(f"{b[k]:7.1f}" for k in KS) + extra_b)
+    d = score(defaults, qs)
+    print(f"the API's defaults (mem.search(q, k=10): no classes, no now): R@5 {d['all'][5]:.1f}, R@10 {d['all'][10]:.1f}")
+    if reasoned:
+        rz = score(reasoned, qs)
+        print(f"with the reasoner ({os.environ['HUTCH_REASONER_URL']}): R@5 {rz['all'][5]:.1f}, R@10 "
+              f"{rz['all'][10]:.1f} (without: {ours['all'][5]:.1f}, {ours['all'][10]:.1f})")
+    else:
+        print("reasoner: none configured (set HUTCH_REASONER_URL, HUTCH_REASONER_MODEL and OPENAI_API_KEY for an "
+              "OpenAI-compatible endpoint to report with and without it)")
     print(f"index: {n_entities} entities ({n_units} units) ingested in {ingest_s:.2f} s, indexed in {index_s:.2f} s "
           f"= {n_entities / index_s:.0f} entities/s, {n_units / index_s:.0f} units/s")
     print(f"query latency (incl. freshness check and query embedding): p50 {statistics.median(lat):.1f} ms, "
           f"p99 {pct(lat, 99):.1f} ms")
+
+    # Leave one conversation out: everything fitted is fitted on the other conversations and scored on this one.
+    from hutch.memory._index import _rerank
+
+    out = {"ours": ours, "peer": base, "defaults": d}
+    print("\nsecond stage, leave-one-conversation-out (fitted on two conversations, scored on the third, rotated) "
+          "beside in-sample (fitted and scored on all); both fitted on the pools of both settings; "
+          "R@1 / R@5 / R@10 / R@20")
+    everything = list(range(len(qs)))
+    if len(set(convs)) < 2:
+        print("(leave-one-conversation-out needs two conversations or more)")
+    for label, first, pools, other in ([] if len(set(convs)) < 2 else (
+            (f"bench settings (k=20, classes=interactions, now={args.now})", first_b, pools_b, pools_d),
+            ("API defaults (no classes, no now)", first_d, pools_d, pools_b))):
+        print(f"{label}:")
+        rows = {"first": recall_table("first stage (weighted sum)", first, qs, convs)}
+        for tag, names in (("shipped features", _rerank.SHIPPED), ("all features", _rerank.FEATURES)):
+            rot, _ = rotated(pools, qs, convs, args.l2, names, other)
+            rows[f"rotated, {tag}"] = recall_table(f"second stage, {tag}, ROTATED (held-out conversation)", rot, qs,
+                                                   convs)
+            X, y, g = training(pools, qs, everything)
+            X2, y2, g2 = training(other, qs, everything)
+            full = _rerank.fit(np.vstack([X, X2]), np.r_[y, y2], np.r_[g, g2 + len(qs)], l2=args.l2, names=names)
+            rows[f"in-sample, {tag}"] = recall_table(f"second stage, {tag}, in-sample (fitted on all)",
+                                                     rerank(pools, full), qs, convs)
+        out[label.split(" (")[0]] = rows
+    if args.fit:
+        X1, y1, g1 = training(pools_b, qs, everything)
+        X2, y2, g2 = training(pools_d, qs, everything)
+        model = _rerank.fit(np.vstack([X1, X2]), np.r_[y1, y2], np.r_[g1, g2 + len(qs)], l2=args.l2, meta={
+            "fitted_on": [Path(f).stem for f in files], "questions": len(qs), "l2": args.l2,
+            "how": "bench/locomo.py --fit: logistic regression, each question weighs the same, the pools of the "
+                   "bench settings and of the API defaults"})
+        Path(args.fit).write_text(model.to_json())
+        print(f"wrote the second stage fitted on {len(files)} conversations to {args.fit}")
+        for name, w in sorted(zip(model.names, model.weights), key=lambda t: -abs(t[1])):
+            print(f"  {name:16s} {w:+.3f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"ours": ours, "peer": base, "latency_ms": {
+        Path(args.json).write_text(json.dumps({**out, "latency_ms": {
             "p50": statistics.median(lat), "p99": pct(lat, 99)}, "index_s": index_s, "entities": n_entities,
             "units": n_units}, indent=1, default=str))
 

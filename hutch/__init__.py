@@ -58,6 +58,7 @@ _LAZY = {
     "Network": "hutch.sandbox._spec",
     "NetworkLog": "hutch.sandbox._wire",
     "OpenAIEmbeddings": "hutch.memory._index._embed",
+    "OpenAIReasoner": "hutch.memory._index._reason",
     "Process": "hutch.sandbox._process",
     "Sandbox": "hutch.sandbox.sandbox",
     "Volume": "hutch.sandbox.volume",

@@ -61,13 +61,14 @@ class Memory:
     """
 
     def __init__(self, path: str | os.PathLike, *, create: bool = True, author: str | None = None,
-                 embedder: Any = None):
+                 embedder: Any = None, reasoner: Any = None):
         self.root = Path(os.path.abspath(os.fspath(path)))
         self.author = _parse_author(author)
         self.git = Git(self.root)
         self._lock = StoreLock(self.root / DERIVED_DIR / LOCK_NAME, recover=self._recover)
         self._tx: Transaction | None = None
         self.embedder = embedder  # search: an EmbeddingProvider; None = the local default model
+        self.reasoner = reasoner  # search: an optional LLM (hutch.OpenAIReasoner); None = off
         self._search_index = None
         if not self.root.is_dir():
             if not create:
@@ -649,12 +650,14 @@ class Memory:
         if self._search_index is None:
             from hutch.memory._index import SearchIndex
 
-            self._search_index = SearchIndex(self, self.embedder)
+            self._search_index = SearchIndex(self, self.embedder, self.reasoner)
         return self._search_index
 
     def search(self, query: str, *, k: int = 10, classes=None, since: Any = None, until: Any = None,
-               as_of: Any = None, expand: int = 0, fusion: str = "weighted", now: Any = None):
-        """Hybrid search (BM25 + dense + entity + mentions + time, fused); returns a list of Hit.
+               as_of: Any = None, expand: int = 0, fusion: str = "learned", now: Any = None):
+        """Hybrid search (BM25 + dense + entity + mentions + time, fused, then a learned second stage); returns
+        a list of Hit. `fusion="weighted"` is the plain sum without the second stage, "rrf" reciprocal rank
+        fusion. A query of more than 4,096 characters is a ConfigError.
 
         Changes made to the files behind the API's back are indexed before the
         query answers. `classes` keeps those classes; `since` / `until` keep

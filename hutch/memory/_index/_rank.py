@@ -445,26 +445,13 @@ class Channel:
         return ranks_of(self.scores, mask & self.present, positions)
 
 
-def fused_top(channels: list[Channel], mask: np.ndarray, fusion: str, k: int
-              ) -> tuple[list[int], np.ndarray, dict[str, dict[int, int]]]:
-    """The fusion step: (the k best positions, best first; the fused score of every unit; per channel, the rank
-    of each of those positions that it found)."""
-    score = fuse(channels, mask, fusion)
-    top = top_k(score, mask, k)
-    ranks = {}
-    for ch in channels:
-        found = [p for p in top if ch.present[p]]
-        if found:
-            ranks[ch.name] = dict(zip(found, ch.ranks(mask, found)))
-    return top, score, ranks
-
-
-def fuse(channels: list[Channel], mask: np.ndarray, fusion: str) -> np.ndarray:
+def fuse(channels: list[Channel], mask: np.ndarray, fusion: str, scales: dict | None = None) -> np.ndarray:
     """Weighted sum of min-max normalised channels (default), or reciprocal rank fusion.
 
     Zero-based channels (BM25, entity, mention, time) are divided by their best score (`maxnorm`), the dense
     channel is scaled by its distribution (`dist_norm`). Written without boolean-indexed copies: at 100,000
-    units 3.5 -> 1.4 ms for three channels (docs/retrieval.md)."""
+    units 3.5 -> 1.4 ms for three channels (docs/retrieval.md). `scales` (weighted fusion) gets, per channel
+    that contributed, (offset, divisor): its contribution to a unit found is (score - offset) / divisor."""
     total = np.zeros(len(mask))
     full = bool(mask.all())
     for ch in channels:
@@ -485,6 +472,8 @@ def fuse(channels: list[Channel], mask: np.ndarray, fusion: str) -> np.ndarray:
             hi = vals.max()
             if hi > 0:
                 total[at] += vals / hi
+                if scales is not None:
+                    scales[ch.name] = (0.0, float(hi))
             continue
         vals = ch.scores if count == len(mask) else np.where(cand, ch.scores, 0.0)
         if ch.zero_based:
@@ -493,9 +482,20 @@ def fuse(channels: list[Channel], mask: np.ndarray, fusion: str) -> np.ndarray:
             hi = vals.max()
             if hi > 0:
                 total += vals / hi
+                if scales is not None:
+                    scales[ch.name] = (0.0, float(hi))
         else:
             total += dist_norm(vals, mask, full, ch.moments)
+            if scales is not None:
+                mu, sd = ch.moments if ch.moments is not None else _moments(vals, mask, full)
+                if sd > 0:
+                    scales[ch.name] = (float(mu - DIST_SD * sd), float(2 * DIST_SD * sd))
     return total
+
+
+def _moments(x: np.ndarray, mask: np.ndarray, full: bool) -> tuple[float, float]:
+    v = x if full else x[mask]
+    return (float(v.mean()), float(v.std())) if len(v) else (0.0, 0.0)
 
 
 def dist_norm(x: np.ndarray, mask: np.ndarray, full: bool | None = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
@@ -20,11 +20,11 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from hutch._core.errors import ConfigError, MalformedEntityWarning, SearchIndexError
-from hutch.memory._index import _channels, _lexicon, _query, _rank, _units
+from hutch.memory._index import _channels, _lexicon, _query, _rank, _reason, _rerank, _units
 from hutch.memory._index._db import IndexDB, SyncStats, file_digest
 from hutch.memory._index._embed import default_provider
 
-_FUSIONS = ("weighted", "rrf")
+_FUSIONS = ("learned", "weighted", "rrf")
 
 
 def _is_damage(e: sqlite3.DatabaseError) -> bool:
@@ -100,6 +100,7 @@ class IndexReport:
     seconds: float = 0.0
     lexicon: str | None = None  # the WordNet directory the category channel reads; None: that channel is off
     partial: tuple[str, ...] = ()  # files larger than UNIT_BYTES: only their start is units (the rest: words only)
+    reasoner_error: str | None = None  # the reasoner's last failure (search then answered without it)
 
     def lines(self) -> list[str]:
         """Human-readable report, one fact per line."""
@@ -124,6 +125,8 @@ class IndexReport:
             out.append(f"recovered: {r}")
         if self.embed_error:
             out.append(f"embedder failed: {self.embed_error}")
+        if self.reasoner_error:
+            out.append(f"reasoner failed (search answered without it): {self.reasoner_error}")
         out.append(f"lexicon: WordNet at {self.lexicon}" if self.lexicon else
                    "lexicon: none (category channel off: install Debian's wordnet-base, or set HUTCH_WORDNET_DIR)")
         return out
@@ -132,8 +135,10 @@ class IndexReport:
 class SearchIndex:
     """The search index of one store. `provider` embeds texts (default: the local MiniLM model)."""
 
-    def __init__(self, store: Any, provider: Any = None):
+    def __init__(self, store: Any, provider: Any = None, reasoner: Any = None):
         self.store = store
+        self.reasoner = reasoner  # optional LLM that rewrites questions and re-ranks the top hits (_reason)
+        self.reasoner_error: str | None = None  # its last failure (search then answered without it)
         self.root = Path(store.root)
         self.provider = provider or default_provider()
         self.idx = IndexDB(self.root, self.provider)
@@ -200,8 +205,9 @@ class SearchIndex:
 
     def search(self, query: str, *, k: int = 10, classes: Iterable[str] | str | None = None,
                since: Any = None, until: Any = None, as_of: Any = None, expand: int = 0,
-               fusion: str = "weighted", now: Any = None) -> list[Hit]:
-        """Hybrid search; see Memory.search."""
+               fusion: str = "learned", now: Any = None, collect: dict | None = None) -> list[Hit]:
+        """Hybrid search; see Memory.search. `collect` (bench/locomo.py): a dict that gets the second stage's
+        pool and features (see _search)."""
         if not isinstance(query, str) or not query.strip():
             raise ConfigError("search() needs a non-empty query string, e.g. mem.search('customer churn').")
         if len(query) > _units.MAX_QUERY_CHARS:
@@ -221,19 +227,52 @@ class SearchIndex:
         until_t = _units.epoch_of(until, "until")
         as_of_t = _units.epoch_of(as_of, "as_of")
         now_t = _units.epoch_of(now, "now")
-        # what "last week" in the question is read against: as_of if given, else now (default: the clock)
-        ref = as_of_t if as_of_t is not None else now_t if now_t is not None else time.time()
+        # what "last week" in the question is read against: as_of if given, else now, else (None) the newest
+        # time among the candidates, at most the clock (see _reference)
+        ref = as_of_t if as_of_t is not None else now_t
         self.refresh()
         self._name_malformed()
+        reason = self.reasoner is not None and collect is None
+        want = max(k, _reason.RERANK) if reason else k
+        args = (classes, since_t, until_t, as_of_t, 0 if reason else expand, fusion, ref)
         try:
-            return self._search(query, k, classes, since_t, until_t, as_of_t, expand, fusion, ref)
+            hits = self._search(query, want, *args, collect)
         except sqlite3.DatabaseError as e:
             if not _is_damage(e):
                 raise SearchIndexError(f"The search index {self.idx.path} is busy ({e}): retry the query.") from e
             self.idx.recover(e)
             self.snap = None
             self.refresh()
-            return self._search(query, k, classes, since_t, until_t, as_of_t, expand, fusion, ref)
+            hits = self._search(query, want, *args, collect)
+        if not reason:
+            return hits
+        hits = self._reasoned(query, hits, want, args)[:k]
+        if expand:
+            hits += self._expand(hits, expand, self._mask(classes, since_t, until_t, as_of_t), classes)
+        return hits
+
+    def _reasoned(self, query: str, hits: list[Hit], want: int, args) -> list[Hit]:
+        """The question's hits merged with those of the reasoner's rewritten searches (reciprocal rank), the
+        best RERANK re-ordered by it; its failure leaves the question's own hits (reasoner_error says why)."""
+        try:
+            lists = [hits] + [self._search(_units.valid_text(sub)[:_units.MAX_QUERY_CHARS], want, *args)
+                              for sub in self.reasoner.rewrite(query) if sub.strip()]
+            by_key: dict = {}
+            for hs in lists:
+                for h in hs:
+                    by_key.setdefault((h.entity_id, h.anchor), h)
+            cands = [by_key[key] for key in _reason.merge([[(h.entity_id, h.anchor) for h in hs] for hs in lists])]
+            top = cands[:_reason.RERANK]
+            order = _reason.reorder(len(top), self.reasoner.rerank(query, [h.text for h in top]))
+            cands = [top[i] for i in order] + cands[len(top):]
+        except SearchIndexError as e:
+            self.reasoner_error = str(e)
+            return hits
+        self.reasoner_error = None
+        n = len(cands)
+        return [replace(h, score=round((n - i) / n, 6), channels=MappingProxyType(
+            {**h.channels, "reasoner": MappingProxyType({"rank": i + 1, "score": round((n - i) / n, 6)})}))
+            for i, h in enumerate(cands)]
 
     def _name_malformed(self) -> None:
         """A warning naming the files search leaves out because their front matter is malformed (a hit's entity
@@ -251,6 +290,23 @@ class SearchIndex:
         warnings.warn(f"search leaves out {len(new)} file{'s' if len(new) > 1 else ''} whose front matter is "
                       "malformed, until fixed (`hutch mem check` lists them): "
                       f"{first[0] if first else new[0] + '.md'}{more}", MalformedEntityWarning, stacklevel=3)
+
+    def _reference(self, mask: np.ndarray) -> float:
+        """What relative time words in a question are read against when the caller gives no now= or as_of: the
+        newest time among the candidates (their entity's valid_from, else recorded_at, else created), at most the
+        clock. A store that is written as things happen has that time near the clock, so "last week" is last
+        week; in a conversation ingested later it is its last session: a question about a conversation is asked
+        from its end (as LoCoMo's are), not from the day it was imported."""
+        s = self.snap
+        key = ("reference", s.gen, len(mask), hash(mask.tobytes()))
+        if key not in s.memo:
+            if len(s.memo) >= 256:
+                s.memo.clear()
+            with np.errstate(invalid="ignore"):
+                tr = s.t_rec[:s.ne][s.epos[:s.n][mask]]
+            newest = float(np.nanmax(tr)) if len(tr) and not np.isnan(tr).all() else np.inf
+            s.memo[key] = newest
+        return min(time.time(), s.memo[key])
 
     def _mask(self, classes, since_t, until_t, as_of_t) -> np.ndarray:
         s = self.snap
@@ -277,8 +333,11 @@ class SearchIndex:
             mask &= ok
         return mask
 
-    def _search(self, query, k, classes, since_t, until_t, as_of_t, expand, fusion, ref) -> list[Hit]:
-        """One query's trip, forward: the filters' candidate mask, the reading, the channels, fusion, the hits."""
+    def _search(self, query, k, classes, since_t, until_t, as_of_t, expand, fusion, ref,
+                collect: dict | None = None) -> list[Hit]:
+        """One query's trip, forward: the filters' candidate mask, the reading, the channels, fusion, the learned
+        second stage (fusion="learned"), the hits. `collect` (bench/locomo.py) gets the second stage's pool and
+        features."""
         s = self.snap
         if s.n == 0:
             return []
@@ -286,19 +345,51 @@ class SearchIndex:
         if not mask.any():
             return []
         db = self.idx.db
-        reading = _query.read(query, db, ref)
+        reading = _query.read(query, db, self._reference(mask) if ref is None else ref)
         trip = _channels.Trip(s, db, mask, self.provider, self.idx.model_known and s.dense_ready(), self._counts,
                               self._sense_vecs)
         channels = _channels.run(reading, trip)
         if trip.embed_error is not None:
             self.idx.embed_error = trip.embed_error
-        top, score, ranks = _rank.fused_top(channels, mask, fusion, k)
+        scales: dict = {}
+        score = _rank.fuse(channels, mask, "rrf" if fusion == "rrf" else "weighted", scales)
+        model = _rerank.shipped() if fusion == "learned" else None
+        if model is None and collect is None:
+            top = _rank.top_k(score, mask, k)
+            final = score[top]
+        else:
+            # the second stage re-orders the fused list's best POOL units; past them the fused order stays
+            top = _rank.top_k(score, mask, max(k, _rerank.POOL))
+            pool = top[:_rerank.POOL]
+            X = _rerank.features(reading, s, db, channels, scales, score, pool,
+                                 _rerank.FEATURES if collect is not None else model.names)
+            if collect is not None:
+                collect.update(pool=pool, X=X, anchors=[s.anchor[p] for p in pool],
+                               entities=[s.entity_id[s.epos[p]] for p in pool])
+            final = score[top]
+            if model is not None:
+                # the model's probability that the unit is what the question asks for; past the pool, the fused
+                # order, scored below the pool's lowest
+                second = 1 / (1 + np.exp(-model.score(X)))
+                order = np.argsort(-second, kind="stable")
+                rest = top[len(pool):]
+                low = float(second.min()) if len(second) else 0.0
+                final = second[order]
+                if rest and score[pool[-1]] > 0:
+                    final = np.r_[final, low * np.maximum(score[rest], 0) / score[pool[-1]]]
+                top = [pool[i] for i in order] + rest
+            top, final = top[:k], final[:k]
+        ranks = {}
+        for ch in channels:
+            found = [p for p in top if ch.present[p]]
+            if found:
+                ranks[ch.name] = dict(zip(found, ch.ranks(mask, found)))
         hits = []
-        for p in top:
+        for p, sc in zip(top, final):
             chans = {ch.name: MappingProxyType({"rank": ranks[ch.name][p], "score": round(float(ch.scores[p]), 6)})
                      for ch in channels if p in ranks.get(ch.name, ())}
-            hits.append(Hit(s.entity_id[s.epos[p]], round(float(score[p]), 6), MappingProxyType(chans),
-                            s.anchor[p], self.store))
+            hits.append(Hit(s.entity_id[s.epos[p]], round(float(sc), 6), MappingProxyType(chans), s.anchor[p],
+                            self.store))
         if expand:
             hits += self._expand(hits, expand, mask, classes)
         return hits
@@ -387,7 +478,7 @@ class SearchIndex:
                            self.idx.meta("space_changed_from"), tuple(stale), tuple(missing), tuple(extra),
                            tuple(unreadable), tuple(self.idx.recovered), self.idx.embed_error,
                            time.perf_counter() - t0, str(wn.root) if (wn := _lexicon.wordnet()) else None,
-                           tuple(partial))
+                           tuple(partial), self.reasoner_error)
 
     def close(self) -> None:
         self.idx.close()

@@ -1,0 +1,70 @@
+"""The learned second stage (issue 16) and the reference time of relative words when no now= is given. Real
+store, real index; the model is the one shipped in the package (hutch/memory/_index/ranker.json)."""
+
+import copy
+from datetime import datetime, timezone
+
+import numpy as np
+
+from hutch.memory._index import _rerank
+from _search_helpers import CONVERSATION
+
+
+def _conversation():
+    c = copy.deepcopy(CONVERSATION)
+    c["session_2"][0]["text"] = "The boat is finally in the water, we sailed to the island last Saturday."
+    return c
+
+
+def test_the_shipped_model_loads_and_scores_with_numpy():
+    model = _rerank.shipped()
+    assert model is not None and set(model.names) == set(_rerank.SHIPPED) <= set(_rerank.FEATURES)
+    assert model.meta["fitted_on"] == ["conv-26", "conv-30", "conv-41"]
+    X = np.random.default_rng(1).random((7, len(_rerank.FEATURES)))
+    cols = [_rerank.FEATURES.index(f) for f in model.names]
+    want = ((X[:, cols] - model.mean) / model.scale) @ model.weights + model.bias
+    assert np.allclose(model.score(X), want)
+    assert _rerank.Ranker.from_json(model.to_json()).names == model.names
+
+
+def test_fit_learns_a_rule_from_the_features():
+    rng = np.random.default_rng(0)
+    X = rng.random((600, len(_rerank.FEATURES)))
+    turn = _rerank.FEATURES.index("turn")
+    X[:, turn] = rng.random(600) < 0.5
+    y = (X[:, turn] > 0) & (rng.random(600) < 0.6)  # only turns are ever relevant
+    model = _rerank.fit(X, y.astype(float), np.arange(600) // 20)
+    w = dict(zip(model.names, model.weights))
+    assert w["turn"] > 1 and all(abs(v) < 0.5 for k, v in w.items() if k != "turn")
+
+
+def test_the_second_stage_reorders_the_fused_pool(mem):
+    mem.ingest_conversation(_conversation(), conv_id="c1")
+    mem.reindex()
+    q = "What is the name of Nadia's puppy?"
+    got: dict = {}
+    first = mem.index.search(q, k=20, fusion="weighted", collect=got)
+    hits = mem.search(q, k=10)  # the default: fusion="learned"
+    model = _rerank.shipped()
+    order = np.argsort(-model.score(got["X"]), kind="stable")
+    want = [(got["entities"][i], got["anchors"][i]) for i in order][:10]
+    assert [(h.entity_id, h.anchor) for h in hits] == want
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert all(0 < h.score < 1 for h in hits)  # the model's probability
+    assert {(h.entity_id, h.anchor) for h in hits} <= {(h.entity_id, h.anchor) for h in first}
+    # a turn is what a question about a conversation asks for: the evidence turn leads, not the person or the day
+    assert hits[0].anchor in ("D1:3", "D1:5")
+    assert [h.anchor for h in mem.search(q, k=3, fusion="weighted")] == [h.anchor for h in first[:3]]
+
+
+def test_relative_words_are_read_from_the_newest_entry_without_now(mem):
+    # the conversation's last session is 20 June 2023: "last week" is 12..18 June 2023, when the boat sailed
+    # ("last Saturday", said on 20 June); read against the clock it would be a week of today, which has nothing
+    mem.ingest_conversation(_conversation(), conv_id="c1")
+    q = "Where did Tomas sail last week?"
+    hits = mem.search(q, k=3, classes=["interactions"])
+    sailed = next(h for h in hits if h.anchor == "D2:1")
+    assert "time" in sailed.channels
+    now = datetime.now(timezone.utc).isoformat()
+    assert all("time" not in h.channels for h in mem.search(q, k=3, classes=["interactions"], now=now))
+    assert "time" in mem.search(q, k=3, classes=["interactions"], now="2023-06-20")[0].channels
