@@ -1,0 +1,96 @@
+"""Fixtures of the adapter tests: a private daemon, a busybox image, a real store, and leak checks.
+
+The frameworks are real (LangChain, LangGraph, LlamaIndex, the anthropic and openai clients, the Agents SDK,
+smolagents); only the model is fake, at the model boundary (see fake_llm.py). A module whose framework is not
+installed is skipped with the extra that installs it (scripts/setup.sh installs them all).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+import hutch
+from hutch_testing import make_busybox_root, sdk_pointed_at, start_daemon, stop_daemon
+
+#: Every sandbox a test makes itself carries this tag; adapters tag theirs created_by=hutch-integrations.
+RUN_TAG = {"suite": f"integrations-{uuid.uuid4().hex[:8]}"}
+
+
+@pytest.fixture(scope="session")
+def daemon():
+    """A private hutch daemon for the session (the SDK points at it); every sandbox is gone at the end."""
+    run_dir = Path(tempfile.mkdtemp(prefix="hutch-integ-run-"))
+    proc = None
+    try:
+        with sdk_pointed_at(run_dir):
+            proc = start_daemon(run_dir)
+            try:
+                yield {"HUTCH_RUN_DIR": str(run_dir), "HUTCH_SOCKET": str(run_dir / "hutch.sock")}
+            finally:
+                if proc.poll() is None:
+                    for sb in hutch.Sandbox.list():
+                        sb.terminate()
+    finally:
+        if proc is not None:
+            stop_daemon(proc)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def busybox_image():
+    """A busybox root (sh, cat, ls, sed ...; no python) as an image."""
+    tmp = Path(tempfile.mkdtemp(prefix="hutch-integ-root-"))
+    try:
+        yield hutch.Image.from_directory(make_busybox_root(tmp / "root"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def opts(daemon, busybox_image):
+    """sandbox_options for an adapter that makes its own sandbox: the busybox image, a short life."""
+    return {"image": busybox_image, "timeout": 120, "tags": RUN_TAG}
+
+
+@pytest.fixture
+def sb(daemon, busybox_image):
+    """A busybox sandbox the test owns, terminated when it ends (also when it fails)."""
+    s = hutch.Sandbox.create(image=busybox_image, timeout=120, tags=RUN_TAG)
+    try:
+        yield s
+    finally:
+        s.terminate()
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A real store with a few entities."""
+    mem = hutch.Memory(tmp_path / "store")
+    acme = mem.put("orgs", "Acme", body="Acme worries about customer churn: clients cancel after onboarding.")
+    mem.link(mem.put("actors", "Alice Chen", body="Head of data at Acme.", facts=["prefers weekly reports"]),
+             "works_at", acme)
+    mem.put("topics", "Pricing", body="Tiered pricing was decided in November.")
+    return mem
+
+
+def running(tags: dict | None = None) -> list[str]:
+    """Ids of sandboxes an adapter made that are still running (tags: created_by=hutch-integrations)."""
+    want = {"created_by": "hutch-integrations", **(tags or {})}
+    return [s.id for s in hutch.Sandbox.list(tags=want) if s.status not in ("exited", "terminated", "timeout",
+                                                                              "idle_timeout", "oom", "failed")]
+
+
+@pytest.fixture
+def no_leaks(daemon):
+    """Asserts at the end of the test that no sandbox an adapter made in it is still running."""
+    before = set(running())
+    yield
+    left = set(running()) - before
+    for sid in left:   # clean up before failing, so one leak does not cascade into other tests
+        hutch.Sandbox.from_id(sid).terminate()
+    assert not left, f"sandboxes made by an adapter are still running: {sorted(left)}"
