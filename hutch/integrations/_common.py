@@ -321,10 +321,7 @@ class Toolbox:
             raise hutch.ConfigError(f"'content' is not valid base64 ({e}).") from None
         if len(data) > MAX_FILE:
             raise hutch.ConfigError(f"'content' is {len(data):,} bytes; at most {MAX_FILE:,} are written in one call.")
-        parent = posixpath.dirname(p)
-        if parent not in ("", "/"):
-            self.sandbox.files.mkdir(parent, parents=True)
-        self.sandbox.files.write(p, data)
+        self.sandbox.files.write(p, data)   # makes the parent directories
         return {"path": p, "size": len(data)}
 
     def list_files(self, path: Any = None) -> dict:
