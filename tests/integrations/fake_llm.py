@@ -81,3 +81,45 @@ def result_text(block: dict) -> str:
     if isinstance(c, list):
         return "".join(x.get("text", "") for x in c)
     return c or ""
+
+
+# ------------------------------------------------------------------ OpenAI answers
+
+_USAGE = {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2, "input_tokens_details": {"cached_tokens": 0},
+          "output_tokens_details": {"reasoning_tokens": 0}}
+
+
+def responses_calls(*calls, rid: str = "resp_1") -> dict:
+    """A Responses API answer asking for function calls: (call_id, name, arguments: dict or raw str)."""
+    out = [{"type": "function_call", "id": f"fc_{c}", "call_id": c, "name": n, "status": "completed",
+            "arguments": a if isinstance(a, str) else json.dumps(a)} for c, n, a in calls]
+    return {"id": rid, "object": "response", "created_at": 0, "status": "completed", "model": "gpt-fake",
+            "output": out, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "usage": _USAGE}
+
+
+def responses_text(text: str, rid: str = "resp_end") -> dict:
+    msg = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+           "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    return {"id": rid, "object": "response", "created_at": 0, "status": "completed", "model": "gpt-fake",
+            "output": [msg], "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "usage": _USAGE}
+
+
+def chat_calls(*calls) -> dict:
+    tcs = [{"id": c, "type": "function", "function": {"name": n, "arguments": a if isinstance(a, str) else json.dumps(a)}}
+           for c, n, a in calls]
+    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "gpt-fake",
+            "choices": [{"index": 0, "finish_reason": "tool_calls",
+                         "message": {"role": "assistant", "content": None, "tool_calls": tcs}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
+def chat_text(text: str) -> dict:
+    return {"id": "chatcmpl-2", "object": "chat.completion", "created": 0, "model": "gpt-fake",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
+def function_outputs(request: dict) -> dict[str, str]:
+    """call_id -> output of the function_call_output items a Responses request carried."""
+    items = request.get("input") or []
+    return {i["call_id"]: i["output"] for i in items if isinstance(i, dict) and i.get("type") == "function_call_output"}
