@@ -8,6 +8,7 @@
                                     handle(response, sandbox=, memory=) ('hutch[anthropic]')
     hutch.integrations.openai       Agents SDK function tools, and handle() for Responses / Chat Completions
                                     tool calls ('hutch[openai]')
+    hutch.integrations.openai_sandbox  HutchSandboxClient: hutch as the Agents SDK's SandboxAgent backend
     hutch.integrations.smolagents   HutchExecutor: a CodeAgent's code runs in a hutch sandbox ('hutch[smolagents]')
 
 Each adapter is a thin shell over `_common.Toolbox`, which does the work with hutch's public API only.
