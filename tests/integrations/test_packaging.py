@@ -64,3 +64,24 @@ def test_the_extras_are_declared():
         assert extras[extra], extra
         assert f"hutch[{extra}" in "".join(extras["integrations"]) or extra in extras["integrations"][0]
     assert not any("torch" in d for deps in extras.values() for d in deps)
+
+
+PUBLIC = {
+    "langchain": ["HutchToolkit"], "langgraph": ["HutchStore"], "llamaindex": ["HutchToolSpec", "HutchRetriever"],
+    "anthropic": ["HutchMemoryTool", "HutchBashTool", "HutchTextEditorTool", "handle", "tools", "tool_params"],
+    "openai": ["HutchTools", "handle"], "openai_sandbox": ["HutchSandboxClient", "HutchSandboxClientOptions"],
+    "smolagents": ["HutchExecutor"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_public_names_are_documented(module):
+    import importlib
+
+    m = importlib.import_module(f"hutch.integrations.{module}")
+    docs = (pathlib.Path(hutch.__file__).parent.parent / "docs" / "integrations.md").read_text()
+    assert m.__doc__ and f"hutch.integrations.{module}" in docs
+    for name in PUBLIC[module]:
+        obj = getattr(m, name)
+        assert obj.__doc__ and obj.__doc__.strip(), f"{module}.{name} has no docstring"
+        assert name in docs, f"{module}.{name} is not in docs/integrations.md"
