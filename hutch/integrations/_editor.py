@@ -12,7 +12,7 @@ from typing import Any
 
 import hutch
 from hutch.integrations._common import MAX_ENTRIES, MAX_FILE, Toolbox, text_arg
-from hutch.integrations._memfiles import insert_lines, numbered, replace_once, snippet, view_range
+from hutch.integrations._memfiles import capped_view, insert_lines, replace_once, snippet, view_range
 
 
 class Editor:
@@ -63,7 +63,7 @@ class Editor:
                     + "\n".join([p, *sorted(lines)][:MAX_ENTRIES + 1]))
         lines = self._read(p).split("\n")
         lo, hi = view_range(a.get("view_range"), len(lines))
-        out = numbered(lines[lo:hi], lo + 1)
+        out = capped_view(lines[lo:hi], lo + 1)
         if self.max_characters is not None and len(out) > self.max_characters:
             out = out[:self.max_characters] + f"\n[cut at {self.max_characters:,} characters: view a line range]"
         return out

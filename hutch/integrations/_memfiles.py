@@ -27,10 +27,25 @@ ROOT = "/memories"
 _CLASS = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 _FACT_BULLETS = re.compile(r"(?m)^##[ \t]+Facts[ \t]*\r?\n(?:[ \t]*\r?\n)*[ \t]*[-*] ")
 NUMBER_WIDTH = 6
+#: Characters a view shows at most (a model's context is not a place for megabytes): past it, view a range.
+MAX_VIEW = 200_000
 
 
 def numbered(lines: list[str], start: int = 1) -> str:
     return "\n".join(f"{str(i).rjust(NUMBER_WIDTH)}\t{line}" for i, line in enumerate(lines, start))
+
+
+def capped_view(lines: list[str], start: int) -> str:
+    """Numbered lines, cut at MAX_VIEW characters with a note naming the range to view next."""
+    out, size = [], 0
+    for i, line in enumerate(lines, start):
+        row = f"{str(i).rjust(NUMBER_WIDTH)}\t{line}"
+        if size + len(row) > MAX_VIEW:
+            out.append(f"[cut at {MAX_VIEW:,} characters: view_range [{i}, -1] shows the rest]")
+            break
+        out.append(row)
+        size += len(row) + 1
+    return "\n".join(out)
 
 
 def _size(n: int) -> str:
@@ -198,7 +213,7 @@ class MemoryFiles:
         cls, slug, shown = self._file(shown)
         lines = self._text(f"{cls}/{slug}").split("\n")
         lo, hi = view_range(a.get("view_range"), len(lines))
-        return f"Here's the content of {shown} with line numbers:\n" + numbered(lines[lo:hi], lo + 1)
+        return f"Here's the content of {shown} with line numbers:\n" + capped_view(lines[lo:hi], lo + 1)
 
     def create(self, a: dict, source: str) -> str:
         cls, slug = self.parse(a.get("path"))

@@ -221,3 +221,18 @@ def test_a_tool_hutch_was_not_given_says_what_to_pass(store):
         r = client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}])
         res = ha.handle(r, memory=store)
     assert [x["tool_use_id"] for x in res] == ["b"] and res[0]["is_error"] and "sandbox=" in res[0]["content"]
+
+
+def test_a_huge_file_is_viewed_in_bounded_pieces(store, sb):
+    big = "".join(f"line {i} " + "x" * 60 + "\n" for i in range(20_000))   # 1.3 MB
+    store.put("notes", "big", body="\n" + big[:1_000_000], slug="big")
+    sb.files.write("/home/user/big.txt", big)
+    with ScriptedAPI([claude_tool_use(("m", "memory", {"command": "view", "path": "/memories/notes/big.md"}),
+                                      ("e", "str_replace_based_edit_tool", {"command": "view",
+                                                                            "path": "/home/user/big.txt"})),
+                      claude_text("ok")]) as api:
+        loop(api, sandbox=sb, memory=store)
+    sent = tool_results(api.requests[1])
+    for k in ("m", "e"):
+        text = result_text(sent[k])
+        assert len(text) < 210_000 and "view_range [" in text.splitlines()[-1], text[-300:]
