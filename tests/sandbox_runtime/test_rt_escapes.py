@@ -176,6 +176,38 @@ def test_no_syscall_regains_privileges_or_reaches_the_kernel(api, pysb):
     assert odd == {}, f"refused for another reason than policy: {odd}"
 
 
+LEGACY_ABI = """
+import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    r = libc.syscall(nr, *args)
+    return ctypes.get_errno() if r < 0 else 0
+buf = ctypes.create_string_buffer(16)
+out = {}
+# 16-bit segments: read and write the LDT
+out["modify_ldt_read"] = call(154, 0, buf, 16)
+out["modify_ldt_write"] = call(154, 1, buf, 16)
+# personalities Docker refuses: every readable mapping executable, no address randomisation, page 0 mapped
+for name, persona in (("read_implies_exec", 0x0400000), ("addr_no_randomize", 0x0040000),
+                      ("mmap_page_zero", 0x0100000), ("linux_with_high_bits", 0x0400000 | 0x0008)):
+    out[name] = call(135, persona)
+# and those it allows, each set back to PER_LINUX again
+allowed = {}
+for persona in (0x0, 0x8, 0x20000, 0x20008):
+    allowed[hex(persona)] = call(135, persona)
+    call(135, 0)
+allowed["query"] = call(135, 0xFFFFFFFF)
+print(json.dumps({"refused": out, "allowed": allowed}))
+"""
+
+
+def test_legacy_abi_syscalls_are_refused(api, pysb):
+    got = run_py(api, pysb, LEGACY_ABI)
+    assert got["refused"] == {k: errno.EPERM for k in got["refused"]}, got
+    assert got["allowed"] == {k: 0 for k in got["allowed"]}, got
+
+
 def test_no_new_user_namespace_from_the_shell(api, image):
     sid = api.create(image)["id"]
     out, err, _ = api.sh(sid, "unshare -U -r id -u 2>&1; unshare -m -r true 2>&1; "
@@ -422,6 +454,49 @@ def test_no_device_node_kernel_log_or_module_is_reachable(api, image):
               "echo end")
     out, err, _ = api.sh(sid, script)
     assert out.split() == ["0", "0", "end"], out
+
+
+def _host_block_dirs() -> list[str]:
+    """Where sysfs keeps the host's disks (their I/O counters), as the host sees it."""
+    out = set()
+    for name in os.listdir("/sys/class/block"):
+        path = os.path.realpath(f"/sys/class/block/{name}")
+        while os.path.basename(path) != "block":
+            path = os.path.dirname(path)
+        out.add(path)
+    return sorted(out)
+
+
+def test_host_wide_information_is_masked(api, image):
+    """The kernel's command line and config, the host's disks, interrupts and pressure: empty inside."""
+    sid = api.create(image)["id"]
+    files = [p for p in ("/proc/cmdline", "/proc/config.gz", "/proc/diskstats", "/proc/partitions",
+                         "/proc/interrupts", "/proc/softirqs", "/proc/swaps", "/proc/mdstat",
+                         "/proc/pressure/cpu", "/proc/pressure/io", "/proc/pressure/memory")
+             if os.path.exists(p)]
+    assert "/proc/cmdline" in files and "/proc/diskstats" in files and Path("/proc/cmdline").read_text()
+    dirs = [p for p in ["/proc/pressure", "/sys/fs", "/sys/devices/virtual/block"] + _host_block_dirs()
+            if os.path.isdir(p)]
+    script = "; ".join([f"cat {f} 2>/dev/null | wc -c" for f in files]
+                       + [f"ls -A {d} 2>/dev/null | wc -l" for d in dirs])
+    out, err, _ = api.sh(sid, script)
+    got = dict(zip(files + dirs, out.split()))
+    assert got == {p: "0" for p in files + dirs}, got
+    # nowhere else in /sys either: no block device's counters (/sys/block and co. only link into the masked
+    # directories), no filesystem's statistics
+    out, _, _ = api.sh(sid, "find /sys -name stat -path '*block*' 2>/dev/null | head -3; "
+                            "cat /sys/block/*/stat /sys/class/block/*/stat /sys/dev/block/*/stat 2>/dev/null | head -3; "
+                            "cat /sys/block/*/size 2>/dev/null | head -3; "
+                            "find /sys -path '*/fs/*' -name lifetime_write_kbytes 2>/dev/null | head -3; echo end")
+    assert out == "end\n", out
+    # a pressure trigger (host-wide, a kernel resource per fd) cannot be armed
+    out, _, _ = api.sh(sid, "(printf 'some 150000 1000000' > /proc/pressure/memory) 2>/dev/null && echo armed; "
+                            "echo end")
+    assert out == "end\n", out
+    # what programs need stays: their own status, CPU counts and times, the CPUs that are online
+    out, err, _ = api.sh(sid, "grep -c ^Pid: /proc/self/status; grep -c ^cpu /proc/stat | grep -qv ^0 && echo stat; "
+                              "cat /sys/devices/system/cpu/online | grep -q . && echo online")
+    assert out.split() == ["1", "stat", "online"], out + err
 
 
 def test_sys_and_proc_sys_refuse_writes(api, image):

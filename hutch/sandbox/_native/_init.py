@@ -19,20 +19,43 @@ from hutch.sandbox._native import _wire
 # Standard library only, and little of it: every module the zygote imports is memory each init may
 # copy on write, and mappings each clone() copies (secrets would bring OpenSSL, shutil zlib/bz2/lzma).
 
-# Paths under /proc that leak host information or reach host-wide knobs (Docker's list).
-PROC_MASK_FILES = ("kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug", "sysrq-trigger")
-PROC_MASK_DIRS = ("acpi", "asound", "scsi")
+# Paths under /proc that leak host information or reach host-wide knobs: Docker's list (kcore ... scsi,
+# interrupts), and what else shows host-wide figures: the kernel's command line and config, the host's disks
+# (diskstats, partitions, swaps, mdstat), interrupt counts (softirqs), pressure (PSI: its files also take
+# host-wide triggers). Files are covered by /dev/null, directories by an empty read-only tmpfs.
+PROC_MASK_FILES = ("cmdline", "config.gz", "diskstats", "interrupts", "kcore", "keys", "latency_stats", "mdstat",
+                   "partitions", "sched_debug", "softirqs", "swaps", "sysrq-trigger", "timer_list", "timer_stats")
+PROC_MASK_DIRS = ("acpi", "asound", "pressure", "scsi")
 # Root-only files that show physical memory and the kernel heap's layout (what rowhammer and heap exploits
 # want): unreadable to root in a user namespace, so masked only without one (HUTCH_USERNS=0: host root).
 PROC_ROOT_ONLY = ("kpagecgroup", "kpagecount", "kpageflags", "pagetypeinfo", "slabinfo", "vmallocinfo")
 PROC_READONLY = ("bus", "fs", "irq", "sys")
-SYS_MASK_DIRS = ("firmware", "devices/virtual/powercap")
+# /sys: firmware tables, power capping (Docker's list); the host's filesystems' statistics (fs: ext4, xfs,
+# btrfs ...) and block devices (their I/O counters, as in /proc/diskstats) where sysfs keeps them: the virtual
+# ones' directory and each disk's (_block_device_dirs); /sys/block, class/block and dev/block only link there.
+SYS_MASK_DIRS = ("devices/virtual/block", "devices/virtual/powercap", "firmware", "fs")
 DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
 # Ptys one sandbox may hold: kernel.pty.max (4096, 1024 of them kept for the host's own /dev/pts) is shared
 # by every devpts instance, so without a bound one sandbox could take them all from the others.
 MAX_PTYS = 64
 NODEV = L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC
 _MASKS: tuple | None = None   # (proc files, root-only ones, proc dirs, proc read-only, sys dirs) this kernel has
+
+
+def _block_device_dirs() -> tuple[str, ...]:
+    """The `block` directories of the host's disks under /sys/devices (outside devices/virtual), relative."""
+    out = set()
+    try:
+        names = os.listdir("/sys/class/block")
+    except OSError:
+        return ()
+    for name in names:
+        path = os.path.realpath(f"/sys/class/block/{name}")
+        while path.startswith("/sys/devices/") and os.path.basename(path) != "block":
+            path = os.path.dirname(path)
+        if path.startswith("/sys/devices/") and not path.startswith("/sys/devices/virtual/"):
+            out.add(path[len("/sys/"):])
+    return tuple(sorted(out))
 
 
 def precompute() -> None:
@@ -46,7 +69,7 @@ def precompute() -> None:
               tuple(n for n in PROC_ROOT_ONLY if os.path.exists(f"/proc/{n}")),
               tuple(n for n in PROC_MASK_DIRS if os.path.isdir(f"/proc/{n}")),
               tuple(n for n in PROC_READONLY if os.path.exists(f"/proc/{n}")),
-              tuple(n for n in SYS_MASK_DIRS if os.path.isdir(f"/sys/{n}")))
+              tuple(n for n in SYS_MASK_DIRS if os.path.isdir(f"/sys/{n}")) + _block_device_dirs())
     L.cap_last_cap()
 _UPPER = -1   # O_PATH fd of the overlay's writable layer
 
@@ -185,15 +208,18 @@ def _setup_root(plan: dict, trees=()) -> None:
     proc_files, root_only, proc_dirs, proc_ro, sys_dirs = _MASKS
     for name in proc_files + (() if userns else root_only):
         L.mount("/dev/null", f"{proc}/{name}", None, L.MS_BIND)
+    # one empty read-only tmpfs, bound over every masked directory (a bind is cheaper than a superblock each)
+    os.mkdir("empty", 0o555)
+    L.mount("hutch", "empty", "tmpfs", NODEV | L.MS_RDONLY, "size=4k,nr_inodes=1,mode=0555")
     for name in proc_dirs:
-        L.mount("hutch", f"{proc}/{name}", "tmpfs", NODEV | L.MS_RDONLY, "size=4k,mode=0555")
+        L.mount("empty", f"{proc}/{name}", None, L.MS_BIND)
     for name in proc_ro:
         _ro_bind(f"{proc}/{name}", NODEV)
 
     sysfs = _safe_target(root, "/sys", False)
     L.mount("sysfs", sysfs, "sysfs", NODEV | L.MS_RDONLY)
     for name in sys_dirs:
-        L.mount("hutch", f"{sysfs}/{name}", "tmpfs", NODEV | L.MS_RDONLY, "size=4k,mode=0555")
+        L.mount("empty", f"{sysfs}/{name}", None, L.MS_BIND)
 
     dev = _safe_target(root, "/dev", False)
     L.mount("hutch", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "mode=0755,size=64k")

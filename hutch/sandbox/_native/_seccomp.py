@@ -8,6 +8,10 @@ returns ENOSYS, as on a kernel without AIO (fs.aio-max-nr counts contexts
 host-wide: one sandbox could take them all from the host and the others);
 socket() of AF_VSOCK returns EAFNOSUPPORT (vsock is not network-namespaced: it
 would reach the VM's host whatever the sandbox's network; Docker refuses it too);
+modify_ldt() returns EPERM (16-bit segments: old exploits' favourite, nothing a
+64-bit program needs); personality() is allowed only for the values Docker allows
+(PER_LINUX, PER_LINUX32, either with UNAME26, and the query 0xffffffff), so no
+READ_IMPLIES_EXEC (every readable mapping executable) or ADDR_NO_RANDOMIZE;
 any other architecture or the x32 ABI kills the process. Docker's profile is an
 allow list; a deny list admits syscalls that future kernels add (see
 docs/architecture.md).
@@ -29,6 +33,9 @@ NR_CLONE = 56
 NR_CLONE3 = 435
 NR_IO_SETUP = 206
 NR_SOCKET = 41
+NR_PERSONALITY = 135
+# personality(2) values Docker's profile allows: PER_LINUX, UNAME26, PER_LINUX32, PER_LINUX32|UNAME26, query.
+PERSONALITIES = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 AF_VSOCK = 40
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
@@ -41,7 +48,7 @@ DENIED = {
     "fsmount": 432, "fsopen": 430, "fspick": 433, "get_kernel_syms": 177, "init_module": 175, "ioperm": 173,
     "iopl": 172, "io_uring_enter": 426, "io_uring_register": 427, "io_uring_setup": 425, "kcmp": 312,
     "kexec_file_load": 320, "kexec_load": 246, "keyctl": 250, "lookup_dcookie": 212, "mount": 165,
-    "mount_setattr": 442, "move_mount": 429, "move_pages": 279, "name_to_handle_at": 303, "nfsservctl": 180,
+    "modify_ldt": 154, "mount_setattr": 442, "move_mount": 429, "move_pages": 279, "name_to_handle_at": 303, "nfsservctl": 180,
     "open_by_handle_at": 304, "open_tree": 428, "open_tree_attr": 467, "perf_event_open": 298, "pivot_root": 155,
     "process_vm_readv": 310, "process_vm_writev": 311, "ptrace": 101, "query_module": 178, "quotactl": 179,
     "quotactl_fd": 443, "reboot": 169, "request_key": 249, "setns": 308, "settimeofday": 164, "swapoff": 168,
@@ -76,6 +83,7 @@ def build_filter() -> bytes:
     op(_JEQ, NR_IO_SETUP, "enosys", 0)
     op(_JEQ, NR_IOCTL, "ioctl", 0)
     op(_JEQ, NR_SOCKET, "socket", 0)
+    op(_JEQ, NR_PERSONALITY, "personality", 0)
     for nr in sorted(DENIED.values()):
         op(_JEQ, nr, "eperm", 0)
     op(_RET, RET_ALLOW)
@@ -91,6 +99,13 @@ def build_filter() -> bytes:
     label("socket")
     op(_LD_W_ABS, 16)                                  # args[0] (domain)
     op(_JEQ, AF_VSOCK, "eafnosupport", 0)
+    op(_RET, RET_ALLOW)
+    label("personality")
+    op(_LD_W_ABS, 16)                                  # args[0] (persona: an unsigned int, low 32 bits)
+    for value in PERSONALITIES:
+        op(_JEQ, value, "allow", 0)
+    op(_RET, RET_ERRNO | errno.EPERM)
+    label("allow")
     op(_RET, RET_ALLOW)
     label("eafnosupport")
     op(_RET, RET_ERRNO | errno.EAFNOSUPPORT)
