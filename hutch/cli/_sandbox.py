@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 
@@ -38,9 +39,16 @@ def _mounts(values) -> list:
     out = []
     for v in values:
         parts = v.split(":")
-        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
-            raise click.BadParameter(f"{v!r} is not SRC:DST or SRC:DST:rw", param_hint="--mount")
-        out.append(hutch.Mount.bind(parts[0], parts[1], readonly=not (len(parts) == 3 and parts[2] == "rw")))
+        if len(parts) not in (2, 3, 4) or (len(parts) >= 3 and parts[2] not in ("ro", "rw")) or (
+                len(parts) == 4 and (parts[2] != "rw" or not re.fullmatch(r"root|\d+(,\d+)?", parts[3]))):
+            raise click.BadParameter(f"{v!r} is not SRC:DST, SRC:DST:rw or SRC:DST:rw:OWNER (OWNER: a host uid, "
+                                     "UID,GID, or root)", param_hint="--mount")
+        owner = None
+        if len(parts) == 4:
+            owner = "root" if parts[3] == "root" else tuple(int(i) for i in parts[3].split(","))
+            owner = owner[0] if isinstance(owner, tuple) and len(owner) == 1 else owner
+        out.append(hutch.Mount.bind(parts[0], parts[1], readonly=not (len(parts) >= 3 and parts[2] == "rw"),
+                                    owner=owner))
     return out
 
 
@@ -59,8 +67,9 @@ def _sandbox_options(f):
         click.option("--cpu", type=float, default=1.0, show_default=True, help="CPUs, like 0.5 or 2."),
         click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds the sandbox may live."),
         click.option("--env", "-e", multiple=True, metavar="K=V", help="An environment variable (repeatable)."),
-        click.option("--mount", "-v", multiple=True, metavar="SRC:DST[:rw]",
-                     help="Bind a host path, read-only unless ':rw' (repeatable)."),
+        click.option("--mount", "-v", multiple=True, metavar="SRC:DST[:rw[:OWNER]]",
+                     help="Bind a host path, read-only unless ':rw' (repeatable). What the sandbox writes there is "
+                          "owned by an unprivileged uid of its own, or by OWNER (a host uid, UID,GID, or root)."),
         click.option("--allow-domain", multiple=True, metavar="NAME",
                      help="Allow egress to this DNS name or '*.domain' (repeatable). Default: no network."),
         click.option("--allow-cidr", multiple=True, metavar="CIDR", help="Allow egress to this IPv4 range (repeatable)."),

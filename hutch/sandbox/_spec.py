@@ -54,19 +54,50 @@ def _abs_path(path: str, what: str) -> str:
     return str(p)
 
 
+_MAX_ID = 4294967294   # (uid_t)-1 is "no id"
+
+
+def parse_owner(owner, readonly: bool) -> tuple[int, int] | None:
+    """Mount.bind's owner=: None, "root", a host uid (its gid the same number) or (uid, gid) -> (uid, gid)."""
+    if owner is None:
+        return None
+    if readonly:
+        raise InvalidSpecError("Mount.bind owner= chooses who owns what the sandbox writes, so it needs "
+                               "readonly=False; drop owner= for a read-only bind.")
+    if owner == "root":
+        return (0, 0)
+    ids = (owner, owner) if isinstance(owner, int) else tuple(owner) if isinstance(owner, (tuple, list)) else ()
+    if len(ids) != 2 or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= _MAX_ID for i in ids):
+        raise InvalidSpecError(f"Mount.bind owner={owner!r} must be a host uid like 1000, a (uid, gid) pair, "
+                               "or 'root' (then what the sandbox writes there is host root's).")
+    return ids
+
+
 @dataclass(frozen=True)
 class Mount:
-    """A filesystem mounted into a sandbox. Build with `Mount.bind`, `Mount.tmpfs` or `Mount.volume`."""
+    """A filesystem mounted into a sandbox. Build with `Mount.bind`, `Mount.tmpfs` or `Mount.volume`.
+
+    Every one is nosuid and nodev. What root in the sandbox writes through a writable bind is owned on
+    the host by the sandbox's own unprivileged uid, unless `owner` (host uid, gid) says otherwise.
+    """
 
     kind: Literal["bind", "tmpfs", "volume"]
     target: str
     source: str | None = None
     readonly: bool = True
     size: int | None = None
+    owner: tuple[int, int] | None = None
 
     @classmethod
-    def bind(cls, source: str, target: str, *, readonly: bool = True) -> "Mount":
-        """Bind a host path into the sandbox; read-only unless `readonly=False` is said."""
+    def bind(cls, source: str, target: str, *, readonly: bool = True, owner=None) -> "Mount":
+        """Bind a host path into the sandbox; read-only unless `readonly=False` is said.
+
+        Root in the sandbox writes there as an unprivileged host uid of the sandbox's own (no host user
+        becomes root through a setuid file it leaves), and host files show as their owners would to a
+        stranger: writable only where their mode lets others write. `owner=1000` (or `(uid, gid)`) makes
+        that host user root inside this bind instead: what root writes is theirs, files they own are
+        root's, other owners' files read-only; `owner="root"` does so for host root, explicitly.
+        """
         import os
 
         if not isinstance(source, (str, os.PathLike)):
@@ -76,7 +107,8 @@ class Mount:
             raise InvalidSpecError(
                 f"Mount.bind source {src!r} does not exist on the host; create it first or fix the path."
             )
-        return cls("bind", _abs_path(target, "Mount.bind target"), src, bool(readonly))
+        return cls("bind", _abs_path(target, "Mount.bind target"), src, bool(readonly),
+                   owner=parse_owner(owner, bool(readonly)))
 
     @classmethod
     def tmpfs(cls, target: str, *, size: int | str = "64M") -> "Mount":
@@ -287,7 +319,8 @@ class SandboxSpec:
             return cls(
                 command=tuple(d.get("command", ())),
                 image=d.get("image", DEFAULT_IMAGE),
-                mounts=tuple(Mount(**m) for m in d.get("mounts", ())),
+                mounts=tuple(Mount(**{**m, "owner": tuple(m["owner"]) if m.get("owner") is not None else None})
+                             for m in d.get("mounts", ())),
                 network=Network.from_dict(d.get("network", {"mode": "none"})),
                 limits=Limits(**d.get("limits", {})),
                 timeout=d.get("timeout", DEFAULT_TIMEOUT),

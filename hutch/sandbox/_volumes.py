@@ -7,6 +7,10 @@ inside the volume, never on the host.
 Concurrent writers (documented in docs/images.md): a volume is one shared directory, no
 locking across sandboxes; the last writer of a file wins; a rename is atomic (readers see
 the old or the new file), and `Volume.write` writes a temp file and renames it.
+
+Ownership: every sandbox maps its root to VOLUME_ID_BASE on a volume (an unprivileged host uid, the
+same for all, so that one sandbox's files are another's), and what the daemon writes into one is
+owned by that uid too; a volume made before that (host-root-owned) is shifted once on first use.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 
 from hutch._core import paths
 from hutch._core.errors import ConfigError, NotFoundError
+from hutch.sandbox._native._idmap import ID_COUNT, VOLUME_ID_BASE
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _NR_OPENAT2 = 437
@@ -45,12 +50,38 @@ def check_name(name) -> str:
 
 
 def data_dir(name: str) -> Path:
-    """The directory of an existing volume; NotFoundError names the fix."""
+    """The directory of an existing volume, owned as sandboxes see it; NotFoundError names the fix."""
     d = volumes_dir() / check_name(name)
-    if not d.is_dir():
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        st = None
+    if st is None or not stat.S_ISDIR(st.st_mode):
         raise NotFoundError(f"volume {name!r} does not exist; create it with "
                             f"hutch.Volume.from_name({name!r}, create=True).")
+    if st.st_uid < ID_COUNT:
+        _shift_ids(d)
     return d
+
+
+def _shift_ids(root: Path) -> None:
+    """Give a volume of an earlier version (its files host-root-owned) the volume ids: uid k -> VOLUME_ID_BASE + k.
+
+    The root directory goes last, so an interrupted shift is done again (ids already shifted stay)."""
+    def shift(fd_or_name, dir_fd=None):
+        st = os.stat(fd_or_name, dir_fd=dir_fd, follow_symlinks=False)
+        uid = st.st_uid + VOLUME_ID_BASE if st.st_uid < ID_COUNT else -1
+        gid = st.st_gid + VOLUME_ID_BASE if st.st_gid < ID_COUNT else -1
+        if uid != -1 or gid != -1:
+            mode = stat.S_IMODE(st.st_mode)
+            os.chown(fd_or_name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+            if not stat.S_ISLNK(st.st_mode) and mode & 0o6000:   # chown cleared them: no setuid bit survives
+                os.chmod(fd_or_name, mode & 0o1777, dir_fd=dir_fd)
+
+    for top, dirs, files, dfd in os.fwalk(root, topdown=False, follow_symlinks=False):
+        for n in dirs + files:
+            shift(n, dfd)
+    shift(str(root))
 
 
 def create(name: str, *, exist_ok: bool = True) -> dict:
@@ -58,6 +89,7 @@ def create(name: str, *, exist_ok: bool = True) -> dict:
     _private_dir(volumes_dir())
     try:
         d.mkdir(mode=0o755)
+        os.chown(d, VOLUME_ID_BASE, VOLUME_ID_BASE)   # root inside every sandbox
     except FileExistsError:
         if not exist_ok:
             raise ConfigError(f"volume {name!r} exists already; use it, or remove it first.") from None
@@ -151,10 +183,12 @@ def write(name: str, path: str, chunks, mode: int = 0o644) -> int:
     parent, base = _split(path)
     pfd = _mkdirs(name, parent)
     tmp = f".hutch-write-{secrets.token_hex(6)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=pfd)
+    mode &= 0o1777   # no setuid or setgid file from outside either
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
     n = 0
     try:
         try:
+            os.fchown(fd, VOLUME_ID_BASE, VOLUME_ID_BASE)   # root's inside, as if a sandbox wrote it
             for chunk in chunks:
                 view = memoryview(chunk)
                 while view:
@@ -183,6 +217,7 @@ def _mkdirs(name: str, parent: str) -> int:
         done = f"{done}/{part}"
         try:
             os.mkdir(part, 0o755, dir_fd=fd)
+            os.chown(part, VOLUME_ID_BASE, VOLUME_ID_BASE, dir_fd=fd, follow_symlinks=False)
         except FileExistsError:
             pass   # a directory, or a symlink that _open resolves inside the volume
         except BaseException:

@@ -148,20 +148,25 @@ def test_escape_probe_with_userns(uapi, image, py_mounts):
     assert {k: got[k] for k in MUST_FAIL if got[k] == 0} == {}
 
 
-def test_binds_are_idmapped_so_root_inside_owns_what_host_root_owns(uapi, state_daemon, image, tmp_path):
-    (tmp_path / "secret").write_text("host root file")
-    (tmp_path / "secret").chmod(0o600)
+def test_read_only_binds_are_idmapped_and_writable_ones_write_as_the_sandbox(uapi, state_daemon, image, tmp_path):
+    """Through a read-only bind root inside owns what host root owns; through a writable one it is its own host
+    uid (test_rt_binds.py goes after what that means for a setuid file)."""
     ro = tmp_path / "ro"
     ro.mkdir()
-    sid = uapi.create(image, mounts=[{"kind": "bind", "source": str(tmp_path), "target": "/data",
+    (ro / "secret").write_text("host root file")
+    (ro / "secret").chmod(0o600)
+    rw = tmp_path / "rw"
+    rw.mkdir(mode=0o777)
+    rw.chmod(0o777)
+    sid = uapi.create(image, mounts=[{"kind": "bind", "source": str(rw), "target": "/data",
                                        "readonly": False, "size": None},
                                       {"kind": "bind", "source": str(ro), "target": "/ro",
                                        "readonly": True, "size": None}])["id"]
-    out, err, res = uapi.sh(sid, "cat /data/secret; echo; stat -c %u /data/secret; echo new > /data/new; "
-                                 "touch /ro/x 2>/dev/null || echo refused")
-    assert out == "host root file\n0\nrefused\n", out + err
+    out, err, res = uapi.sh(sid, "cat /ro/secret; echo; stat -c %u /ro/secret; echo new > /data/new; "
+                                 "stat -c %u /data/new; stat -c %u /data; touch /ro/x 2>/dev/null || echo refused")
+    assert out == "host root file\n0\n0\n65534\nrefused\n", out + err
     assert not (ro / "x").exists()
-    assert (tmp_path / "new").read_text() == "new\n" and (tmp_path / "new").stat().st_uid == 0
+    assert (rw / "new").read_text() == "new\n" and (rw / "new").stat().st_uid == _base(uapi, sid)
     assert mounts_under(state_daemon.run_dir) == [], "nothing per sandbox is mounted on the host"
 
 

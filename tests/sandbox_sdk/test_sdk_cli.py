@@ -61,9 +61,19 @@ def test_run_mount_and_network_options(daemon, busybox_root, tmp_path):
                   "sh", "-c", "cat /data/in.txt; echo x > /data/new", stdin=subprocess.DEVNULL)
     assert r.stdout == "from host\n" and r.returncode != 0   # read-only unless :rw
     assert not (tmp_path / "new").exists()
-    r = hutch_cli("run", "--image", str(busybox_root), "-v", f"{tmp_path}:/data:rw", "--",
+    # :rw writes as the sandbox's own unprivileged uid (a world-writable directory takes them) ...
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o1777)
+    r = hutch_cli("run", "--image", str(busybox_root), "-v", f"{out}:/out:rw", "--",
+                  "sh", "-c", "echo x > /out/new", stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and (out / "new").read_text() == "x\n" and (out / "new").stat().st_uid != 0
+    # ... and :rw:OWNER as that host user, here root, because the operator says so
+    r = hutch_cli("run", "--image", str(busybox_root), "-v", f"{tmp_path}:/data:rw:root", "--",
                   "sh", "-c", "echo x > /data/new", stdin=subprocess.DEVNULL)
-    assert r.returncode == 0 and (tmp_path / "new").read_text() == "x\n"
+    assert r.returncode == 0 and (tmp_path / "new").read_text() == "x\n" and (tmp_path / "new").stat().st_uid == 0
+    r = hutch_cli("run", "--image", str(busybox_root), "-v", f"{tmp_path}:/data:ro:root", "--", "true")
+    assert r.returncode != 0 and "OWNER" in r.stderr
 
 
 def test_sandbox_create_exec_ls_kill(daemon, busybox_root):

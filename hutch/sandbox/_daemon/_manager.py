@@ -31,7 +31,15 @@ from hutch.sandbox._daemon._calls import Calls, Exec, _error
 from hutch.sandbox._daemon._network import NetworkAttacher
 from hutch.sandbox._native._cgroups import ZYGOTE_LEAF, Cgroups
 from hutch.sandbox._native._idmap import IdMapper, UidRanges, write_maps
-from hutch.sandbox._native._runtime import Channel, Zygote, bind_trees, build_plan, exec_env
+from hutch.sandbox._native._runtime import (
+    Channel,
+    Zygote,
+    bind_maps,
+    bind_trees,
+    build_plan,
+    exec_env,
+    needs_write_range,
+)
 from hutch.sandbox._spec import DEFAULT_WORKDIR, SandboxSpec
 
 # The default: root in each sandbox is an unprivileged host uid of a range of its own (see _native/_idmap.py).
@@ -69,6 +77,7 @@ class Sandbox:
     warm: asyncio.Future | None = None
     userns: bool = False
     uid_base: int = 0                   # the host id of root inside (0: no user namespace)
+    write_base: int = 0                 # without one: the host ids its writable binds' writes land as
     hostname: str = ""
     cgroups: tuple[str, ...] = ()       # its cgroup directories, reported to the creator (see _provided)
 
@@ -105,6 +114,7 @@ class Manager(Calls):
         self.streams: set[asyncio.Task] = set()   # exec output handlers: a client that stops reading holds one
         self.problem: str | None = None   # why no sandbox can start now (GET /v1/health reports it)
         self.restarting: asyncio.Task | None = None
+        self.warned_plain_binds = False
 
     # --- daemon lifecycle ---------------------------------------------------------------
 
@@ -378,14 +388,44 @@ class Manager(Calls):
 
             loop.create_task(one())
 
+    async def _bind_helpers(self, sb: Sandbox, plan: dict) -> dict:
+        """The user namespaces the binds of `plan` are idmapped through (see _runtime.bind_maps), as fds."""
+        if not sb.userns and needs_write_range(plan):
+            sb.write_base = self.ranges.take()
+        bind_maps(plan, sb.uid_base, sb.userns, sb.write_base)
+        helpers: dict = {}
+        try:
+            for m in plan["mounts"]:
+                key = tuple(m["map"]) if isinstance(m.get("map"), list) else None
+                if key is None or key in helpers:
+                    continue
+                try:
+                    helpers[key] = await self.zygote.userns(*key)
+                except SandboxError:
+                    if m.get("owner") or sb.userns:
+                        raise
+                    # no user namespaces on this host: a plain bind, nosuid (docs/architecture.md, HUTCH_USERNS=0)
+                    m["map"] = None
+                    if not self.warned_plain_binds:
+                        self.warned_plain_binds = True
+                        print("hutch daemon: user namespaces are unavailable, so what sandboxes write through "
+                              "writable binds and volumes is owned by host root (the mounts stay nosuid).",
+                              file=sys.stderr)
+        except BaseException:
+            for fd in helpers.values():
+                os.close(fd)
+            raise
+        return helpers
+
     async def _start(self, sb: Sandbox, plan: dict) -> None:
         loop = asyncio.get_running_loop()
+        helpers = await self._bind_helpers(sb, plan)
         userns_fd = os.open(f"/proc/{sb.init_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC) if sb.userns else -1
-        try:   # layers and binds idmapped through the sandbox's own user namespace
-            fds = bind_trees(plan, userns_fd)
+        try:   # layers and binds idmapped through the sandbox's own user namespace, or a helper
+            fds = bind_trees(plan, userns_fd, helpers)
         finally:
-            if userns_fd >= 0:
-                os.close(userns_fd)
+            for fd in list(helpers.values()) + ([userns_fd] if userns_fd >= 0 else []):
+                os.close(fd)
         try:
             await sb.channel.notify({"op": "plan", "plan": plan}, fds)
         finally:
@@ -517,6 +557,9 @@ class Manager(Calls):
             delay = min(delay * 2, 0.05)
         if sb.uid_base and removed:   # its processes are gone: the range may serve another sandbox
             self.ranges.give(sb.uid_base)
+        if sb.write_base:             # no process ever had those ids
+            self.ranges.give(sb.write_base)
+            sb.write_base = 0
         if self.network is not None and sb.spec is not None:
             try:
                 await self.network.detach(sb.id)
@@ -541,7 +584,7 @@ class Manager(Calls):
 
 def _revalidate(spec: SandboxSpec) -> SandboxSpec:
     """A spec that arrived as JSON has skipped the constructors' checks: run them here."""
-    from hutch.sandbox._spec import _abs_path
+    from hutch.sandbox._spec import _abs_path, parse_owner
 
     from hutch.sandbox._spec import Network
 
@@ -553,6 +596,9 @@ def _revalidate(spec: SandboxSpec) -> SandboxSpec:
             raise InvalidSpecError(f"mount {m!r} is malformed; build mounts with hutch.Mount.bind/tmpfs/volume.")
         if m.kind == "tmpfs" and (not isinstance(m.size, int) or m.size <= 0):
             raise InvalidSpecError(f"tmpfs mount at {m.target!r} needs a positive size; use hutch.Mount.tmpfs(..., size='64M').")
+        if m.owner is not None and (m.kind != "bind" or parse_owner(m.owner, bool(m.readonly)) != m.owner):
+            raise InvalidSpecError(f"mount {m!r}: owner is for writable binds, as [uid, gid]; "
+                                   "build it with hutch.Mount.bind(..., readonly=False, owner=...).")
     return SandboxSpec.build(
         spec.command, image=spec.image, mounts=spec.mounts, network=spec.network, memory=spec.limits.memory,
         cpu=spec.limits.cpu, pids=spec.limits.pids, disk=spec.limits.disk, timeout=spec.timeout,

@@ -35,6 +35,11 @@ ID_COUNT = 65536
 RANGES = 32768                 # up to HOST_ID_BASE + 2**31: below the 32-bit end (4294967295 is "no id")
 RANGE_LOCK = "/run/hutch-uid-ranges.lock"
 CGROUP_LOCK_OFFSET = 1 << 40   # far from any offset another program might lock in a cgroup file
+# The host ids of what sandboxes write to volumes (root inside -> VOLUME_ID_BASE, uid k -> + k): one range
+# for every sandbox, since a volume is shared by many; just below the per-sandbox ranges, fixed across restarts.
+VOLUME_ID_BASE = HOST_ID_BASE - ID_COUNT
+# Every host id hutch maps sandboxes to: an operator's Mount.bind(owner=) may not name one.
+HUTCH_IDS = range(VOLUME_ID_BASE, HOST_ID_BASE + RANGES * ID_COUNT)
 
 
 def write_maps(pid: int, base: int = HOST_ID_BASE) -> None:

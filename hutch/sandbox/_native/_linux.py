@@ -153,21 +153,34 @@ MOUNT_ATTR_RDONLY = 0x00000001
 MOUNT_ATTR_IDMAP = 0x00100000
 
 
-def idmapped_tree(source: str, userns_fd: int, readonly: bool = False) -> int:
-    """A detached copy of the mount tree at `source` whose ids go through `userns_fd`'s mapping, as a mount
-    fd (attach it with move_mount_fd; closed unattached, it is gone). Not recursive: mounts below `source`
-    stay out, as with a plain bind. OSError if its filesystem cannot idmap (FUSE, for one). `readonly`
-    makes the copy read-only (an image layer: through it, root inside would own the host's layer)."""
+MOUNT_ATTR_NOSUID = 0x00000002
+MOUNT_ATTR_NODEV = 0x00000004
+
+
+def detached_tree(source: str, userns_fd: int = -1, readonly: bool = False) -> int:
+    """A detached copy of the mount at `source` (not of those below it, as with a plain bind), nosuid and
+    nodev, as a mount fd: attach it with move_mount_fd; closed unattached, it is gone. With `userns_fd` its
+    ids go through that user namespace's mapping (an idmapped mount; OSError if the filesystem cannot
+    idmap: FUSE, for one). `readonly` makes the copy read-only (an image layer: through it, root inside
+    would own the host's layer)."""
     tree = _check(_libc.syscall(NR_OPEN_TREE, -100, _b(source), OPEN_TREE_CLONE | os.O_CLOEXEC),
                   f"open_tree {source}")
     try:
-        attr = struct.pack("QQQQ", MOUNT_ATTR_IDMAP | (MOUNT_ATTR_RDONLY if readonly else 0), 0, 0, userns_fd)
+        flags = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if readonly else 0)
+        if userns_fd >= 0:
+            flags |= MOUNT_ATTR_IDMAP
+        attr = struct.pack("QQQQ", flags, 0, 0, max(userns_fd, 0))
         _check(_libc.syscall(NR_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH | AT_RECURSIVE, attr, len(attr)),
-               f"idmapping {source}")
+               f"idmapping {source}" if userns_fd >= 0 else f"mount_setattr {source}")
     except BaseException:
         os.close(tree)
         raise
     return tree
+
+
+def idmapped_tree(source: str, userns_fd: int, readonly: bool = False) -> int:
+    """detached_tree(source) with its ids mapped through `userns_fd`."""
+    return detached_tree(source, userns_fd, readonly)
 
 
 def unshare(flags: int) -> None:

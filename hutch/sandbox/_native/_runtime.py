@@ -15,6 +15,9 @@ from typing import Callable
 import hutch
 from hutch._core.errors import DaemonError, InvalidSpecError, SandboxError, StateError
 from hutch.sandbox._native import _wire
+from hutch.sandbox._native._idmap import HUTCH_IDS, ID_COUNT, VOLUME_ID_BASE
+
+MAX_ID = 4294967294   # (uid_t)-1 means "no id"
 from hutch.sandbox._native._seccomp import build_filter
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -205,6 +208,16 @@ class Zygote:
             raise SandboxError(msg.get("message", "the sandbox could not be started."))
         return msg["pid"], socket.socket(fileno=fds[0])
 
+    async def userns(self, uid_map: str, gid_map: str) -> int:
+        """An fd of a new user namespace with these id maps (lines of /proc/<pid>/uid_map)."""
+        if self.channel is None or self.channel.closed:
+            raise DaemonError("the sandbox start server is not running; restart the daemon (hutch serve).")
+        msg, fds = await self.channel.request({"op": "userns", "uid_map": uid_map, "gid_map": gid_map})
+        if msg["op"] != "userns" or len(fds) != 1:
+            _close_all(fds)
+            raise SandboxError(msg.get("message", "a user namespace for an idmapped mount could not be made."))
+        return fds[0]
+
     def stop(self) -> None:
         if self.channel is not None:
             self.channel.close()
@@ -245,14 +258,19 @@ def build_plan(spec, image, *, sid: str, scratch: str, cgroup_procs: list[str]) 
             if not os.path.exists(m.source):
                 raise InvalidSpecError(
                     f"bind mount source {m.source!r} does not exist on the host; create it or fix the path.")
-            mounts.append({"kind": "bind", "source": m.source, "target": m.target, "readonly": m.readonly})
+            owner = getattr(m, "owner", None)
+            if owner is not None and any(i in HUTCH_IDS for i in owner):
+                raise InvalidSpecError(f"Mount.bind owner={tuple(owner)} lies in the host ids hutch gives sandboxes "
+                                       f"({HUTCH_IDS.start}..{HUTCH_IDS.stop - 1}); give a host user's uid.")
+            mounts.append({"kind": "bind", "source": m.source, "target": m.target, "readonly": m.readonly,
+                           "owner": list(owner) if owner is not None else None})
         elif m.kind == "tmpfs":
             mounts.append({"kind": "tmpfs", "target": m.target, "size": m.size})
         elif m.kind == "volume":   # a named volume is a bind of its directory (NotFoundError names the fix)
             from hutch.sandbox._volumes import data_dir
 
             mounts.append({"kind": "bind", "source": str(data_dir(m.source)), "target": m.target,
-                           "readonly": m.readonly})
+                           "readonly": m.readonly, "owner": None, "volume": True})
         else:
             raise InvalidSpecError(f"mount kind {m.kind!r} is not supported by the native runtime yet; "
                                    "use Mount.bind or Mount.tmpfs.")
@@ -269,16 +287,68 @@ def build_plan(spec, image, *, sid: str, scratch: str, cgroup_procs: list[str]) 
     }
 
 
-def bind_trees(plan: dict, userns_fd: int = -1) -> list[int]:
-    """Open each bind source of `plan` as a detached mount (in the daemon's mount namespace) and note its
-    index in the plan ("tree"): a warm init unshared its namespace before the plan existed, so a mount made
-    on the host since then (a memory store's FUSE view) is not in its copy; the fd carries it there.
+def swap_map(a: int, b: int, n: int) -> str:
+    """uid_map lines that swap host ids a.. and b.. (n each, apart) and map every other id to itself.
+
+    Through an idmapped mount with this map, a file owned by a+k on disk belongs to b+k and b+k's writes
+    land as a+k, while every other owner stays valid (a write to a file of an unmapped owner is refused
+    whatever its mode) and keeps its id."""
+    if a == b:
+        return f"0 0 {MAX_ID + 1}\n"
+    lo, hi = sorted((a, b))
+    lines = [(0, 0, lo), (lo, hi, n), (lo + n, lo + n, hi - lo - n), (hi, lo, n), (hi + n, hi + n, MAX_ID + 1 - hi - n)]
+    return "".join(f"{x} {y} {c}\n" for x, y, c in lines if c > 0)
+
+
+def bind_maps(plan: dict, root: int, userns: bool, write_base: int = 0) -> None:
+    """Decide the id mapping of each bind of `plan` (its "map"), for a sandbox whose root is host id `root`.
+
+    What root inside writes through a bind never lands as host root unless the operator asked for it:
+    - read-only binds: through the sandbox's own user namespace ("sandbox": host root's files are root's
+      inside); plain without one;
+    - writable binds: plain with a user namespace, so writes land as the sandbox's own host ids and host
+      files keep their owners (strangers to the sandbox: writable only where their mode lets others write);
+      without one, through a swap of the ids 0.. with `write_base`.. (a host id range taken for the
+      sandbox), to the same effect;
+    - with `owner` (uid, gid): host `owner` and root inside swap: root's writes land as `owner`, and the
+      files `owner` has are root's;
+    - volumes: the ids of root inside.. swap with VOLUME_ID_BASE.., one range for every sandbox.
+    A map is a pair of uid_map / gid_map texts for a helper user namespace (Zygote.userns).
+    """
+    for m in plan["mounts"]:
+        if m["kind"] != "bind":
+            continue
+        if m.get("volume"):
+            m["map"] = [swap_map(VOLUME_ID_BASE, root, ID_COUNT)] * 2
+        elif m["readonly"]:
+            m["map"] = "sandbox" if userns else None
+        elif m.get("owner"):
+            uid, gid = m["owner"]
+            m["map"] = [swap_map(uid, root, 1), swap_map(gid, root, 1)]
+        elif userns:
+            m["map"] = None
+        else:
+            m["map"] = [swap_map(write_base, 0, ID_COUNT)] * 2
+
+
+def needs_write_range(plan: dict) -> bool:
+    """Whether a sandbox without a user namespace needs a host id range for its writable binds."""
+    return any(m["kind"] == "bind" and not m["readonly"] and not m.get("volume") and not m.get("owner")
+               for m in plan["mounts"])
+
+
+def bind_trees(plan: dict, userns_fd: int = -1, helpers: dict | None = None) -> list[int]:
+    """Open each bind source of `plan` as a detached mount, nosuid and nodev (in the daemon's mount namespace),
+    and note its index in the plan ("tree"): a warm init unshared its namespace before the plan existed, so a
+    mount made on the host since then (a memory store's FUSE view) is not in its copy; the fd carries it there.
 
     With `userns_fd` (the sandbox's user namespace) the image's layers come as trees too ("lower_trees"),
-    and layers and binds are idmapped through it: root inside owns what host root owns. A bind source
-    whose filesystem cannot idmap (a FUSE view, served with allow_other) is passed as it is."""
+    idmapped through it. Each bind goes through the mapping bind_maps chose: the sandbox's namespace, or
+    `helpers[tuple(map)]`, a user namespace fd with that map. A source whose filesystem cannot idmap (a FUSE
+    view, served with allow_other) is passed plain, unless the operator named its `owner`."""
     from hutch.sandbox._native import _linux
 
+    helpers = helpers or {}
     fds: list[int] = []
     try:
         if userns_fd >= 0:
@@ -287,15 +357,21 @@ def bind_trees(plan: dict, userns_fd: int = -1) -> list[int]:
                 fds.append(_linux.idmapped_tree(d, userns_fd, readonly=True))
                 plan["lower_trees"].append(len(fds) - 1)
         for m in plan["mounts"]:
-            if m["kind"] == "bind":
-                tree = -1
-                if userns_fd >= 0:
-                    try:
-                        tree = _linux.idmapped_tree(m["source"], userns_fd)
-                    except OSError:
-                        pass
-                fds.append(tree if tree >= 0 else _linux.open_tree(m["source"]))
-                m["tree"] = len(fds) - 1
+            if m["kind"] != "bind":
+                continue
+            how = m.get("map")
+            ns = userns_fd if how == "sandbox" else helpers[tuple(how)] if how else -1
+            tree = -1
+            if ns >= 0:
+                try:
+                    tree = _linux.detached_tree(m["source"], ns, m["readonly"])
+                except OSError as e:
+                    if m.get("owner"):
+                        raise InvalidSpecError(
+                            f"Mount.bind owner= needs an idmapped mount, which the filesystem of {m['source']!r} "
+                            f"does not allow ({e}); bind it without owner=.") from None
+            fds.append(tree if tree >= 0 else _linux.detached_tree(m["source"], readonly=m["readonly"]))
+            m["tree"] = len(fds) - 1
     except BaseException:
         _close_all(fds)
         raise

@@ -72,6 +72,8 @@ class Zygote:
                     os._exit(0)
                 if msg.get("op") == "start":
                     self.start(msg)
+                elif msg.get("op") == "userns":
+                    self.userns(msg)
                 for fd in fds:
                     os.close(fd)
 
@@ -95,6 +97,38 @@ class Zygote:
             _wire.send(self.sock, {"op": "started", "rid": msg["rid"], "pid": pid}, [parent_end.fileno()])
         finally:
             parent_end.close()
+
+    def userns(self, msg: dict) -> None:
+        """A user namespace with the daemon's id maps, as an fd: what an idmapped mount maps through.
+
+        A child clone()d into it holds it while the maps are written and the fd is opened, then exits.
+        """
+        try:
+            r, w = os.pipe2(os.O_CLOEXEC)
+            pid = _linux.clone(_linux.CLONE_NEWUSER)
+            if pid == 0:
+                os.close(w)
+                _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+                os.read(r, 1)
+                os._exit(0)
+            os.close(r)
+            try:
+                for name in ("uid_map", "gid_map"):
+                    fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY)
+                    try:
+                        os.write(fd, msg[name].encode())
+                    finally:
+                        os.close(fd)
+                ns = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+            finally:
+                os.close(w)   # the child exits: the fd keeps the namespace
+        except OSError as e:
+            _wire.send(self.sock, {"op": "error", "rid": msg["rid"], "message": f"could not make a user namespace: {e}"})
+            return
+        try:
+            _wire.send(self.sock, {"op": "userns", "rid": msg["rid"]}, [ns])
+        finally:
+            os.close(ns)
 
     def clone_init(self, plan: dict, child_end: socket.socket) -> int:
         """clone() the sandbox's init into a new pid namespace; returns its pid.
