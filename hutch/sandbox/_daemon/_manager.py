@@ -40,7 +40,7 @@ from hutch.sandbox._native._runtime import (
     exec_env,
     needs_write_range,
 )
-from hutch.sandbox._spec import DEFAULT_WORKDIR, SandboxSpec
+from hutch.sandbox._spec import DEFAULT_DISK, DEFAULT_WORKDIR, SandboxSpec
 
 # The default: root in each sandbox is an unprivileged host uid of a range of its own (see _native/_idmap.py).
 # HUTCH_USERNS=0 opts out (root inside is then host root without capabilities); so does a kernel that cannot
@@ -78,6 +78,7 @@ class Sandbox:
     userns: bool = False
     uid_base: int = 0                   # the host id of root inside (0: no user namespace)
     write_base: int = 0                 # without one: the host ids its writable binds' writes land as
+    layers: object = None               # the Zygote whose store holds its writable layer (None: tmpfs)
     hostname: str = ""
     cgroups: tuple[str, ...] = ()       # its cgroup directories, reported to the creator (see _provided)
 
@@ -100,6 +101,7 @@ class Manager(Calls):
         self.run_dir = run_dir
         self.records = run_dir / "sandboxes"
         self.scratch = run_dir / "mnt"
+        self.layers_at = run_dir / "disk"   # where the zygote mounts its store of writable layers (_native/_disk.py)
         self.cgroups = Cgroups(cgroup_parent)
         self.network = network
         self.sandboxes: dict[str, Sandbox] = {}
@@ -134,7 +136,7 @@ class Manager(Calls):
             self.prepare()
         self.cgroups.setup()
         zygote = Zygote(self._on_reaped, self._on_zygote_death)
-        await zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF))
+        await zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF), layers_at=self.layers_at)
         self.zygote = zygote
         self._refill()
         if self.network is not None and hasattr(self.network, "start"):
@@ -201,7 +203,9 @@ class Manager(Calls):
             if sb.active:
                 sb.status = "failed"
         dead, self.pool = self.pool, []   # none may serve a create while it dies
-        for sb in dead + [sb for sb in self.sandboxes.values() if not sb.gone.is_set()]:
+        # by_pid: also the inits still warming (one of a user namespace would survive, in the dead zygote's
+        # mount namespace, with its store of writable layers, and be served to a create)
+        for sb in dead + [sb for sb in self.sandboxes.values() if not sb.gone.is_set()] + list(self.by_pid.values()):
             if sb.pidfd >= 0:
                 try:
                     signal.pidfd_send_signal(sb.pidfd, signal.SIGKILL)
@@ -221,7 +225,7 @@ class Manager(Calls):
                 self.records.mkdir(parents=True, exist_ok=True)
                 self.scratch.mkdir(exist_ok=True)
                 self.cgroups.setup()
-                await zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF))
+                await zygote.start(self.cgroups.procs_files(ZYGOTE_LEAF), layers_at=self.layers_at)
             except Exception as e:  # noqa: BLE001 - anything that stops it is retried, and reported meanwhile
                 await zygote.reap()
                 self.problem = (f"its sandbox start server could not be restarted ({e}); it retries by itself "
@@ -342,12 +346,13 @@ class Manager(Calls):
         sb = Sandbox(id=secrets.token_hex(6), status="warm", userns=userns)
         sb.warm, sb.ready = loop.create_future(), loop.create_future()
         self._write_record(sb)
+        zygote = self.zygote
         try:
             if userns:
                 sb.uid_base = self.ranges.take()
             self.cgroups.create(sb.id)
-            pid, sock = await self.zygote.spawn({"cgroup_procs": self.cgroups.procs_files(sb.id), "userns": userns,
-                                                 "uid_base": sb.uid_base})
+            pid, sock = await zygote.spawn({"cgroup_procs": self.cgroups.procs_files(sb.id), "userns": userns,
+                                            "uid_base": sb.uid_base})
         except BaseException:
             sb.cleaning = True
             await self._cleanup(sb)
@@ -364,6 +369,15 @@ class Manager(Calls):
             raise SandboxError(f"a sandbox init failed while starting: {msg.get('message')}.")
         if userns:
             write_maps(pid, sb.uid_base)  # before the init reads its plan and becomes root of its namespace
+        if zygote.layers is not None:
+            # its writable layer, owned by its root: a subvolume of the zygote's store, made while it warms (not
+            # before: a refill's first steps run before the create that started it has answered)
+            sb.layers = zygote
+            try:
+                zygote.layers.prepare(sb.id, sb.uid_base, DEFAULT_DISK)
+            except BaseException:
+                await self.end(sb, "failed")
+                raise
         return sb
 
     def _refill(self) -> None:
@@ -419,6 +433,11 @@ class Manager(Calls):
 
     async def _start(self, sb: Sandbox, plan: dict) -> None:
         loop = asyncio.get_running_loop()
+        if sb.layers is not None and sb.layers.layers is not None:   # its writable layer, made as it warmed
+            await sb.layers.layers.ensure_room(plan["disk"])
+            if plan["disk"] != DEFAULT_DISK:
+                sb.layers.layers.limit(sb.id, plan["disk"])
+            plan["layer"] = sb.id
         helpers = await self._bind_helpers(sb, plan)
         userns_fd = os.open(f"/proc/{sb.init_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC) if sb.userns else -1
         try:   # layers and binds idmapped through the sandbox's own user namespace, or a helper
@@ -560,6 +579,9 @@ class Manager(Calls):
         if sb.write_base:             # no process ever had those ids
             self.ranges.give(sb.write_base)
             sb.write_base = 0
+        if sb.layers is not None and removed:
+            await sb.layers.release_layer(sb.id)
+            sb.layers = None
         if self.network is not None and sb.spec is not None:
             try:
                 await self.network.detach(sb.id)

@@ -175,18 +175,27 @@ def _setup_root(plan: dict, trees=()) -> None:
     # a bind's tree (from the daemon, _runtime.bind_trees) stands for its source from here on
     sources = {i: f"/proc/self/fd/{trees[m['tree']]}" if m.get("tree") is not None else m["source"]
                for i, m in enumerate(plan["mounts"]) if m["kind"] == "bind"}
+    # The writable layer: a subvolume of the disk store (_disk.py), relative to the working directory, which is
+    # the store's root in this mount namespace (inherited from the zygote); else the scratch tmpfs (memory).
+    layer = os.open(plan["layer"], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC) \
+        if plan.get("layer") else -1
     # With a user namespace the init is the sandbox's host uid from the start, which may not traverse
     # the run directory's parents: its scratch covers /tmp of its own mount namespace instead.
     scratch = "/tmp" if userns else plan["scratch"]
     L.mount("hutch", scratch, "tmpfs", L.MS_NOSUID | L.MS_NODEV,
-            f"size={plan['disk']},mode=0755" + (",uid=0,gid=0" if userns else ""))
+            f"size={plan['disk'] if layer < 0 else 1 << 20},mode=0755" + (",uid=0,gid=0" if userns else ""))
     os.chdir(scratch)
     if userns:  # root of the sandbox's user namespace (its host uid already: the ids map to it)
         os.setgroups([])
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
-    for d in ("upper", "work", "root"):
-        os.mkdir(d, 0o755)
+    if layer >= 0:
+        upper, work = f"/proc/self/fd/{layer}/upper", f"/proc/self/fd/{layer}/work"
+    else:
+        upper, work = "upper", "work"
+        for d in ("upper", "work"):
+            os.mkdir(d, 0o755)
+    os.mkdir("root", 0o755)
     if plan.get("lower_trees") is not None:   # the image's layers, idmapped for this sandbox
         lowers = []
         for i, t in enumerate(plan["lower_trees"]):
@@ -194,12 +203,17 @@ def _setup_root(plan: dict, trees=()) -> None:
             L.move_mount_fd(trees[t], f"l{i}")
             lowers.append(f"l{i}")
     global _UPPER  # kept for snapshots (op_upper): after pivot_root no path reaches it
-    _UPPER = os.open("upper", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    _UPPER = os.open(upper, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     root = "root"
     # userxattr: in a user namespace overlay may not write trusted.* xattrs, and without its opaque
     # markers removing a directory of the image and making it again fails with EIO.
+    # volatile (a disk layer): no sync of the upper, ever; it dies with the sandbox, and a sync at unmount would
+    # commit the store's transaction on every sandbox's end
     L.mount("overlay", root, "overlay", L.MS_NOSUID | L.MS_NODEV,
-            f"lowerdir={':'.join(lowers)},upperdir=upper,workdir=work" + (",userxattr" if userns else ""))
+            f"lowerdir={':'.join(lowers)},upperdir={upper},workdir={work}" + (",userxattr" if userns else "")
+            + (",volatile" if layer >= 0 else ""))
+    if layer >= 0:
+        os.close(layer)
 
     proc = _safe_target(root, "/proc", False)
     L.mount("proc", proc, "proc", NODEV)
@@ -292,6 +306,7 @@ def _error(rid, e: OSError, what: str) -> dict:
         errno.EISDIR: "it is a directory; use files.list, or give a file path",
         errno.ENOTEMPTY: "the directory is not empty; pass recursive=True to remove it with its contents",
         errno.ENOSPC: "the sandbox's disk limit is reached; create it with a larger disk= or remove files",
+        errno.EDQUOT: "the sandbox's disk limit is reached; create it with a larger disk= or remove files",
         errno.EACCES: "the sandbox's root has no capabilities, so only files it owns or may access are reachable",
         errno.EROFS: "that path is on a read-only mount",
         errno.EINVAL: "only regular files can be read this way",

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Callable
 
 import hutch
+from hutch._core import paths
 from hutch._core.errors import DaemonError, InvalidSpecError, SandboxError, StateError
 from hutch.sandbox._native import _wire
+from hutch.sandbox._native._disk import LayerStore
 from hutch.sandbox._native._idmap import HUTCH_IDS, ID_COUNT, VOLUME_ID_BASE
-
-MAX_ID = 4294967294   # (uid_t)-1 means "no id"
 from hutch.sandbox._native._seccomp import build_filter
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -25,6 +25,10 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CAPABILITIES = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6, "SETUID": 7,
                 "NET_BIND_SERVICE": 10}
 SHM_SIZE = 64 * 1024**2
+MAX_ID = 4294967294   # (uid_t)-1 means "no id"
+# Where writable layers live: "disk" (the default: a btrfs store with a quota per sandbox, _disk.py), or
+# "tmpfs" (memory: what a sandbox writes counts against its memory=). HUTCH_LAYERS in the daemon's environment.
+LAYERS = os.environ.get("HUTCH_LAYERS", "disk")
 
 
 class Channel:
@@ -163,8 +167,25 @@ class Zygote:
         self.proc: subprocess.Popen | None = None
         self.channel: Channel | None = None
         self.pid = 0
+        self.layers: LayerStore | None = None   # its sandboxes' writable layers (None: tmpfs, see _disk.py)
+        self.layers_error = ""
 
-    async def start(self, home_procs: list[str]) -> None:
+    async def _make_layers(self, mount_at: Path | None) -> dict | None:
+        if mount_at is None or LAYERS == "tmpfs":
+            return None
+        try:
+            self.layers = await asyncio.to_thread(LayerStore.make, paths.state_dir())
+        except OSError as e:
+            self.layers_error = str(e)
+            return None
+        mount_at.mkdir(mode=0o700, exist_ok=True)
+        return {"dev": self.layers.dev, "at": str(mount_at)}
+
+    async def start(self, home_procs: list[str], layers_at: Path | None = None) -> None:
+        """Start the zygote; with `layers_at` (a directory it mounts its store of writable layers on, in a
+        mount namespace of its own) sandboxes get disk-backed layers, else (or if the store cannot be
+        made) tmpfs ones, with a warning."""
+        layers = await self._make_layers(layers_at)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pkg_parent = str(Path(hutch.__file__).resolve().parent.parent)
         code = (f"import sys; sys.path.insert(0, {pkg_parent!r}); "
@@ -177,13 +198,15 @@ class Zygote:
         ready = asyncio.get_running_loop().create_future()
 
         def on_event(msg, fds):
-            _close_all(fds)
             if msg["op"] == "ready" and not ready.done():
                 self.pid = msg["pid"]
-                ready.set_result(msg)
-            elif msg["op"] == "reaped":
+                ready.set_result((msg, fds))
+                return
+            _close_all(fds)
+            if msg["op"] == "reaped":
                 self.on_reaped(msg["pid"], msg["status"])
             elif msg["op"] == "eof":
+                self._drop_layers()   # its mount namespace, and with it the store, is gone
                 if not ready.done():
                     ready.set_exception(DaemonError("the sandbox start server exited during start-up (its error is "
                                                     "in the daemon's log)"))
@@ -192,11 +215,32 @@ class Zygote:
 
         self.channel = Channel(ours, on_event)
         try:
-            await self.channel.notify({"op": "config", "seccomp": build_filter().hex(), "home_procs": home_procs})
-            await asyncio.wait_for(ready, 10)
+            await self.channel.notify({"op": "config", "seccomp": build_filter().hex(), "home_procs": home_procs,
+                                       "layers": layers})
+            msg, fds = await asyncio.wait_for(ready, 10)
         except BaseException:
+            self._drop_layers()
             await self.reap()
             raise
+        if self.layers is not None and fds:
+            try:
+                self.layers.attach(fds.pop())
+            except OSError as e:   # quotas refused: no store is better than one without limits
+                self.layers_error = f"quotas: {e}"
+                self._drop_layers()
+        elif self.layers is not None:
+            self.layers_error = msg.get("layers_error") or "the zygote could not mount it"
+            self._drop_layers()
+        _close_all(fds)
+        if self.layers is None and layers_at is not None and LAYERS != "tmpfs":
+            print(f"hutch daemon: no disk for writable layers ({self.layers_error}); they are tmpfs, so what a "
+                  "sandbox writes counts against its memory= and filling disk= may OOM-kill it "
+                  "(docs/architecture.md, Root).", file=sys.stderr)
+
+    def _drop_layers(self) -> None:
+        if self.layers is not None:
+            self.layers.close()
+            self.layers = None
 
     async def spawn(self, plan: dict) -> tuple[int, socket.socket]:
         """Start a sandbox's init from a plan; returns its host pid and the socket to it."""
@@ -207,6 +251,15 @@ class Zygote:
             _close_all(fds)
             raise SandboxError(msg.get("message", "the sandbox could not be started."))
         return msg["pid"], socket.socket(fileno=fds[0])
+
+    async def release_layer(self, name: str) -> None:
+        """Have the zygote destroy an ended sandbox's layer (its subvolume) in the store, in its own time."""
+        if self.layers is None or self.channel is None or self.channel.closed:
+            return   # the store went with its zygote
+        try:
+            await self.channel.notify({"op": "destroy", "layer": name})
+        except StateError:
+            pass
 
     async def userns(self, uid_map: str, gid_map: str) -> int:
         """An fd of a new user namespace with these id maps (lines of /proc/<pid>/uid_map)."""
@@ -219,6 +272,7 @@ class Zygote:
         return fds[0]
 
     def stop(self) -> None:
+        self._drop_layers()
         if self.channel is not None:
             self.channel.close()
         if self.proc is not None and self.proc.poll() is None:
@@ -228,6 +282,7 @@ class Zygote:
     async def reap(self) -> None:
         """Kill the process if it still runs and collect its exit status, without blocking the loop:
         a zygote that died (or failed to start) must not stay a zombie child of the daemon."""
+        self._drop_layers()
         if self.channel is not None:
             self.channel.close()
         proc = self.proc

@@ -19,14 +19,18 @@ an init's exit ends its pid namespace, which kills every process in it.
 from __future__ import annotations
 
 import errno
+import fcntl
 import gc
 import os
 import select
 import signal
 import socket
+import struct
 import sys
 
 from hutch.sandbox._native import _init, _linux, _wire
+
+BTRFS_IOC_SNAP_DESTROY = 0x5000940F   # linux/btrfs.h (as in _disk.py, which the zygote does not import)
 
 
 def _write_pid(paths, pid: bytes) -> None:
@@ -56,7 +60,9 @@ class Zygote:
         _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)   # inits whose helper exited (clone_init) come here
         _init.precompute()
         _write_pid(self.home, str(os.getpid()).encode())
-        _wire.send(self.sock, {"op": "ready", "pid": os.getpid()})
+        self.store, error = self.mount_layers(msg.get("layers"))
+        _wire.send(self.sock, {"op": "ready", "pid": os.getpid(), "layers_error": error},
+                   [self.store] if self.store >= 0 else [])
         # Freeze what is imported now so that the inits' garbage collector never
         # touches (and so copies) the zygote's pages.
         gc.collect()
@@ -74,8 +80,35 @@ class Zygote:
                     self.start(msg)
                 elif msg.get("op") == "userns":
                     self.userns(msg)
+                elif msg.get("op") == "destroy":
+                    self.destroy_layer(msg["layer"])
                 for fd in fds:
                     os.close(fd)
+
+    def destroy_layer(self, name: str) -> None:
+        """Destroy an ended sandbox's subvolume in the store (the daemon's _disk.py made it), relative to the
+        working directory, the store's root; btrfs frees its blocks in the background."""
+        try:
+            fcntl.ioctl(self.store, BTRFS_IOC_SNAP_DESTROY, bytearray(struct.pack("q4088s", 0, name.encode())))
+        except OSError:
+            pass   # gone already, or it goes with the store
+
+    def mount_layers(self, layers: dict | None) -> tuple[int, str]:
+        """Mount the store of writable layers (_disk.py) in a mount namespace of the zygote's own and work from
+        its root: each init's copy of the namespace then starts there, in its own copy of the store, where
+        its layer is, whatever the directories above it. Returns (an fd of the root for the daemon, error)."""
+        if not layers:
+            return -1, ""
+        try:
+            _linux.unshare(_linux.CLONE_NEWNS)
+            # the host's mounts still reach this namespace; none of its own reaches the host
+            _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_SLAVE)
+            _linux.mount(layers["dev"], layers["at"], "btrfs", _linux.MS_NOSUID | _linux.MS_NODEV)
+            fd = os.open(layers["at"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            os.fchdir(fd)
+            return fd, ""
+        except OSError as e:
+            return -1, str(e)
 
     def reap(self) -> None:
         for pid, status in _wire.reaped():
