@@ -311,7 +311,11 @@ class SandboxSpec:
         )
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        for m in d["mounts"]:   # only when said: a daemon of an earlier version knows no owner
+            if m["owner"] is None:
+                del m["owner"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "SandboxSpec":

@@ -239,3 +239,21 @@ def test_owner_is_validated(bapi, image, shared_dir, tmp_path):
         assert code == 400 and body["error"] == "InvalidSpecError", (owner, body)
         assert "owner" in body["message"], body
     assert ID_COUNT == 65536
+
+
+def test_swap_maps_map_every_id_once_each_way():
+    """The helper namespaces' maps (pure): a and b swapped, every other id itself, no id twice either side."""
+    from hutch.sandbox._native._runtime import MAX_ID, swap_map
+
+    for a, b, n in ((VOLUME_ID_BASE, 1_000_000_000, ID_COUNT), (1000, 1_000_065_536, 1), (0, 1_000_000_000, 1),
+                    (1_000_000_000, 0, ID_COUNT), (7, 7, 1)):
+        lines = [tuple(map(int, ln.split())) for ln in swap_map(a, b, n).splitlines()]
+        assert len(lines) <= 5
+        for side in (0, 1):
+            spans = sorted((ln[side], ln[side] + ln[2]) for ln in lines)
+            assert spans[0][0] == 0 and spans[-1][1] == MAX_ID + 1
+            assert all(x[1] == y[0] for x, y in zip(spans, spans[1:])), spans
+        def to(i):
+            return next(o + i - s for s, o, c in lines if s <= i < s + c)
+        other = next(i for i in (12345, 500_000_000, MAX_ID) if not (a <= i < a + n or b <= i < b + n))
+        assert to(a) == b and to(a + n - 1) == b + n - 1 and to(b) == a and to(other) == other
