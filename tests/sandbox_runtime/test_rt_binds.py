@@ -9,12 +9,12 @@ namespace per sandbox) and HUTCH_USERNS=0 (root inside is host root without capa
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+import hutch_testing
 import pytest
 
 from rt_support import Api, Daemon
@@ -65,13 +65,8 @@ def shared_dir():
 @pytest.fixture
 def host_user():
     """A throwaway unprivileged host account (the second user an attack needs), removed afterwards."""
-    name = f"hutch-t{os.urandom(4).hex()}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
-                   check=True, capture_output=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
+    with hutch_testing.host_user() as user:
+        yield user
 
 
 def _bind(source, target, readonly=False, owner=None) -> dict:
