@@ -1,14 +1,14 @@
-# The two commands in README.md: `make demo` and `make test`. Both set up first.
+# Convenience only: the README's two commands are scripts/demo and scripts/test (no make needed).
 .PHONY: setup demo test bench
 
 setup:
 	@bash scripts/setup.sh
 
-demo: setup
-	.venv/bin/python examples/demo.py
+demo:
+	@scripts/demo
 
-test: setup
-	.venv/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+test:
+	@scripts/test $(PYTEST_ARGS)
 
-bench: setup
-	@for b in bench/*.py; do echo "== $$b"; .venv/bin/python $$b || exit 1; done
+bench:
+	@scripts/bench

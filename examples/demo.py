@@ -1,4 +1,4 @@
-"""A short, real demonstration of both wings of hutch (`make demo` runs it).
+"""A short, real demonstration of both wings of hutch (`scripts/demo` runs it).
 
 The sandbox half starts real sandboxes from the default image (built once,
 with progress on stderr, the first time); the memory half belongs to the

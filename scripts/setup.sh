@@ -11,6 +11,10 @@ for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
 if [ -n "$missing" ]; then
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "setup: missing Debian packages:$missing; run this as root on Debian 12 (it installs them with apt-get)" >&2
+    exit 1
+  fi
   echo "setup: installing Debian packages:$missing"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
@@ -19,9 +23,11 @@ fi
 
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
-if [ ! -x .venv/bin/python ]; then
+# a venv made before python3-venv was installed has a python but no pip: make it again
+if [ ! -x .venv/bin/python ] || [ ! -x .venv/bin/pip ]; then
   echo "setup: creating .venv"
-  "$PY" -m venv .venv
+  "$PY" -m venv --clear .venv
+  rm -f .venv/.hutch-installed
 fi
 stamp=.venv/.hutch-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
