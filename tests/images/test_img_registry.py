@@ -2,7 +2,8 @@
 name and nothing else. Everything runs among network namespaces this module creates (the fake
 internet of tests/egress on 192.0.2.0/24); no packet reaches a real address.
 
-The base image is a tiny root with the host's Python and pip (hard links, no copies).
+The base image is a tiny root with the host's Python and pip (hard links where /tmp is on /usr's
+filesystem, copies where it is not, e.g. a tmpfs).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "egress"))
 import egress_world  # noqa: E402  (skips this module without root, iproute2 or libnftables)
 from hutch_testing import restore_env  # noqa: E402
-from img_support import make_busybox_root, stop_daemon  # noqa: E402
+from img_support import host_root, stop_daemon  # noqa: E402
 
 import hutch  # noqa: E402
 
@@ -83,20 +84,11 @@ def _index(root: Path) -> None:
 
 
 def _python_root(root: Path) -> Path:
-    """busybox + the host's python3.11 and pip, hard-linked (the lower dir is never written)."""
-    make_busybox_root(root, shutil.which("busybox"))
-    usr = root / "usr"
-    for rel in ("lib/python3.11", "lib/x86_64-linux-gnu"):
-        (usr / rel).parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["cp", "-al", f"/usr/{rel}", str(usr / rel)], check=True)
-    (usr / "lib/python3/dist-packages").mkdir(parents=True)
-    subprocess.run(["cp", "-al", "/usr/lib/python3/dist-packages/pip", str(usr / "lib/python3/dist-packages/pip")],
-                   check=True)
-    (usr / "lib64").mkdir()
-    os.symlink("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", usr / "lib64/ld-linux-x86-64.so.2")
-    os.symlink("usr/lib", root / "lib")
-    os.symlink("usr/lib64", root / "lib64")
-    os.link("/usr/bin/python3.11", root / "bin" / "python3")
+    """busybox + the host's python3.11 and pip (hard links where the filesystem allows; the lower dir is never
+    written)."""
+    host_root(root, ("/usr/bin/python3.11",), ("/usr/lib/python3.11", "/usr/lib/python3/dist-packages/pip"),
+              skip=("config-3.11-x86_64-linux-gnu",))
+    os.symlink("python3.11", root / "bin" / "python3")
     return root
 
 
@@ -190,23 +182,12 @@ def test_a_pip_step_cannot_reach_a_name_it_was_not_given(registry):
 
 
 def _apt_root(root: Path) -> Path:
-    """busybox + the host's apt and dpkg (hard-linked), an empty dpkg database, sources on the fake archive."""
-    make_busybox_root(root, shutil.which("busybox"))
-    usr = root / "usr"
-    for rel in ("lib/x86_64-linux-gnu", "lib/apt", "share/dpkg"):
-        (usr / rel).parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["cp", "-al", f"/usr/{rel}", str(usr / rel)], check=True)
-    (usr / "lib64").mkdir()
-    os.symlink("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", usr / "lib64/ld-linux-x86-64.so.2")
-    os.symlink("usr/lib", root / "lib")
-    os.symlink("usr/lib64", root / "lib64")
-    for prog in ("apt-get", "apt-config", "dpkg", "dpkg-deb", "dpkg-query", "dpkg-split", "dpkg-trigger", "tar"):
-        (root / "bin" / prog).unlink(missing_ok=True)
-        os.link(f"/usr/bin/{prog}", root / "bin" / prog)
-    for prog in ("ldconfig", "ldconfig.real", "start-stop-daemon"):
-        if os.path.exists(f"/sbin/{prog}"):
-            (root / "bin" / prog).unlink(missing_ok=True)
-            os.link(os.path.realpath(f"/sbin/{prog}"), root / "bin" / prog)
+    """busybox + the host's apt and dpkg (hard links where the filesystem allows), an empty dpkg database,
+    sources on the fake archive."""
+    progs = [f"/usr/bin/{p}" for p in ("apt-get", "apt-config", "dpkg", "dpkg-deb", "dpkg-query", "dpkg-split",
+                                       "dpkg-trigger", "tar")]
+    progs += [f"/sbin/{p}" for p in ("ldconfig", "ldconfig.real", "start-stop-daemon") if os.path.exists(f"/sbin/{p}")]
+    host_root(root, tuple(progs), ("/usr/lib/apt", "/usr/share/dpkg"))
     for d in ("etc/apt/apt.conf.d", "etc/apt/sources.list.d", "etc/apt/preferences.d", "etc/dpkg/dpkg.cfg.d",
               "var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers", "var/cache/apt/archives/partial",
               "var/lib/apt/lists/partial", "var/log/apt"):
