@@ -244,6 +244,30 @@ def test_graceful_stop_ends_every_sandbox(tmp_path, image):
     assert os.path.exists(tmp_path)
 
 
+def _cgroups_of(d: Daemon) -> list[str]:
+    base = Path("/sys/fs/cgroup")
+    parents = [base / d.cgroup_parent] + [base / c / d.cgroup_parent for c in ("memory", "pids", "cpu")]
+    return sorted(str(c) for p in parents if p.is_dir() for c in p.iterdir() if c.is_dir())
+
+
+def test_a_stop_while_the_daemon_starts_leaves_nothing(tmp_path):
+    """SIGTERM the moment the socket appears (what a test harness does when its fixture fails right after
+    start), and a little later, while the warm pool is being filled: a clean exit, no cgroup left."""
+    for i, delay in enumerate((0.0, 0.0, 0.003, 0.01, 0.03)):
+        d = Daemon(tmp_path / f"run{i}").start(wait=False)
+        try:
+            deadline = time.monotonic() + 20
+            while not d.sock.exists() and d.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            time.sleep(delay)
+            d.proc.send_signal(signal.SIGTERM)
+            assert d.proc.wait(20) == 0, f"the daemon died of the signal (delay {delay}): {d.log.read_text()[-800:]}"
+            assert _cgroups_of(d) == [], f"delay {delay}"
+        finally:
+            d.stop()
+            d.cleanup_cgroups()
+
+
 def test_zygote_death_ends_its_sandboxes_and_a_new_one_takes_over(tmp_path, image):
     d = Daemon(tmp_path / "run").start()
     try:

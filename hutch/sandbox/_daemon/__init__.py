@@ -103,6 +103,12 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, po
     mgr = Manager(run, cgroup_parent_for(run))
     runner = gate = None
     listeners: list[socket.socket] = []
+    # First of all: a SIGTERM while it starts (the socket exists before it serves) must still end in the
+    # teardown below, not in the default action, which would leave the cgroups and inits made so far.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
         # Reap a crashed predecessor's leftovers first, before the heavier imports below.
         mgr.prepare()
@@ -133,10 +139,6 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, po
         gc.collect()
         gc.freeze()
         gc.set_threshold(10_000, 20, 20)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         print(f"hutch daemon {os.getpid()}: serving on {where}", file=sys.stderr, flush=True)
         while not stop.is_set():
             try:

@@ -112,6 +112,7 @@ class Manager(Calls):
         self.idmap = IdMapper(run_dir)
         self.ranges = UidRanges(cgroup_lock=str(self.cgroups.lock_file()))
         self.warming = 0
+        self.warm_tasks: set[asyncio.Task] = set()
         self.creating = 0                 # creates in flight: the pool refills once none is
         self.streams: set[asyncio.Task] = set()   # exec output handlers: a client that stops reading holds one
         self.problem: str | None = None   # why no sandbox can start now (GET /v1/health reports it)
@@ -166,6 +167,14 @@ class Manager(Calls):
         if self.restarting is not None:
             self.restarting.cancel()
             await asyncio.gather(self.restarting, return_exceptions=True)
+        # Inits being warmed and creates in flight are in neither list below yet: let them land first
+        # (a warm one then ends itself), or their cgroups would outlive the daemon with no reaper.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_TIMEOUT
+        if self.warm_tasks:
+            await asyncio.wait(list(self.warm_tasks), timeout=START_TIMEOUT)
+        while self.creating and loop.time() < deadline:
+            await asyncio.sleep(0.01)
         everyone = list(self.sandboxes.values()) + self.pool
         await asyncio.gather(*(self.end(sb, "terminated") for sb in everyone if not sb.gone.is_set()))
         for task in list(self.streams):   # output a client never took would hold the shutdown back
@@ -400,7 +409,9 @@ class Manager(Calls):
                 finally:
                     self.warming -= 1
 
-            loop.create_task(one())
+            task = loop.create_task(one())
+            self.warm_tasks.add(task)
+            task.add_done_callback(self.warm_tasks.discard)
 
     async def _bind_helpers(self, sb: Sandbox, plan: dict) -> dict:
         """The user namespaces the binds of `plan` are idmapped through (see _runtime.bind_maps), as fds."""
