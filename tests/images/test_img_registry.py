@@ -250,3 +250,21 @@ def test_apt_install_from_a_fake_archive_reaches_only_the_archive(registry, tmp_
         base.apt_install("hutch-hello=1.0").build(quiet=True)
     assert "Unable to locate package" in ei.value.output and DEB_NAME in ei.value.output
     assert len(_hits(hits)) == n
+
+
+def test_the_python_root_builds_on_a_tmpfs(tmp_path):
+    """Where /tmp is a tmpfs (Debian 13 and many hosts), hard links to /usr cannot be made: the root is
+    copied instead, and its python and pip run."""
+    if shutil.which("busybox") is None or not os.path.isdir("/usr/lib/python3/dist-packages/pip"):
+        pytest.skip("needs busybox-static and Debian's python3.11 with python3-pip")
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "hutch-test-tmpfs", str(mnt)], check=True)
+    try:
+        root = _python_root(mnt / "pyroot")
+        assert os.stat(root / "bin/python3.11").st_dev != os.stat("/usr/bin/python3.11").st_dev
+        r = subprocess.run(["chroot", str(root), "/bin/python3", "-c", "import json, pip; print(pip.__name__)"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stdout == "pip\n", r.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
