@@ -1,7 +1,8 @@
 """Image references -> root filesystem layers. (Contract shared by the daemon and the image builder.)
 
 An image reference is a string:
-- "debian-slim" (the default image: debootstrap minbase bookworm + python3-minimal, built once and cached),
+- "debian-slim" (the default image: debootstrap minbase bookworm + python3 with its whole standard library, pip
+  and venv, built once and cached under images_dir()/<its cache key>),
 - "dir:/abs/path" (a prepared root directory, `hutch.Image.from_directory(path)`),
 - "image:<64 hex>" (a built image or a snapshot: a node of the layer store, hutch/sandbox/_layers.py).
 
@@ -12,6 +13,7 @@ An image reference is a string:
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -29,7 +31,10 @@ from hutch.sandbox import _layers
 
 DEBIAN_SLIM = "debian-slim"
 DEBIAN_SUITE = "bookworm"
-DEBIAN_EXTRA_PACKAGES = ("python3-minimal", "ca-certificates")   # minbase already has coreutils
+# minbase already has coreutils; agents run Python first of all: the whole standard library, pip and venv
+DEBIAN_EXTRA_PACKAGES = ("python3", "python3-pip", "python3-venv", "ca-certificates")
+#: Bumped when the default image's content changes in a way its packages do not show (a build step below).
+DEBIAN_SLIM_VERSION = 2
 #: Env: a Debian mirror URL for debootstrap; unset means debootstrap's own default.
 ENV_DEBIAN_MIRROR = "HUTCH_DEBIAN_MIRROR"
 IMAGE_ENV = (
@@ -57,8 +62,27 @@ ProgressFn = Callable[[dict], None]
 
 
 def images_dir() -> Path:
-    """Where built images live: state_dir()/images/<name>/{rootfs,image.json}."""
+    """Where built images live: state_dir()/images/<cache key>/{rootfs,image.json}."""
     return paths.state_dir() / "images"
+
+
+def default_image_key() -> str:
+    """The default image's cache key: its suite, packages and version. A changed definition is a new key, so
+    it is built beside the old one (which a running daemon of the old code may still be using), never over it,
+    and an image cached under an old key is never taken for it."""
+    spec = json.dumps([DEBIAN_SUITE, sorted(DEBIAN_EXTRA_PACKAGES), DEBIAN_SLIM_VERSION])
+    return f"{DEBIAN_SLIM}-{DEBIAN_SUITE}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+
+
+def default_image_status() -> dict:
+    """The default image's cache entry: its key, whether it is built, and if so its id, size and build time."""
+    key = default_image_key()
+    try:
+        meta = json.loads((images_dir() / key / _META).read_text())
+    except (OSError, ValueError):
+        return {"ref": DEBIAN_SLIM, "key": key, "built": False, "packages": list(DEBIAN_EXTRA_PACKAGES)}
+    return {"ref": DEBIAN_SLIM, "key": key, "built": True, "id": meta.get("id"), "size": meta.get("size"),
+            "build_seconds": meta.get("build_seconds"), "packages": meta.get("packages")}
 
 
 def resolve_image(ref: str) -> ResolvedImage:
@@ -71,7 +95,7 @@ def resolve_image(ref: str) -> ResolvedImage:
             )
         return ResolvedImage(ref=ref, id=ref, lowerdirs=(root,))
     if ref == DEBIAN_SLIM:
-        d = images_dir() / DEBIAN_SLIM
+        d = images_dir() / default_image_key()
         try:
             meta = json.loads((d / _META).read_text())
         except FileNotFoundError:
@@ -105,7 +129,7 @@ def list_images() -> list[dict]:
     """The default image if built, then every built image and snapshot in the layer store."""
     out = []
     try:
-        meta = json.loads((images_dir() / DEBIAN_SLIM / _META).read_text())
+        meta = json.loads((images_dir() / default_image_key() / _META).read_text())
         out.append({"ref": DEBIAN_SLIM, "id": meta.get("id"), "kind": "base", "name": DEBIAN_SLIM,
                     "size": meta.get("size"), "created_at": meta.get("created_at"), "parent": None})
     except (OSError, ValueError):
@@ -130,22 +154,25 @@ def ensure_image(ref: str, progress: ProgressFn | None = None) -> ResolvedImage:
 def _build_debian_slim(progress: ProgressFn) -> ResolvedImage:
     base = images_dir()
     base.mkdir(parents=True, exist_ok=True)
-    with open(base / f".{DEBIAN_SLIM}.lock", "a+") as lock:
+    key = default_image_key()
+    with open(base / f".{key}.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)   # one build per host; waiters find it done
         try:
             return resolve_image(DEBIAN_SLIM)
         except NotFoundError:
             pass
-        for stale in base.glob(f"{_TMP_PREFIX}{DEBIAN_SLIM}-*"):   # a build that crashed
+        for stale in base.glob(f"{_TMP_PREFIX}{key}-*"):   # a build that crashed
             _remove_tree(stale)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{DEBIAN_SLIM}-", dir=base))
+        tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{key}-", dir=base))
+        t0 = time.monotonic()
         try:
             _debootstrap(tmp / "rootfs", progress)
-            meta = {"ref": DEBIAN_SLIM, "id": f"{DEBIAN_SLIM}-{DEBIAN_SUITE}-{int(time.time())}",
+            meta = {"ref": DEBIAN_SLIM, "id": f"{key}-{int(time.time())}", "key": key,
                     "suite": DEBIAN_SUITE, "packages": list(DEBIAN_EXTRA_PACKAGES),
-                    "size": _du(tmp / "rootfs"), "created_at": time.time()}
+                    "size": _du(tmp / "rootfs"), "created_at": time.time(),
+                    "build_seconds": round(time.monotonic() - t0, 1)}
             atomic_write(tmp / _META, json.dumps(meta, indent=1).encode())
-            os.rename(tmp, base / DEBIAN_SLIM)   # the commit point: the image exists only when complete
+            os.rename(tmp, base / key)   # the commit point: the image exists only when complete
         except BaseException:
             _remove_tree(tmp)
             raise
@@ -239,4 +266,5 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-__all__ = ["ImageError", "ResolvedImage", "ensure_image", "images_dir", "list_images", "resolve_image"]
+__all__ = ["ImageError", "ResolvedImage", "default_image_key", "default_image_status", "ensure_image", "images_dir",
+           "list_images", "resolve_image"]

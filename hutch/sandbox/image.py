@@ -68,7 +68,8 @@ class Image:
 
     @classmethod
     def debian_slim(cls) -> "Image":
-        """The default image: a minimal Debian 12 with python3, built once on first use and cached."""
+        """The default image: a minimal Debian 12 with python3 (the whole standard library), pip and venv,
+        built once on first use and cached."""
         return cls(DEFAULT_IMAGE)
 
     @classmethod

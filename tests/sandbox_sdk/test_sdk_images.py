@@ -30,3 +30,22 @@ def test_unknown_and_directory_refs(tmp_path):
         _images.ensure_image("no-such-image")
     r = _images.ensure_image(f"dir:{tmp_path}")
     assert r.lowerdirs == (tmp_path,)
+
+
+def test_an_image_cached_under_an_older_definition_is_not_used(tmp_path, monkeypatch):
+    """The default image's cache key changes with its definition: the entry of an older one (python3-minimal,
+    cached as images/debian-slim) is neither used nor replaced; it may still serve an older daemon."""
+    monkeypatch.setenv("HUTCH_STATE_DIR", str(tmp_path))
+    old = tmp_path / "images" / "debian-slim"
+    (old / "rootfs").mkdir(parents=True)
+    (old / "image.json").write_text('{"ref": "debian-slim", "id": "debian-slim-bookworm-1", "size": 1}')
+    with pytest.raises(hutch.NotFoundError, match="not built yet"):
+        _images.resolve_image("debian-slim")
+    assert _images.default_image_status()["built"] is False
+    key = _images.default_image_key()
+    assert key != "debian-slim" and key.startswith("debian-slim-bookworm-")
+    monkeypatch.setattr(_images, "DEBIAN_EXTRA_PACKAGES", _images.DEBIAN_EXTRA_PACKAGES + ("git",))
+    assert _images.default_image_key() != key
+    monkeypatch.setattr(_images, "DEBIAN_EXTRA_PACKAGES", ("python3-minimal", "ca-certificates"))
+    assert _images.default_image_key() not in (key, "debian-slim")
+    assert (old / "image.json").exists()

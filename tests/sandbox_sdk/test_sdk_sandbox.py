@@ -39,6 +39,18 @@ def test_issue_example_with_the_default_image(daemon, capsys):
     assert _gone_or_ended(sid)
 
 
+def test_the_default_image_has_a_real_python(daemon):
+    """The whole standard library, pip and venv (python3-minimal had neither json nor asyncio)."""
+    with hutch.Sandbox.create(timeout=300, tags=RUN_TAG) as sb:
+        sb.run("python3", "-c", "import json, asyncio, urllib.request, multiprocessing, dataclasses, shutil, "
+                                "sqlite3, ctypes, venv, ensurepip", check=True)
+        assert sb.run("python3", "-m", "pip", "--version", check=True).stdout.startswith("pip ")
+        sb.run("python3", "-m", "venv", "/tmp/v", check=True)
+        r = sb.run("/tmp/v/bin/python", "-c", "import sys; print(sys.prefix)", check=True)
+        assert r.stdout == "/tmp/v\n"
+        assert sb.run("/tmp/v/bin/python", "-m", "pip", "--version", check=True).stdout.startswith("pip ")
+
+
 def test_output_streams_while_the_command_runs(sb):
     p = sb.exec("sh", "-c", "echo first; sleep 2; echo second")
     t0 = time.monotonic()
