@@ -226,3 +226,66 @@ def test_opt_out_runs_root_as_host_root_without_capabilities(tmp_path, image):
         api.close()
         d.stop()
         d.cleanup_cgroups()
+
+
+NO_USERNS = Path(__file__).with_name("no_userns.py")
+
+
+def test_a_kernel_that_refuses_user_namespaces_means_the_fallback_with_a_warning(tmp_path, image):
+    """As in a chroot, with user.max_user_namespaces=0 or under a container runtime's seccomp profile: the
+    daemon starts, says in its log and in `hutch doctor` that it runs without a user namespace and why, and
+    its sandboxes run as with HUTCH_USERNS=0. (A seccomp filter on the test daemon alone: no sysctl changes.)"""
+    import sys
+
+    from click.testing import CliRunner
+
+    from hutch.cli import cli
+
+    d = Daemon(tmp_path / "run", prefix=(sys.executable, str(NO_USERNS)))
+    d.start()
+    api = Api(d.sock, d.run_dir)
+    try:
+        log = d.log.read_text()
+        assert "mode: no user namespace (the kernel refused a new user namespace:" in log, log
+        assert "Operation not permitted" in log and "Traceback" not in log, log
+        doc = api.http.get("/v1/doctor").json()
+        assert doc["userns"] is False and "refused a new user namespace" in doc["userns_why_not"], doc
+        assert doc["idmap"] is None and doc["cgroup"]["parent"] == d.cgroup_parent
+        r = CliRunner().invoke(cli, ["doctor"], env={"HUTCH_SOCKET": str(d.sock), "HUTCH_RUN_DIR": str(d.run_dir),
+                                                     "HUTCH_URL": None, "HUTCH_TOKEN": None})
+        assert r.exit_code == 0, r.output
+        assert "mode:       no user namespace (the kernel refused" in r.output and "userns:     no:" in r.output, r.output
+        sid = api.create(image)["id"]
+        out, _, _ = api.sh(sid, "id -u; cat /proc/self/uid_map; grep CapEff /proc/self/status")
+        assert out.split()[:4] == ["0", "0", "0", "4294967295"] and out.split()[-1] == "0000000000000000", out
+        st = host_state(d, sid)
+        api.terminate(sid)
+        assert leftovers(st) == []
+    finally:
+        api.close()
+        d.stop()
+        d.cleanup_cgroups()
+
+
+def test_the_probe_says_why_and_never_dies_when_unshare_is_refused(tmp_path):
+    """The helper child exits at once when unshare fails; the parent used to write to its closed pipe
+    (BrokenPipeError at daemon start, about every other time). Many probes under the filter: none raises."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pathlib; from hutch.sandbox._native._idmap import IdMapper\n"
+            "for _ in range(100):\n"
+            "    m = IdMapper(pathlib.Path(sys.argv[1]))\n"
+            "    assert m.start() is False and m.userns_fd == -1\n"
+            "print(m.why)\n")
+    r = subprocess.run([sys.executable, str(NO_USERNS), sys.executable, "-c", code, str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "the kernel refused a new user namespace: [Errno 1] unshare: Operation not permitted"
+
+
+def test_the_default_mode_is_reported(uapi, state_daemon):
+    doc = uapi.http.get("/v1/doctor").json()
+    assert doc["userns"] is True and doc["userns_why_not"] is None and doc["idmap"] is True, doc
+    assert doc["mode"].startswith("user namespaces") and doc["cgroup"]["version"] in (1, 2)
+    assert "hutch daemon: mode: user namespaces" in state_daemon.log.read_text()

@@ -118,6 +118,7 @@ class Manager(Calls):
         self.problem: str | None = None   # why no sandbox can start now (GET /v1/health reports it)
         self.restarting: asyncio.Task | None = None
         self.warned_plain_binds = False
+        self.no_userns = ""               # why sandboxes run without a user namespace ("": they do not)
 
     # --- daemon lifecycle ---------------------------------------------------------------
 
@@ -127,10 +128,19 @@ class Manager(Calls):
         self.scratch.mkdir(exist_ok=True)
         self.reap_predecessor()
         self.idmap.reap()
-        if USERNS and not self.idmap.start():
-            print(f"hutch daemon: this kernel cannot idmap mounts ({self.idmap.why}); sandboxes run without a "
-                  "user namespace (root inside is host root without capabilities).", file=sys.stderr)
+        if not USERNS:
+            self.no_userns = "HUTCH_USERNS=0 in the daemon's environment"
+        elif not self.idmap.start():
+            self.no_userns = self.idmap.why
+        print(f"hutch daemon: mode: {self.mode()}", file=sys.stderr, flush=True)
         self.prepared = True
+
+    def mode(self) -> str:
+        """One line: whether sandboxes run in user namespaces, and why not (the fallback of docs/architecture.md)."""
+        if not self.no_userns:
+            return "user namespaces (root inside is an unprivileged host uid range of its own sandbox)"
+        return (f"no user namespace ({self.no_userns}): root inside is host root without capabilities, "
+                "as with HUTCH_USERNS=0")
 
     async def start(self) -> None:
         if not getattr(self, "prepared", False):

@@ -32,6 +32,14 @@ OPERATIONS: dict[tuple[str, str], dict] = {
     ("get", "/v1/health"): {"summary": "Daemon version and pid; 503 with the reason while it cannot start sandboxes",
                             "responses": _json_ok({"type": "object", "properties": {"version": {"type": "string"}, "pid": {"type": "integer"}}})},
     ("get", "/v1/openapi.json"): {"summary": "This document", "responses": _json_ok({"type": "object"})},
+    ("get", "/v1/doctor"): {"summary": "How this daemon runs sandboxes: isolation mode and why, cgroups, idmap, "
+                                       "egress, warm pool, image cache",
+                            "responses": _json_ok({"type": "object", "properties": {
+                                "mode": {"type": "string"}, "userns": {"type": "boolean"},
+                                "userns_why_not": {"type": "string", "nullable": True},
+                                "idmap": {"type": "boolean", "nullable": True}, "cgroup": {"type": "object"},
+                                "egress": {"type": "boolean"}, "warm_pool": {"type": "object"},
+                                "images": {"type": "object"}}})},
     ("post", "/v1/sandboxes"): {"summary": "Create a sandbox",
                                 "requestBody": _json_body({"type": "object", "required": ["spec"],
                                                            "properties": {"spec": {"$ref": "#/components/schemas/SandboxSpec"}}}),

@@ -15,6 +15,7 @@ import hutch
 from hutch._core import errors
 from hutch._core.errors import ConfigError, NetworkPolicyError
 from hutch.sandbox import _images
+from hutch.sandbox._daemon._doctor import report as doctor_report
 from hutch.sandbox._daemon._http import json_body, send_fd
 from hutch.sandbox._daemon._manager import Manager
 from hutch.sandbox._daemon._openapi import openapi_document
@@ -92,6 +93,7 @@ def make_app(mgr: Manager, gate=None) -> web.Application:
     r = app.router
     r.add_get("/v1/health", h.health)
     r.add_get("/v1/openapi.json", h.openapi)
+    r.add_get("/v1/doctor", h.doctor)
     r.add_post("/v1/sandboxes", h.create)
     r.add_get("/v1/sandboxes", h.list)
     r.add_get("/v1/sandboxes/{id}", h.info)
@@ -137,6 +139,9 @@ class Handlers:
         if why:   # not healthy while it cannot start sandboxes
             return web.json_response({**body, "error": "DaemonError", "message": why}, status=503)
         return web.json_response(body)
+
+    async def doctor(self, request):
+        return web.json_response(await asyncio.to_thread(doctor_report, self.mgr))   # walks the image store
 
     async def openapi(self, request):
         return web.json_response(openapi_document(request.app))

@@ -153,28 +153,39 @@ class IdMapper:
                     pass
 
     def start(self) -> bool:
-        """Make the probing namespace; False if this kernel cannot idmap (then sandboxes run without one)."""
+        """Make the probing namespace; False (and `why`) if this kernel refuses a new user namespace (a chroot,
+        user.max_user_namespaces=0, a container runtime's seccomp profile) or cannot idmap mounts: then
+        sandboxes run without one."""
         r, w = os.pipe()        # parent -> child: done, exit
-        r2, w2 = os.pipe()      # child -> parent: unshared (or failed)
+        r2, w2 = os.pipe()      # child -> parent: "u" unshared, or "e" and why not
         pid = os.fork()  # at start-up, before the daemon has threads
         if pid == 0:
             try:
                 os.close(w)
                 os.close(r2)
-                L.unshare(L.CLONE_NEWUSER)
-                os.write(w2, b"u")
-                os.read(r, 1)
+                try:
+                    L.unshare(L.CLONE_NEWUSER)
+                except OSError as e:
+                    os.write(w2, b"e" + str(e).encode()[:400])
+                else:
+                    os.write(w2, b"u")
+                    os.read(r, 1)
             finally:
                 os._exit(0)
         os.close(r)
         os.close(w2)
         try:
             # a blocking handshake, not a poll of /proc: on a loaded machine the child may take a while
-            if not select.select([r2], [], [], 10)[0] or os.read(r2, 1) != b"u":
-                raise OSError("the user namespace helper could not unshare")
+            said = os.read(r2, 512) if select.select([r2], [], [], 10)[0] else b""
+            if said != b"u":
+                why = said[1:].decode(errors="replace") if said[:1] == b"e" else "its helper did not answer"
+                raise OSError(f"the kernel refused a new user namespace: {why}")
             write_maps(pid)
             self.userns_fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-            os.close(L.idmapped_tree(str(self.dir.parent), self.userns_fd))
+            try:
+                os.close(L.idmapped_tree(str(self.dir.parent), self.userns_fd))
+            except OSError as e:
+                raise OSError(f"this kernel cannot idmap mounts ({e})") from e
             return True
         except OSError as e:
             self.why = str(e)
@@ -184,7 +195,10 @@ class IdMapper:
             return False
         finally:
             os.close(r2)
-            os.write(w, b"x")
+            try:
+                os.write(w, b"x")
+            except BrokenPipeError:
+                pass   # the helper has exited already (it could not unshare)
             os.close(w)
             os.waitpid(pid, 0)
 
