@@ -21,9 +21,9 @@ import threading
 import time
 from pathlib import Path
 
-from hutch._core.errors import ImageError, NotFoundError
+from hutch._core.errors import ImageError, InvalidSpecError, NotFoundError
 from hutch.sandbox import _client
-from hutch.sandbox._spec import BUILD_CAPABILITIES, Network, SandboxSpec
+from hutch.sandbox._spec import BUILD_CAPABILITIES, DEFAULT_IMAGE, Network, SandboxSpec
 
 #: Names an apt step may reach. Env: HUTCH_APT_HOSTS (comma-separated).
 APT_HOSTS = ("deb.debian.org", "security.debian.org")
@@ -135,13 +135,18 @@ def _exists(client, key: str) -> bool:
 def build(image, *, name: str | None = None, quiet: bool = False):
     from hutch.sandbox.image import Image
 
+    if name is not None and (name == DEFAULT_IMAGE or name.startswith(("dir:", PREFIX))):
+        raise InvalidSpecError(f"{name!r} cannot name a built image: it is a base image's reference; pick another name.")
     client = _client.default_client()
     progress = Progress(len(image.steps), quiet)
     if not image.steps:
         if name:
             raise ImageError("only an image with steps (or a snapshot) can be named; add a step, or use it as it is.")
         return image
-    parent_key = _base_key(client, image.ref, progress)
+    base = image.ref
+    if not base.startswith((PREFIX, "dir:")) and base != DEFAULT_IMAGE:
+        base = client.json("GET", f"/v1/images/{base}")["ref"]   # a built image's name: the image it names now
+    parent_key = _base_key(client, base, progress)
     keys = []
     for step in image.steps:
         parent_key = step_key(parent_key, step)
@@ -156,14 +161,14 @@ def build(image, *, name: str | None = None, quiet: bool = False):
             if i == n - 1 or not quiet:
                 progress.say(f"image step {i + 1}/{n} {_short(desc)}: cached")
             continue
-        parent = image.ref if i == 0 else PREFIX + keys[i - 1]
+        parent = base if i == 0 else PREFIX + keys[i - 1]
         t = time.monotonic()
         progress.say(f"image step {i + 1}/{n} {_short(desc)}: building")
         node = _run_step(client, step, parent, keys[i], desc, progress, f"{i + 1}/{n}")
         progress.say(f"image step {i + 1}/{n} {_short(desc)}: built, {(node.get('size') or 0) / 1e6:.1f} MB "
                      f"in {time.monotonic() - t:.1f} s")
     if name:
-        client.json("POST", "/v1/images/nodes", json={"id": keys[-1], "parent": image.ref if n == 1 else
+        client.json("POST", "/v1/images/nodes", json={"id": keys[-1], "parent": base if n == 1 else
                                                       PREFIX + keys[-2], "name": name, "pinned": True})
     if have < n:
         progress.say(f"image {keys[-1][:12]} ready ({n - have} of {n} steps built, "
@@ -273,7 +278,11 @@ def _in_sandbox(client, step, parent, key, desc, progress, where, argvs, network
 # --- export / import ----------------------------------------------------------------------------
 
 def export_image(image, path) -> None:
+    from hutch.sandbox.image import Image
+
     client = _client.default_client()
+    if not image.ref.startswith((PREFIX, "dir:")) and image.ref != DEFAULT_IMAGE:
+        image = Image(client.json("GET", f"/v1/images/{image.ref}")["ref"])   # a built image's name
     if not image.ref.startswith(PREFIX):
         raise ImageError(f"image {image.ref!r} is a base image; only built images and snapshots can be exported.")
     dest = Path(path).resolve()

@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -44,6 +45,7 @@ IMAGE_ENV = (
 )
 IMAGE_WORKDIR = "/home/user"
 _META = "image.json"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _TMP_PREFIX = ".tmp-"
 
 
@@ -106,7 +108,16 @@ def resolve_image(ref: str) -> ResolvedImage:
         return ResolvedImage(ref=ref, id=meta["id"], lowerdirs=(d / "rootfs",), env=IMAGE_ENV, workdir=IMAGE_WORKDIR)
     if ref.startswith(_layers.PREFIX):
         return _resolve_layered(ref)
-    raise NotFoundError(f"image {ref!r} is not known here; use hutch.Image.debian_slim() or hutch.Image.from_directory(path).")
+    if _NAME_RE.match(ref):   # a built image's name (or id prefix), as `hutch image build FILE:NAME` gave it
+        try:
+            node = _layers.find(ref)
+        except NotFoundError:
+            pass
+        else:
+            return _resolve_layered(_layers.PREFIX + node["id"])
+    raise NotFoundError(f"image {ref!r} is not known here; use hutch.Image.debian_slim(), hutch.Image.from_directory(path) "
+                        "or the name of a built image (`hutch image ls` lists them; `hutch image build FILE:NAME` "
+                        "names one).")
 
 
 def _resolve_layered(ref: str) -> ResolvedImage:

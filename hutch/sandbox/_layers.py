@@ -310,6 +310,12 @@ def put_node(node_id: str, parent: str, *, layer: str | None, kind: str, env: di
     nodes_dir().mkdir(parents=True, exist_ok=True)
     with store_lock():
         path = nodes_dir() / f"{node_id}.json"
+        if name:   # a name names one image: it moves from any other (also when this node exists already)
+            for other in list_nodes():
+                if other.get("name") == name and other["id"] != node_id:
+                    other["name"] = None
+                    atomic_write(nodes_dir() / f"{other['id']}.json", json.dumps(other).encode(), fsync_file=False)
+                    _cache.pop(other["id"], None)
         if path.exists():
             node = json.loads(path.read_text())
             if (name and node.get("name") != name) or (pinned and not node.get("pinned")):
@@ -317,12 +323,6 @@ def put_node(node_id: str, parent: str, *, layer: str | None, kind: str, env: di
                 atomic_write(path, json.dumps(node).encode(), fsync_file=False)
             _cache.pop(node_id, None)
             return node
-        if name:   # a name names one image: it moves from any other
-            for other in list_nodes():
-                if other.get("name") == name:
-                    other["name"] = None
-                    atomic_write(nodes_dir() / f"{other['id']}.json", json.dumps(other).encode(), fsync_file=False)
-                    _cache.pop(other["id"], None)
         node = {"id": node_id, "ref": PREFIX + node_id, "parent": parent, "layer": layer, "kind": kind,
                 "env": dict(env or {}), "workdir": workdir, "name": name, "pinned": bool(pinned),
                 "description": description, "created_at": time.time()}

@@ -159,3 +159,84 @@ def test_cli_image_build_names_the_image(busybox_root, daemon, tmp_path):
     assert r.exit_code == 2 and "not a hutch.Image" in r.output
     r = runner.invoke(cli, ["image", "build", "images.py"])
     assert r.exit_code == 2 and "FILE:NAME" in r.output
+
+
+def _client_images() -> list[dict]:
+    from hutch.sandbox import _client
+
+    return _client.default_client().json("GET", "/v1/images")["images"]
+
+
+def test_a_built_name_works_everywhere_an_image_is_accepted(busybox_root, daemon, tmp_path, make_sandbox):
+    """`hutch image build images.py:agent_image`, then the name as image= of the SDK (sync and async), of
+    `hutch run --image`, and of MCP's sandbox_create; a sandbox records the image the name meant then."""
+    import asyncio
+    import os
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    from hutch.cli import cli
+
+    f = tmp_path / "images.py"
+    f.write_text("import hutch\n"
+                 f"agent_image = hutch.Image.from_directory({str(busybox_root)!r}).run_commands('echo named > /which')\n")
+    r = CliRunner().invoke(cli, ["image", "build", f"{f}:agent_image", "-q"])
+    assert r.exit_code == 0, r.output
+    ref = r.output.strip().splitlines()[-1]
+
+    # the name moved here from the image test_cli_image_build_names_the_image built (one name, one image)
+    assert [i["ref"] for i in _client_images() if i.get("name") == "agent_image"] == [ref]
+    sb = make_sandbox(image="agent_image")
+    assert sb.run("cat", "/which", check=True).stdout == "named\n"
+    assert sb.info["spec"]["image"] == ref   # the id, not the name: a name may move to another image
+
+    async def aio():
+        asb = await hutch.AsyncSandbox.create(image="agent_image", timeout=60, tags=RUN_TAG)
+        try:
+            return (await asb.run("cat", "/which", check=True)).stdout
+        finally:
+            await asb.terminate()
+    assert asyncio.run(aio()) == "named\n"
+
+    env = {k: v for k, v in os.environ.items() if k.startswith("HUTCH_") or k == "PATH"}
+    r = subprocess.run([sys.executable, "-m", "hutch", "run", "--image", "agent_image", "--", "cat", "/which"],
+                       capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+    assert (r.returncode, r.stdout) == (0, "named\n"), r.stderr
+
+    # a step on top of the name builds on the image it names now
+    top = hutch.Image("agent_image").run_commands("echo top >> /which").build(quiet=True)
+    assert make_sandbox(image=top).run("cat", "/which", check=True).stdout == "named\ntop\n"
+
+    async def mcp_session():
+        params = StdioServerParameters(command=sys.executable, args=["-m", "hutch", "mcp"], env=env)
+        async with Client(params) as client:
+            res = await client.call_tool("sandbox_create", {"image": "agent_image", "timeout": 60,
+                                                            "tags": RUN_TAG})
+            assert not res.is_error, res.content
+            sid = res.structured_content["result"]["sandbox_id"]
+            try:
+                out = await client.call_tool("sandbox_exec", {"sandbox_id": sid, "command": ["cat", "/which"]})
+                return out.structured_content["result"]["stdout"]
+            finally:
+                await client.call_tool("sandbox_terminate", {"sandbox_id": sid})
+    assert asyncio.run(mcp_session()) == "named\n"
+
+    with pytest.raises(hutch.NotFoundError, match="name of a built image"):
+        make_sandbox(image="no_such_image_name")
+    with pytest.raises(hutch.InvalidSpecError, match="cannot name a built image"):
+        hutch.Image.from_directory(busybox_root).run_commands("true").build(name="debian-slim", quiet=True)
+
+
+def test_a_name_moves_to_the_image_built_last(base, make_sandbox):
+    """One name, one image, also when the image named second had been built (unnamed) before."""
+    first = base.run_commands("echo first > /which").build(name="moving_name", quiet=True)
+    second_img = base.run_commands("echo second > /which")
+    second = second_img.build(quiet=True)                 # built and stored, no name yet
+    assert second_img.build(name="moving_name", quiet=True).ref == second.ref
+    named = [i["ref"] for i in _client_images() if i.get("name") == "moving_name"]
+    assert named == [second.ref] and first.ref != second.ref
+    assert make_sandbox(image="moving_name").run("cat", "/which", check=True).stdout == "second\n"

@@ -323,6 +323,8 @@ class Manager(Calls):
         if spec.limits.memory < 8 * 1024**2:
             raise InvalidSpecError(f"memory={spec.limits.memory} bytes is too small; give at least '8M'.")
         image = _images.resolve_image(spec.image)
+        if image.ref != spec.image:   # a name: the image it names now (a name may move to another image later)
+            spec = dataclasses.replace(spec, image=image.ref)
         if spec.workdir == DEFAULT_WORKDIR and image.workdir and image.workdir != spec.workdir:
             spec = dataclasses.replace(spec, workdir=image.workdir)   # the image's workdir, unless one was given
         build_plan(spec, image, sid="check", scratch=str(self.scratch), cgroup_procs=[])  # bad mounts fail here
