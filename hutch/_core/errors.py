@@ -8,9 +8,9 @@
     ├── StateError             an operation on something in the wrong state (exec on a terminated sandbox)
     ├── SandboxError           a sandbox failed to start or broke while running
     │   ├── ImageError         an image could not be found or built
-    │   ├── ExecError          a command exited non-zero (carries stdout, stderr, exit code)
-    │   ├── SandboxTimeout     a sandbox or command ran past its timeout
-    │   └── OutOfMemoryError   the sandbox's memory limit was hit and the kernel killed a process
+    │   └── ExecError          a command did not succeed (carries argv, stdout, stderr, returncode, reason)
+    │       ├── SandboxTimeout     ... because it, or its sandbox, ran past a timeout and was killed
+    │       └── OutOfMemoryError   ... because the kernel killed it at its sandbox's memory limit
     ├── DaemonError            the host daemon could not be reached or answered badly
     └── MemoryStoreError       the SMF store: bad files, dangling links, conflicts
         ├── SearchIndexError   the derived search index could not be built or read
@@ -62,11 +62,14 @@ class ImageError(SandboxError):
 
 
 class ExecError(SandboxError):
-    """A command exited non-zero. Carries its result: stdout, stderr, returncode, and the bytes of each
-    stream dropped beyond run()'s max_output (`truncated` if any)."""
+    """A command did not succeed (`run(check=True)`). Carries its result: argv, stdout, stderr, returncode, the
+    bytes of each stream dropped beyond run()'s max_output (`truncated` if any), and `reason` (exited, signaled,
+    killed, timeout, oom, sandbox_ended) with the sandbox's id and, when the sandbox ended under the command,
+    its status (`sandbox_status`)."""
 
     def __init__(self, message: str, *, argv=(), stdout=b"", stderr=b"", returncode=None,
-                 stdout_dropped: int = 0, stderr_dropped: int = 0):
+                 stdout_dropped: int = 0, stderr_dropped: int = 0, reason: str | None = None,
+                 sandbox_id: str | None = None, sandbox_status: str | None = None):
         super().__init__(message)
         self.argv = tuple(argv)
         self.stdout = stdout
@@ -74,18 +77,23 @@ class ExecError(SandboxError):
         self.returncode = returncode
         self.stdout_dropped = stdout_dropped
         self.stderr_dropped = stderr_dropped
+        self.reason = reason
+        self.sandbox_id = sandbox_id
+        self.sandbox_status = sandbox_status
 
     @property
     def truncated(self) -> bool:
         return bool(self.stdout_dropped or self.stderr_dropped)
 
 
-class SandboxTimeout(SandboxError):
-    """A sandbox or a command ran past its timeout and was ended."""
+class SandboxTimeout(ExecError):
+    """A command was killed because it (exec `timeout=`) or its sandbox (`timeout=`, `idle_timeout=`) ran past
+    a timeout. Carries the command's result, as ExecError."""
 
 
-class OutOfMemoryError(SandboxError):
-    """The kernel killed a process of the sandbox because it hit its memory limit."""
+class OutOfMemoryError(ExecError):
+    """A command was killed by the kernel because its sandbox hit its memory limit (`memory=`). Carries the
+    command's result, as ExecError."""
 
 
 class DaemonError(Error):

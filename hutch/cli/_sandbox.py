@@ -10,7 +10,6 @@ import threading
 
 import click
 
-_EXIT_SIGNAL_BASE = 128   # a command killed by signal N exits the CLI with 128+N, as a shell does
 
 
 def _pairs(values, what: str) -> dict[str, str]:
@@ -86,7 +85,7 @@ def _create_kwargs(image, memory, cpu, timeout, env, mount, allow_domain, allow_
 
 
 def _stream(p) -> int:
-    """Copy the command's output to ours as it arrives and our stdin to it; return the CLI exit code."""
+    """Copy the command's output to ours as it arrives and our stdin to it; return the process once it ended."""
     def forward_stdin():
         try:
             while chunk := os.read(0, 65536):
@@ -103,8 +102,32 @@ def _stream(p) -> int:
     for fd, data in p._chunks():
         outs[fd].write(data)
         outs[fd].flush()
-    rc = p.wait()
-    return rc if rc >= 0 else _EXIT_SIGNAL_BASE - rc
+    p.wait()
+    return p
+
+
+def _command_ended(p, sb) -> int:
+    """One line on stderr saying why the command ended, unless it exited by itself; the CLI's exit code
+    (README: its own code, 124 timeout, 137 out of memory, 128+N killed by signal N)."""
+    from hutch.sandbox._wire import command_end
+
+    if p.reason == "sandbox_ended":
+        sb.poll()   # the daemon's answer says why the sandbox ended
+    why, code, _cls = command_end(p.reason, p.returncode, sb.info)
+    if why:
+        click.echo(f"hutch: the command {why}.", err=True)
+    return code
+
+
+def _sandbox_ended(sb) -> int:
+    """The same for a sandbox that ended while this command held it."""
+    from hutch.sandbox._wire import sandbox_end
+
+    sb.poll()
+    why, code, _cls = sandbox_end(sb.info)
+    if why:
+        click.echo(f"hutch: {why}.", err=True)
+    return code
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
@@ -115,6 +138,8 @@ def run(command, **opts):
 
     Standard input is forwarded. The sandbox has no network unless --allow-domain
     or --allow-cidr is given, and nothing of it remains when the command ends.
+    A command that did not end by itself gets one line on stderr saying why, and
+    exit code 124 (timeout), 137 (out of memory) or 128+N (killed by signal N).
 
     \b
     Examples:
@@ -125,7 +150,7 @@ def run(command, **opts):
     import hutch
 
     with hutch.Sandbox.create(**_create_kwargs(**opts)) as sb:
-        rc = _stream(sb.exec(*command, stdin=True, text=False))
+        rc = _command_ended(_stream(sb.exec(*command, stdin=True, text=False)), sb)
     sys.exit(rc)
 
 
@@ -169,10 +194,12 @@ def create(command, name, tag, idle_timeout, detach, **opts):
         return
     try:
         sb.wait()
+        rc = _sandbox_ended(sb)
     except KeyboardInterrupt:
-        pass
+        rc = 0
     finally:
         sb.terminate()
+    sys.exit(rc)
 
 
 @sandbox.command("exec")
@@ -192,7 +219,7 @@ def exec_(sandbox_id, command, env, workdir, timeout):
 
     sb = hutch.Sandbox.from_id(sandbox_id)
     p = sb.exec(*command, env=_pairs(env, "--env"), workdir=workdir, timeout=timeout, stdin=True, text=False)
-    sys.exit(_stream(p))
+    sys.exit(_command_ended(_stream(p), sb))
 
 
 exec_.name = "exec"

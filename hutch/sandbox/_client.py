@@ -498,6 +498,16 @@ def default_client() -> Client:
         return c
 
 
+def sync_client(ep: Endpoint) -> Client:
+    """The process's blocking client of endpoint `ep` (what an async object uses where it cannot await)."""
+    key = (os.getpid(), ep.url, ep.token, str(ep.socket))
+    with _lock:
+        c = _clients.get(key)
+        if c is None:
+            c = _clients[key] = Client(ep)
+        return c
+
+
 def default_async_client() -> AsyncClient:
     """The event loop's async client for the endpoint the environment names now."""
     import asyncio

@@ -31,9 +31,18 @@ ENDED = frozenset({"exited", "terminated", "timeout", "idle_timeout", "oom", "fa
 
 
 class SandboxState:
-    """The state properties Sandbox and AsyncSandbox share: read from the daemon's last answer (`_info`)."""
+    """The state properties Sandbox and AsyncSandbox share. `status`, `reason` and `returncode` ask the daemon
+    when read, until the sandbox has ended (an ended sandbox never changes again); the rest is its last answer."""
 
     _info: dict
+
+    def _fetch_info(self) -> dict:   # a blocking GET /v1/sandboxes/{id}; each shell supplies it
+        raise NotImplementedError
+
+    def _fresh(self) -> dict:
+        if self._info.get("status", "running") not in ENDED:
+            self._info = self._fetch_info()
+        return self._info
 
     @property
     def info(self) -> dict:
@@ -50,12 +59,20 @@ class SandboxState:
 
     @property
     def status(self) -> str:
-        """Last known status: starting, running, exited, terminated, timeout, idle_timeout, oom or failed."""
-        return self._info.get("status", "running")
+        """The daemon's status of it now: starting, running, exited, terminated, timeout, idle_timeout, oom or failed."""
+        return self._fresh().get("status", "running")
+
+    @property
+    def reason(self) -> "str | None":
+        """Why it ended, None while it runs: exited (its command ended), terminated, timeout, idle_timeout, oom
+        (its main process was killed at the memory limit) or failed."""
+        status = self.status
+        return status if status in ENDED else None
 
     @property
     def returncode(self) -> "int | None":
-        return self._info.get("returncode")
+        """Its command's exit code once it has ended (None without a command, or while it runs)."""
+        return self._fresh().get("returncode")
 
 
 class FrameDecoder:
@@ -139,20 +156,93 @@ class ExecResult:
         """True if run() dropped output beyond its max_output (see stdout_dropped / stderr_dropped)."""
         return bool(self.stdout_dropped or self.stderr_dropped)
 
-    def check(self) -> "ExecResult":
-        """Return self if the command exited 0, else raise hutch.ExecError carrying this result."""
-        if self.returncode != 0:
-            err = _tail(self.stderr)
-            cut = (f" (output truncated: {self.stdout_dropped} bytes of stdout and {self.stderr_dropped} of stderr "
-                   "dropped beyond max_output)") if self.truncated else ""
-            raise errors.ExecError(
-                f"command {list(self.argv)} exited with code {self.returncode} ({self.reason})"
-                + (f"; stderr ends with: {err!r}" if err else "") + cut
-                + ". Fix the command, or call run() with check=False to get the result without raising.",
-                argv=self.argv, stdout=self.stdout, stderr=self.stderr, returncode=self.returncode,
-                stdout_dropped=self.stdout_dropped, stderr_dropped=self.stderr_dropped,
-            )
-        return self
+    def check(self, sandbox: "dict | None" = None) -> "ExecResult":
+        """Return self if the command exited 0, else raise what says why, carrying this result:
+        hutch.OutOfMemoryError (killed at the memory limit), hutch.SandboxTimeout (it, or its sandbox, ran past
+        a timeout), else hutch.ExecError. `sandbox`: the sandbox's info, to tell why it ended under the command."""
+        if self.returncode == 0 and self.reason == "exited":
+            return self
+        why, _code, cls = command_end(self.reason, self.returncode, sandbox)
+        err = _tail(self.stderr)
+        cut = (f" (output truncated: {self.stdout_dropped} bytes of stdout and {self.stderr_dropped} of stderr "
+               "dropped beyond max_output)") if self.truncated else ""
+        head = f"command {list(self.argv)} " + (why or f"exited with code {self.returncode} ({self.reason})")
+        raise cls(
+            head + (f"; stderr ends with: {err!r}" if err else "") + cut
+            + ". Fix the command, or call run() with check=False to get the result without raising.",
+            argv=self.argv, stdout=self.stdout, stderr=self.stderr, returncode=self.returncode,
+            stdout_dropped=self.stdout_dropped, stderr_dropped=self.stderr_dropped, reason=self.reason,
+            sandbox_id=(sandbox or {}).get("id"), sandbox_status=(sandbox or {}).get("status"),
+        )
+
+
+# How the CLI exits when a command or sandbox did not end by itself (documented in README.md):
+EXIT_TIMEOUT = 124        # as coreutils' timeout(1)
+EXIT_OOM = 137            # 128 + SIGKILL, as Docker reports an OOM-killed container
+EXIT_SIGNAL_BASE = 128    # killed by signal N: 128 + N, as a shell does
+
+
+def _mib(n) -> str:
+    return f"{n / 2**20:.0f} MiB" if isinstance(n, (int, float)) else "its limit"
+
+
+def _secs(x) -> str:
+    return f"{x:g} s" if isinstance(x, (int, float)) else "its timeout"
+
+
+def sandbox_end(info: dict) -> "tuple[str | None, int, type]":
+    """Why a sandbox ended, from its info: (a sentence, or None for a command that exited by itself; the CLI's
+    exit code; the hutch error class that says so)."""
+    status, spec = info.get("status"), info.get("spec") or {}
+    rc = info.get("returncode")
+    if status == "exited":
+        return None, rc if isinstance(rc, int) and rc >= 0 else EXIT_SIGNAL_BASE - (rc or 0), errors.ExecError
+    if status == "timeout":
+        return (f"the sandbox ran past its timeout of {_secs(spec.get('timeout'))} and was ended; "
+                "give it a longer timeout (timeout=, --timeout)"), EXIT_TIMEOUT, errors.SandboxTimeout
+    if status == "idle_timeout":
+        return (f"the sandbox was idle for {_secs(spec.get('idle_timeout'))} and was ended (idle_timeout=, "
+                "--idle-timeout)"), EXIT_TIMEOUT, errors.SandboxTimeout
+    if status == "oom":
+        return (f"the sandbox was ended: out of memory (its limit is {_mib((spec.get('limits') or {}).get('memory'))};"
+                " give it more with memory=, --memory)"), EXIT_OOM, errors.OutOfMemoryError
+    if status == "terminated":
+        return "the sandbox was terminated", EXIT_SIGNAL_BASE + 9, errors.ExecError
+    return (f"the sandbox failed ({status}): its init died; see the daemon's log", EXIT_SIGNAL_BASE + 9,
+            errors.ExecError)
+
+
+def command_end(reason: str, returncode: int, sandbox: "dict | None" = None) -> "tuple[str | None, int, type]":
+    """Why a command ended (its exec `reason`, see docs/api.md): (a sentence, or None if it exited by itself;
+    the CLI's exit code; the hutch error class that says so). `sandbox`: its sandbox's info, which says why the
+    sandbox ended under it (reason sandbox_ended) and holds the limits the sentence names."""
+    spec = (sandbox or {}).get("spec") or {}
+    sig = -returncode if returncode < 0 else 9
+    if reason == "exited":
+        return None, returncode, errors.ExecError
+    if reason == "oom":
+        return (f"was killed: out of memory (its sandbox's limit is {_mib((spec.get('limits') or {}).get('memory'))};"
+                " give it more with memory=, --memory)"), EXIT_OOM, errors.OutOfMemoryError
+    if reason == "timeout":
+        return ("ran past its timeout and was killed; give it a longer one (exec timeout=, --timeout of "
+                "`hutch sandbox exec`)"), EXIT_TIMEOUT, errors.SandboxTimeout
+    if reason == "killed":
+        return f"was killed (signal {sig}) by a kill() call", EXIT_SIGNAL_BASE + sig, errors.ExecError
+    if reason == "signaled":
+        return f"was killed by signal {sig} ({_signame(sig)})", EXIT_SIGNAL_BASE + sig, errors.ExecError
+    if reason == "sandbox_ended" and sandbox and sandbox.get("status") in ENDED:
+        why, code, cls = sandbox_end(sandbox)
+        return f"was killed because {why}", code, cls
+    return "was killed because its sandbox ended", EXIT_SIGNAL_BASE + sig, errors.ExecError
+
+
+def _signame(n: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
 
 
 @dataclass(frozen=True)
@@ -257,9 +347,10 @@ def stdin_payload(stdin) -> tuple[bool, bytes | None]:
     raise errors.InvalidSpecError(f"stdin={stdin!r} must be True (a pipe), False (no input), or the bytes/str to send.")
 
 
-def terminated_error(sandbox_id: str, status: str) -> errors.StateError:
+def terminated_error(sandbox_id: str, info: dict) -> errors.StateError:
+    why = sandbox_end(info)[0] or f"its command exited with code {info.get('returncode')}"
     return errors.StateError(
-        f"sandbox {sandbox_id} has ended (status {status!r}); it runs nothing more. "
+        f"sandbox {sandbox_id} has ended (status {info.get('status')!r}: {why}); it runs nothing more. "
         "Create a new one with hutch.Sandbox.create()."
     )
 

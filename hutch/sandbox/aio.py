@@ -118,7 +118,7 @@ class AsyncSandbox(SandboxState):
         while True:
             left = WAIT_POLL if deadline is None else max(0.0, min(WAIT_POLL, deadline - time.monotonic()))
             self._info = await self._client.json("POST", f"/v1/sandboxes/{self.id}/wait", params={"timeout": left})
-            if self.status in ENDED:
+            if self._info.get("status") in ENDED:
                 _client.release_lease(self.id)
                 return self.returncode
             if deadline is not None and time.monotonic() >= deadline:
@@ -127,7 +127,12 @@ class AsyncSandbox(SandboxState):
     async def poll(self) -> "int | None":
         """The exit code if the sandbox has ended (None if it had no command), else None."""
         self._info = await self._client.json("GET", f"/v1/sandboxes/{self.id}")
-        return self.returncode if self.status in ENDED else None
+        return self._info.get("returncode") if self._info.get("status") in ENDED else None
+
+    def _fetch_info(self) -> dict:
+        # `status` is a property, so it cannot await: a blocking GET on a client of the same endpoint (well
+        # under a millisecond on the local socket); `await sb.poll()` refreshes without blocking the loop.
+        return _client.sync_client(self._client.ep).json("GET", f"/v1/sandboxes/{self.id}")
 
     async def set_network(self, network: "Network") -> None:
         """Replace the sandbox's egress policy as a whole while it runs.
@@ -165,12 +170,16 @@ class AsyncSandbox(SandboxState):
         p = await self._exec(argv, timeout, workdir, env, stdin, text, True, True, check_max_output(max_output),
                              background=False)
         result = await p.result()
-        return result.check() if check else result
+        if check and result.returncode != 0:
+            if result.reason == "sandbox_ended":   # why it ended under the command; its limits
+                self._info = await self._client.json("GET", f"/v1/sandboxes/{self.id}")
+            result.check(self._info)
+        return result
 
     async def _exec(self, argv, timeout, workdir, env, stdin, text, stdout, stderr, max_output, *,
                     background: bool) -> AsyncProcess:
-        if self.status in ENDED:
-            raise terminated_error(self.id, self.status)
+        if self._info.get("status") in ENDED:   # the last answer: no request on the way to every exec
+            raise terminated_error(self.id, self._info)
         is_open, data = stdin_payload(stdin)
         body = exec_body(argv, timeout=timeout, workdir=workdir, env=env, stdin=is_open, stdout=stdout, stderr=stderr,
                          max_output=max_output)
@@ -191,4 +200,4 @@ class AsyncSandbox(SandboxState):
         await self.terminate()
 
     def __repr__(self) -> str:
-        return f"<hutch.AsyncSandbox {self.id} {self.status}>"
+        return f"<hutch.AsyncSandbox {self.id} {self._info.get('status')}>"

@@ -187,7 +187,7 @@ class Sandbox(SandboxState):
         while True:
             left = WAIT_POLL if deadline is None else max(0.0, min(WAIT_POLL, deadline - time.monotonic()))
             self._info = self._client.json("POST", f"/v1/sandboxes/{self.id}/wait", params={"timeout": left})
-            if self.status in ENDED:
+            if self._info.get("status") in ENDED:
                 _client.release_lease(self.id)
                 return self.returncode
             if deadline is not None and time.monotonic() >= deadline:
@@ -195,8 +195,11 @@ class Sandbox(SandboxState):
 
     def poll(self) -> "int | None":
         """The exit code if the sandbox has ended (None if it had no command), else None. Never blocks."""
-        self._info = self._client.json("GET", f"/v1/sandboxes/{self.id}")
-        return self.returncode if self.status in ENDED else None
+        self._info = self._fetch_info()
+        return self._info.get("returncode") if self._info.get("status") in ENDED else None
+
+    def _fetch_info(self) -> dict:
+        return self._client.json("GET", f"/v1/sandboxes/{self.id}")
 
     def set_network(self, network: "Network") -> None:
         """Replace the sandbox's egress policy as a whole while it runs.
@@ -261,12 +264,15 @@ class Sandbox(SandboxState):
         p = self._exec(argv, timeout, workdir, env, stdin, text, True, True, check_max_output(max_output),
                        background=False)
         result = p.result()
-        return result.check() if check else result
+        if check and result.returncode != 0:
+            # the sandbox's info says why it ended under the command, and holds the limits the error names
+            result.check(self._fetch_info() if result.reason == "sandbox_ended" else self._info)
+        return result
 
     def _exec(self, argv, timeout, workdir, env, stdin, text, stdout, stderr, max_output, *,
               background: bool) -> Process:
-        if self.status in ENDED:
-            raise terminated_error(self.id, self.status)
+        if self._info.get("status") in ENDED:   # the last answer: no request on the way to every exec
+            raise terminated_error(self.id, self._info)
         is_open, data = stdin_payload(stdin)
         body = exec_body(argv, timeout=timeout, workdir=workdir, env=env, stdin=is_open, stdout=stdout, stderr=stderr,
                          max_output=max_output)
@@ -287,4 +293,4 @@ class Sandbox(SandboxState):
         self.terminate()
 
     def __repr__(self) -> str:
-        return f"<hutch.Sandbox {self.id} {self.status}>"
+        return f"<hutch.Sandbox {self.id} {self._info.get('status')}>"
