@@ -339,8 +339,9 @@ class Transaction:
         self._prune_empty(parts[:-1])
 
     def _prune_empty(self, parts: tuple[str, ...]) -> None:
-        """Remove empty link directories up to (not including) the class directory."""
-        while len(parts) >= 2:
+        """Remove empty link directories and an empty class directory, up to (not including) the store's root:
+        git keeps no empty directory, so one left here would be a class on disk that the history does not have."""
+        while len(parts) >= 1:
             pfd = self.dirs.get(parts[:-1], create=False)
             if pfd is None:
                 return

@@ -13,6 +13,20 @@ def _ids(hits):
     return [h.entity_id for h in hits]
 
 
+def test_a_forgotten_entity_does_not_come_back_with_the_next_one(mem):
+    """SQLite gives a deleted row's id to the next insert: the next entity must not take the forgotten one's name."""
+    mem.put("notes", "Garden", body="Tomatoes and basil grow by the fence.")
+    mem.put("vehicles", "Car", body="The car smells of tomatoes.")
+    assert set(_ids(mem.search("tomatoes", k=5))) == {"notes/garden", "vehicles/car"}
+    mem.forget("vehicles/car", reason="test")
+    assert _ids(mem.search("tomatoes", k=5)) == ["notes/garden"]
+    mem.put("vehicles", "Boat", body="The boat smells of tomatoes.")
+    got = mem.search("tomatoes", k=5)
+    assert set(_ids(got)) == {"notes/garden", "vehicles/boat"}, _ids(got)
+    assert {h.entity.id for h in got} == {"notes/garden", "vehicles/boat"}   # each hit reads back
+    assert mem.doctor().ok
+
+
 def test_shell_edit_rename_delete_are_seen_at_once(mem, store_dir):
     mem.put("notes", "Garden", body="Tomatoes and basil grow by the fence.")
     mem.put("notes", "Car", body="The car needs new tyres.")

@@ -81,3 +81,24 @@ def test_diff_shows_uncommitted_and_committed_changes(mem, store_dir):
     mem.update("notes/d", body="second\n")
     out = mem.diff("notes/d")
     assert "-first" in out and "+second" in out
+
+
+def test_forget_of_a_class_last_entity_leaves_no_class_directory(mem, store_dir):
+    """The store on disk, git and the search index agree afterwards; the class comes back with its next entity."""
+    mem.put("actors", "Alice")
+    mem.put("orgs", "Acme", body="Acme sells anvils.")
+    assert mem.search("anvils")[0].entity.id == "orgs/acme"
+    mem.forget("orgs/acme", reason="asked to be removed")
+    assert not (store_dir / "orgs").exists() and mem.classes() == ["actors"]
+    git = lambda *a: subprocess.run(["git", "-C", str(store_dir), *a], capture_output=True, text=True,  # noqa: E731
+                                    check=True).stdout
+    assert git("status", "--porcelain", "--ignored=no") == ""
+    assert "orgs/" not in git("ls-files")
+    assert mem.check().ok and "orgs/acme" not in [h.entity.id for h in mem.search("anvils")]
+    # the class comes back with its next entity, and the index sees it
+    mem.put("orgs", "Globex", body="Globex sells anvils too.")
+    assert [h.entity.id for h in mem.search("anvils")][0] == "orgs/globex"
+    # a class directory that holds something else (an attachment) stays
+    (store_dir / "orgs" / "logo.png").write_bytes(b"png")
+    mem.forget("orgs/globex", reason="test")
+    assert (store_dir / "orgs" / "logo.png").exists() and mem.ls("orgs") == []

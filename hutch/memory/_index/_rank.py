@@ -145,6 +145,15 @@ class Snapshot:
             self.t_to[pos] = np.nan if tt is None else tt
             self.t_rec[pos] = np.nan if tr is None else tr
 
+    def forget_entities(self, entity_ids: set[str]) -> None:
+        """Entities deleted from the index: dead, and their eids forgotten, because SQLite hands a deleted row's
+        eid to the next entity inserted; kept, it would bring the deleted entity's name back with it."""
+        dead = {self.pos_of_id.pop(e) for e in entity_ids if e in self.pos_of_id}
+        for pos in dead:
+            self.e_alive[pos] = False
+        for eid in [eid for eid, pos in self.eid_pos.items() if pos in dead]:
+            del self.eid_pos[eid]
+
     def drop_entities(self, eids: list[int]) -> None:
         for eid in eids:
             pos = self.eid_pos.get(eid)

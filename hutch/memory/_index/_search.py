@@ -186,10 +186,7 @@ class SearchIndex:
             snap = self.snap
             snap.remove_units(removed)
             if stats.removed:
-                dead = set(stats.removed)
-                for pos, entity_id in enumerate(snap.entity_id):
-                    if entity_id in dead:
-                        snap.e_alive[pos] = False
+                snap.forget_entities(set(stats.removed))
             ids = stats.reindexed
             eids = [r[0] for chunk in _rank.batches(ids) for r in db.execute(
                 f"select eid from files where entity_id in ({','.join('?' * len(chunk))})", chunk)]
