@@ -55,8 +55,9 @@ def register(server, *, image: str | None = None, memory_mount=None, policy: Hos
 
         Run commands in it with sandbox_exec, move files with sandbox_write_file / sandbox_read_file,
         end it with sandbox_terminate (it also ends after `timeout` seconds, or when this server stops).
-        image: an image reference (default: Debian with python3; host directories, dir:..., are refused unless
-        the server was started with --allow-host-dirs). memory: a size such as "512M" or "2G".
+        image: an image reference or a built image's name (default: Debian with python3, pip and venv; host
+        directories, dir:..., are refused unless the server was started with --allow-host-dirs).
+        memory: a size such as "512M" or "2G".
         allow_domains: DNS names it may reach over HTTPS/HTTP, e.g. ["pypi.org", "*.pythonhosted.org"].
         mount_memory: "ro" or "rw" mounts this server's memory store at /memory, so code can
         `ls '/memory/search/<query>/'` and cat the hits; with "rw" its writes become commits naming the sandbox.
