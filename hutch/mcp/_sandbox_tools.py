@@ -70,7 +70,7 @@ def register(server, *, image: str | None = None, memory_mount=None, policy: Hos
                 raise ConfigError("This MCP server has no memory store: start it with `hutch mcp --store PATH`.")
             mounts.append(memory_mount(mount_memory == "rw", "/memory"))
         network = hutch.Network.allow(domains=allow_domains) if allow_domains else None
-        policy.check_image(image)
+        image = policy.check_image(image)
         policy.check_mounts(mounts)
         sb = hutch.Sandbox.create(image=image or server_default_image, timeout=timeout, memory=memory, cpu=cpu,
                                   network=network, env=env, name=name, tags={**(tags or {}), **TAG},

@@ -211,11 +211,14 @@ def test_a_built_name_works_everywhere_an_image_is_accepted(busybox_root, daemon
     top = hutch.Image("agent_image").run_commands("echo top >> /which").build(quiet=True)
     assert make_sandbox(image=top).run("cat", "/which", check=True).stdout == "named\ntop\n"
 
-    async def mcp_session():
-        params = StdioServerParameters(command=sys.executable, args=["-m", "hutch", "mcp"], env=env)
+    async def mcp_session(*flags):
+        params = StdioServerParameters(command=sys.executable, args=["-m", "hutch", "mcp", *flags], env=env)
         async with Client(params) as client:
             res = await client.call_tool("sandbox_create", {"image": "agent_image", "timeout": 60,
                                                             "tags": RUN_TAG})
+            if not flags:   # the name leads to a host directory (its base): an MCP client may not use that
+                assert res.is_error and f"built on dir:{busybox_root}" in res.content[0].text, res.content
+                return None
             assert not res.is_error, res.content
             sid = res.structured_content["result"]["sandbox_id"]
             try:
@@ -223,7 +226,8 @@ def test_a_built_name_works_everywhere_an_image_is_accepted(busybox_root, daemon
                 return out.structured_content["result"]["stdout"]
             finally:
                 await client.call_tool("sandbox_terminate", {"sandbox_id": sid})
-    assert asyncio.run(mcp_session()) == "named\n"
+    assert asyncio.run(mcp_session()) is None
+    assert asyncio.run(mcp_session("--allow-host-dirs")) == "named\n"
 
     with pytest.raises(hutch.NotFoundError, match="name of a built image"):
         make_sandbox(image="no_such_image_name")
