@@ -45,12 +45,16 @@ _LAZY = {
     "AsyncProcess": "hutch.sandbox._process",
     "AsyncSandbox": "hutch.sandbox.aio",
     "CheckReport": "hutch.memory._entity",
+    "CodeContext": "hutch.sandbox.interpreter",
     "Entity": "hutch.memory._entity",
     "ExecResult": "hutch.sandbox._wire",
+    "Execution": "hutch.sandbox.interpreter",
+    "ExecutionError": "hutch.sandbox.interpreter",
     "FileInfo": "hutch.sandbox._files",
     "Hit": "hutch.memory._index._search",
     "Image": "hutch.sandbox.image",
     "IndexReport": "hutch.memory._index._search",
+    "Logs": "hutch.sandbox.interpreter",
     "Memory": "hutch.memory._store",
     "MiniLMProvider": "hutch.memory._index._embed",
     "MemoryMount": "hutch.fuse._sandbox",
@@ -60,6 +64,7 @@ _LAZY = {
     "OpenAIEmbeddings": "hutch.memory._index._embed",
     "OpenAIReasoner": "hutch.memory._index._reason",
     "Process": "hutch.sandbox._process",
+    "Result": "hutch.sandbox.interpreter",
     "Sandbox": "hutch.sandbox.sandbox",
     "Volume": "hutch.sandbox.volume",
 }
@@ -74,6 +79,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hutch.sandbox._wire import ExecResult, NetworkLog
     from hutch.sandbox.aio import AsyncSandbox
     from hutch.sandbox.image import Image
+    from hutch.sandbox.interpreter import CodeContext, Execution, ExecutionError, Logs, Result
     from hutch.sandbox.sandbox import Sandbox
     from hutch.sandbox.volume import Volume
 

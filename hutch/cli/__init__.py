@@ -18,6 +18,7 @@ from hutch._core.errors import Error
 # (module, attribute) of each top-level command or group, in help order.
 _COMMANDS: list[tuple[str, str]] = [
     ("hutch.cli._sandbox", "run"),
+    ("hutch.cli._repl", "repl"),
     ("hutch.cli._sandbox", "sandbox"),
     ("hutch.cli._sandbox", "serve"),
     ("hutch.cli._sandbox", "tls_fingerprint"),

@@ -1,4 +1,4 @@
-"""MCP tools over sandboxes: create, exec, read and write files, list, terminate.
+"""MCP tools over sandboxes: create, exec, run code (a stateful interpreter), read and write files, list, terminate.
 
 Sandboxes made here are tagged `created_by=mcp` and belong to this server
 process: when it exits, the host daemon ends them. The tools act only on the
@@ -12,12 +12,20 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from mcp.types import CallToolResult, ImageContent, TextContent
+
 from hutch._core.errors import ConfigError, NotFoundError
 from hutch.mcp._policy import HostAccess
 from hutch.mcp._tools import DESTRUCTIVE, READ_ONLY, RUNS_CODE, WRITE, first, tool
 
 #: Bytes of stdout / stderr a tool result carries (the sandbox drains and drops the rest; the result says so).
 MAX_OUTPUT = 100_000
+#: Images one run_code result carries (a cell that draws more says how many were left out).
+MAX_IMAGES = 8
+#: The image name sandbox_create takes for hutch.Image.code_interpreter().
+CODE_INTERPRETER = "code-interpreter"
+#: Seconds the sandbox run_code makes for itself (when no sandbox_id is given) may live.
+CODE_SANDBOX_TIMEOUT = 3600
 TAG = {"created_by": "mcp"}
 
 
@@ -35,6 +43,8 @@ def register(server, *, image: str | None = None, memory_mount=None, policy: Hos
 
     policy = policy or HostAccess(default_image=image)
     owned: dict[str, str | None] = {}   # id -> name of each sandbox this server created
+    # one handle per sandbox that ran code: its interpreter (and so the cells' state) lives in the handle
+    interpreters: dict[str, Any] = {}
 
     def _sb(sandbox_id, id_):
         sid = first(sandbox_id=sandbox_id, id=id_)
@@ -55,7 +65,8 @@ def register(server, *, image: str | None = None, memory_mount=None, policy: Hos
 
         Run commands in it with sandbox_exec, move files with sandbox_write_file / sandbox_read_file,
         end it with sandbox_terminate (it also ends after `timeout` seconds, or when this server stops).
-        image: an image reference or a built image's name (default: Debian with python3, pip and venv; host
+        image: an image reference or a built image's name (default: Debian with python3, pip and venv;
+        "code-interpreter": with pandas, numpy, matplotlib and a Jupyter kernel, for run_code; host
         directories, dir:..., are refused unless the server was started with --allow-host-dirs).
         memory: a size such as "512M" or "2G".
         allow_domains: DNS names it may reach over HTTPS/HTTP, e.g. ["pypi.org", "*.pythonhosted.org"].
@@ -70,9 +81,11 @@ def register(server, *, image: str | None = None, memory_mount=None, policy: Hos
                 raise ConfigError("This MCP server has no memory store: start it with `hutch mcp --store PATH`.")
             mounts.append(memory_mount(mount_memory == "rw", "/memory"))
         network = hutch.Network.allow(domains=allow_domains) if allow_domains else None
-        image = policy.check_image(image)
+        if image != CODE_INTERPRETER:   # hutch's own image, not a name to look up and check
+            image = policy.check_image(image)
         policy.check_mounts(mounts)
-        sb = hutch.Sandbox.create(image=image or server_default_image, timeout=timeout, memory=memory, cpu=cpu,
+        chosen = hutch.Image.code_interpreter() if image == CODE_INTERPRETER else image or server_default_image
+        sb = hutch.Sandbox.create(image=chosen, timeout=timeout, memory=memory, cpu=cpu,
                                   network=network, env=env, name=name, tags={**(tags or {}), **TAG},
                                   mounts=mounts)
         owned[sb.id] = sb.name
@@ -105,6 +118,32 @@ def register(server, *, image: str | None = None, memory_mount=None, policy: Hos
                                  f"of stdout and {r.stderr_dropped} of stderr dropped); write it to a file and read parts.")
         return res
 
+    @tool(server, RUNS_CODE)
+    def run_code(code: str, sandbox_id: str | None = None, timeout: float | None = 120,
+                 id: str | None = None) -> CallToolResult:
+        """Run Python in a stateful interpreter (a Jupyter kernel) in a sandbox, like a notebook cell.
+
+        Variables and imports persist between calls on the same sandbox. The result is the cell's printed
+        output and value as text, each chart (matplotlib's plt.show(), or a figure left at the end of the
+        cell) as a PNG image, and an error as text with its traceback. Without sandbox_id, the first call
+        makes a sandbox with pandas, numpy and matplotlib for this server and later calls reuse it (its id
+        is in the text); with sandbox_id, that sandbox's image must have ipykernel (make it with
+        sandbox_create and image "code-interpreter"). timeout: seconds before the cell is interrupted (the
+        interpreter and its state survive).
+        """
+        sid = first(sandbox_id=sandbox_id, id=id)
+        if sid:
+            sb = _sb(sid, None)
+            sb = interpreters.setdefault(sb.id, sb)
+        else:
+            sb = interpreters.get("")
+            if sb is None or sb.poll() is not None:
+                sb = hutch.Sandbox.create(image=hutch.Image.code_interpreter(), timeout=CODE_SANDBOX_TIMEOUT,
+                                          tags={**TAG, "tool": "run_code"})
+                owned[sb.id] = sb.name
+                interpreters[""] = interpreters[sb.id] = sb
+        return code_result(sb.run_code(code, timeout=timeout), sb.id)
+
     @tool(server, READ_ONLY)
     def sandbox_read_file(path: str, sandbox_id: str | None = None, id: str | None = None) -> dict[str, Any]:
         """Read a file from a sandbox: text as UTF-8, or base64 (encoding="base64") if it is binary."""
@@ -136,3 +175,32 @@ def register(server, *, image: str | None = None, memory_mount=None, policy: Hos
         sb = _sb(sandbox_id, id)
         sb.terminate()
         return {"sandbox_id": sb.id, "status": sb.status}
+
+
+def code_result(ex, sandbox_id: str) -> CallToolResult:
+    """An Execution as MCP content: one text (output, value, error, what was left out), then its images."""
+    text, images, left_out = [], [], 0
+    out, err = "".join(ex.logs.stdout), "".join(ex.logs.stderr)
+    if out:
+        text.append(out[:MAX_OUTPUT])
+    if err:
+        text.append("[stderr]\n" + err[:MAX_OUTPUT])
+    for r in ex.results:
+        png = r.png
+        if png is not None:
+            if len(images) < MAX_IMAGES:
+                images.append(ImageContent(type="image", data=base64.b64encode(png).decode(), mime_type="image/png"))
+            else:
+                left_out += 1
+        elif r.text is not None:   # the value, or a displayed table (its text/plain)
+            text.append(r.text[:MAX_OUTPUT])
+    if ex.error is not None:
+        text.append(f"Error: {ex.error.name}: {ex.error.value}\n{ex.error.traceback}"[:MAX_OUTPUT])
+    if ex.restarted:
+        text.insert(0, "[the interpreter had restarted: variables and imports of earlier cells are gone]")
+    if left_out:
+        text.append(f"[{left_out} more images not shown]")
+    if ex.truncated:
+        text.append(f"[output cut: {ex.dropped}]")
+    text.append(f"[sandbox_id {sandbox_id}, cell {ex.execution_count}]")
+    return CallToolResult(content=[TextContent(type="text", text="\n".join(text)), *images])

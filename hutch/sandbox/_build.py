@@ -29,10 +29,35 @@ from hutch.sandbox._spec import BUILD_CAPABILITIES, DEFAULT_IMAGE, Network, Sand
 APT_HOSTS = ("deb.debian.org", "security.debian.org")
 #: Names a pip step may reach. Env: HUTCH_PIP_HOSTS (comma-separated).
 PIP_HOSTS = ("pypi.org", "files.pythonhosted.org")
+#: Where a pip step finds the CA bundle the host's pip trusts (see _pip_ca); removed before the layer is frozen.
+PIP_CA_PATH = "/tmp/.hutch-pip-ca.pem"
 STEP_TIMEOUT = 3600.0     # seconds one step may run
 STEP_MEMORY = "4G"        # a build sandbox's memory (its written files count: the writable layer is tmpfs)
 STEP_DISK = "8G"
 PREFIX = "image:"
+
+
+def _pip_ca() -> bytes | None:
+    """The CA bundle the host's pip is told to trust (HUTCH_PIP_CERT, else PIP_CERT, else `cert` in
+    /etc/pip.conf), or None. Where a TLS-inspecting proxy stands between the host and PyPI, the image's own
+    CA store does not know its certificate; the bundle only carries trust, so it is not part of the step's key."""
+    path = os.environ.get("HUTCH_PIP_CERT") or os.environ.get("PIP_CERT")
+    if not path:
+        import configparser
+
+        cfg = configparser.ConfigParser()
+        try:
+            cfg.read("/etc/pip.conf")
+            path = cfg.get("global", "cert", fallback=None)
+        except configparser.Error:
+            path = None
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read(16 << 20)
+    except OSError:
+        return None
 
 
 def _hosts(env: str, default: tuple[str, ...]) -> list[str]:
@@ -132,7 +157,8 @@ def _exists(client, key: str) -> bool:
         return False
 
 
-def build(image, *, name: str | None = None, quiet: bool = False):
+def build(image, *, name: str | None = None, quiet: bool = False, say_cached: bool = True):
+    """Build what is not cached of `image`; `say_cached=False` says nothing when every step is (Sandbox.create)."""
     from hutch.sandbox.image import Image
 
     if name is not None and (name == DEFAULT_IMAGE or name.startswith(("dir:", PREFIX))):
@@ -155,6 +181,8 @@ def build(image, *, name: str | None = None, quiet: bool = False):
     while have > 0 and not _exists(client, keys[have - 1]):   # the deepest step already stored
         have -= 1
     n = len(keys)
+    if have == n and not say_cached:
+        quiet = progress.quiet = True
     for i, step in enumerate(image.steps):
         desc = step.describe()
         if i < have:
@@ -215,14 +243,19 @@ def _run_step(client, step, parent: str, key: str, desc: str, progress: Progress
             if u.scheme == "http":   # the user named a plain-HTTP index: pip would ignore it otherwise
                 argv += ["--trusted-host", u.hostname]
         net = Network.allow(domains=hosts, ports=sorted(ports))
+        env = {"PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_ROOT_USER_ACTION": "ignore"}
+        ca = _pip_ca()
+        if ca is not None:
+            env["PIP_CERT"] = PIP_CA_PATH
         return _in_sandbox(client, step, parent, key, desc, progress, where, [argv + a["packages"]], net,
-                           env={"PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_ROOT_USER_ACTION": "ignore"})
+                           env=env, scratch={PIP_CA_PATH: ca} if ca is not None else None)
     if step.kind == "copy":
         return _in_sandbox(client, step, parent, key, desc, progress, where, [], Network.none())
     raise ImageError(f"unknown image step kind {step.kind!r}.")
 
 
-def _in_sandbox(client, step, parent, key, desc, progress, where, argvs, network, node=None, env=None) -> dict:
+def _in_sandbox(client, step, parent, key, desc, progress, where, argvs, network, node=None, env=None,
+                scratch=None) -> dict:
     from hutch.sandbox.sandbox import Sandbox
 
     # The build capabilities (chown, setuid ...: apt, dpkg and useradd need them) are not on
@@ -233,6 +266,8 @@ def _in_sandbox(client, step, parent, key, desc, progress, where, argvs, network
     sb = Sandbox(client, client.json("POST", "/v1/sandboxes", json={"spec": spec.to_dict()}))
     try:
         _client.hold_lease(client.ep, sb.id)
+        for path, data in (scratch or {}).items():   # files the commands need but the layer must not keep
+            sb.files.write(path, data)
         if step.kind == "copy":
             for local, remote, mode in _copy_entries(step):
                 if local:
@@ -266,6 +301,8 @@ def _in_sandbox(client, step, parent, key, desc, progress, where, argvs, network
                     f"image step {where} ({desc}) failed: {argv} exited with code {rc}. Its output ends with:\n"
                     f"{tail}\nFix the step and build again; the steps before it stay cached.{hint}",
                     step=desc, output="".join(step_out), returncode=rc)
+        for path in scratch or {}:
+            sb.files.remove(path)
         body = dict(node or {"description": desc})
         body["key"] = key
         body.pop("id", None)

@@ -17,8 +17,9 @@ import asyncio
 import time
 
 from hutch._core.errors import InvalidSpecError, NotFoundError
-from hutch.sandbox import _client, _provided
+from hutch.sandbox import _build, _client, _provided
 from hutch.sandbox._files import AsyncFiles
+from hutch.sandbox._interp import AsyncInterpreter
 from hutch.sandbox._process import AsyncProcess
 from hutch.sandbox._spec import DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, Network
 from hutch.sandbox._wire import (
@@ -26,6 +27,7 @@ from hutch.sandbox._wire import (
     stdin_payload, tag_params, terminated_error,
 )
 from hutch.sandbox.image import Image
+from hutch.sandbox.interpreter import CodeContext, Execution
 from hutch.sandbox.sandbox import ImageProgress, _ensured, _ensured_lock, _image_key, build_spec
 
 
@@ -37,6 +39,7 @@ class AsyncSandbox(SandboxState):
         self._info = info
         self.id: str = info["id"]
         self.files = AsyncFiles(client, self.id)
+        self._interp: AsyncInterpreter | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -49,7 +52,7 @@ class AsyncSandbox(SandboxState):
         """Start a sandbox and return it once it runs (see `hutch.Sandbox.create`)."""
         image = Image.of(image)
         if image.steps:   # an Image defined in Python: build what is not cached yet (with progress)
-            image = await asyncio.to_thread(image.build)
+            image = await asyncio.to_thread(_build.build, image, say_cached=False)
         memory, mounts, provided = _provided.prepare(memory, mounts)  # e.g. hutch.MemoryMount
         with provided:
             spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
@@ -190,6 +193,35 @@ class AsyncSandbox(SandboxState):
             p.stdin._open = False
             await self._client.request("POST", f"{p._base}/stdin", params={"eof": "1"}, content=data)
         return p
+
+    # ------------------------------------------------------------ code interpreter
+
+    async def run_code(self, code: str, *, context: "CodeContext | str | None" = None,
+                       timeout: "float | None" = None, on_stdout=None, on_stderr=None, on_result=None,
+                       on_error=None) -> Execution:
+        """Run a cell of Python in the sandbox's stateful interpreter (see `hutch.Sandbox.run_code`); the
+        callbacks may be plain functions or coroutine functions."""
+        cbs = {"on_stdout": on_stdout, "on_stderr": on_stderr, "on_result": on_result, "on_error": on_error}
+        return await self._code().run(code, context, timeout, cbs)
+
+    async def create_code_context(self, cwd: "str | None" = None, language: str = "python") -> CodeContext:
+        """Start another independent interpreter in this sandbox (see `hutch.Sandbox.create_code_context`)."""
+        return await self._code().create_context(cwd, language)
+
+    async def list_code_contexts(self) -> "list[CodeContext]":
+        """The code contexts of this handle: the default one, then those made by create_code_context()."""
+        return self._code().list_contexts()
+
+    async def remove_code_context(self, context: "CodeContext | str") -> None:
+        """End a context made by create_code_context(): its kernel stops and its state is gone."""
+        await self._code().remove_context(context)
+
+    def _code(self) -> AsyncInterpreter:
+        if self.status in ENDED:
+            raise terminated_error(self.id, self.status)
+        if self._interp is None:
+            self._interp = AsyncInterpreter(self)
+        return self._interp
 
     # ------------------------------------------------------------ state
 

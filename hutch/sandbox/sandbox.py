@@ -20,8 +20,9 @@ import threading
 import time
 
 from hutch._core.errors import InvalidSpecError, NotFoundError
-from hutch.sandbox import _client, _provided
+from hutch.sandbox import _build, _client, _provided
 from hutch.sandbox._files import Files
+from hutch.sandbox._interp import Interpreter
 from hutch.sandbox._process import Process
 from hutch.sandbox._spec import (
     Network,
@@ -32,6 +33,7 @@ from hutch.sandbox._wire import (
     exec_body, stdin_payload, tag_params, terminated_error,
 )
 from hutch.sandbox.image import Image
+from hutch.sandbox.interpreter import CodeContext, Execution
 
 
 def build_spec(command, *, image, mounts, cpu, memory, pids, disk, timeout, idle_timeout, workdir, env, tags,
@@ -101,6 +103,7 @@ class Sandbox(SandboxState):
         self._info = info
         self.id: str = info["id"]
         self.files = Files(client, self.id)
+        self._interp: Interpreter | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -121,7 +124,7 @@ class Sandbox(SandboxState):
         """
         image = Image.of(image)
         if image.steps:   # an Image defined in Python: build what is not cached yet (with progress)
-            image = image.build()
+            image = _build.build(image, say_cached=False)
         memory, mounts, provided = _provided.prepare(memory, mounts)  # e.g. hutch.MemoryMount
         with provided:
             spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
@@ -283,6 +286,44 @@ class Sandbox(SandboxState):
             p.stdin._open = False
             self._client.request("POST", f"{p._base}/stdin", params={"eof": "1"}, content=data)
         return p
+
+    # ------------------------------------------------------------ code interpreter
+
+    def run_code(self, code: str, *, context: "CodeContext | str | None" = None, timeout: "float | None" = None,
+                 on_stdout=None, on_stderr=None, on_result=None, on_error=None) -> Execution:
+        """Run a cell of Python in the sandbox's stateful interpreter (a Jupyter kernel) and return its Execution.
+
+        State (variables, imports) persists between calls in one context. An error in the cell is in the
+        result (`ex.error`: name, value, traceback), not raised. `timeout` interrupts the cell (the kernel and
+        its state survive; `ex.error.name == "TimeoutError"`); a kernel that dies is reported as KernelDied
+        and the next call runs in a fresh one (`ex.restarted`). `on_stdout`/`on_stderr` get each chunk of text
+        as it is printed, `on_result` each Result (a chart), `on_error` the ExecutionError, all in this thread.
+        The image needs ipykernel: `image=hutch.Image.code_interpreter()`.
+
+        Example: `sb.run_code("x = 41"); sb.run_code("x + 1").text == "42"`
+        """
+        cbs = {"on_stdout": on_stdout, "on_stderr": on_stderr, "on_result": on_result, "on_error": on_error}
+        return self._code().run(code, context, timeout, cbs)
+
+    def create_code_context(self, cwd: "str | None" = None, language: str = "python") -> CodeContext:
+        """Start another independent interpreter (its own kernel and variables) in this sandbox, working in
+        `cwd` (made if missing; default: the sandbox's workdir). Pass it as `run_code(..., context=ctx)`."""
+        return self._code().create_context(cwd, language)
+
+    def list_code_contexts(self) -> "list[CodeContext]":
+        """The code contexts of this handle: the default one, then those made by create_code_context()."""
+        return self._code().list_contexts()
+
+    def remove_code_context(self, context: "CodeContext | str") -> None:
+        """End a context made by create_code_context(): its kernel stops and its state is gone."""
+        self._code().remove_context(context)
+
+    def _code(self) -> Interpreter:
+        if self.status in ENDED:
+            raise terminated_error(self.id, self.status)
+        if self._interp is None:
+            self._interp = Interpreter(self)
+        return self._interp
 
     # ------------------------------------------------------------ state
 
