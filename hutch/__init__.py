@@ -44,6 +44,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "AsyncProcess": "hutch.sandbox._process",
     "AsyncSandbox": "hutch.sandbox.aio",
+    "AsyncSandboxPool": "hutch.sandbox.pool",
     "CheckReport": "hutch.memory._entity",
     "CodeContext": "hutch.sandbox.interpreter",
     "Entity": "hutch.memory._entity",
@@ -66,6 +67,7 @@ _LAZY = {
     "Process": "hutch.sandbox._process",
     "Result": "hutch.sandbox.interpreter",
     "Sandbox": "hutch.sandbox.sandbox",
+    "SandboxPool": "hutch.sandbox.pool",
     "Volume": "hutch.sandbox.volume",
 }
 
@@ -79,6 +81,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hutch.sandbox._wire import ExecResult, NetworkLog
     from hutch.sandbox.aio import AsyncSandbox
     from hutch.sandbox.image import Image
+    from hutch.sandbox.pool import AsyncSandboxPool, SandboxPool
     from hutch.sandbox.interpreter import CodeContext, Execution, ExecutionError, Logs, Result
     from hutch.sandbox.sandbox import Sandbox
     from hutch.sandbox.volume import Volume

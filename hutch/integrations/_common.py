@@ -222,6 +222,9 @@ class Toolbox:
         self._lock = threading.Lock()
         self._closed = False
         self._finalizer = None
+        #: make the sandbox from hutch.Image.code_interpreter() when sandbox_options names no image (set by the
+        #: adapters that offer a run_code tool: their cells need a kernel)
+        self.wants_interpreter = False
 
     @property
     def sandbox(self):
@@ -234,6 +237,8 @@ class Toolbox:
             if self._owned is None:
                 opts = dict(self.sandbox_options)
                 opts.setdefault("timeout", 600)
+                if self.wants_interpreter and opts.get("image") is None:
+                    opts["image"] = hutch.Image.code_interpreter()
                 opts["tags"] = {**(opts.get("tags") or {}), **TAG, "integration": self.integration}
                 self._owned = hutch.Sandbox.create(**opts)
                 self._finalizer = weakref.finalize(self, _terminate, self._owned)

@@ -93,6 +93,7 @@ class HutchToolkit(Toolbox):
         import hutch
 
         self.offer_run_code = hasattr(hutch.Sandbox, "run_code") if run_code is None else run_code
+        self.wants_interpreter = self.offer_run_code
         self.source = source
 
     def get_tools(self) -> list[StructuredTool]:

@@ -50,6 +50,7 @@ class HutchToolSpec(BaseToolSpec):
 
         self.toolbox = Toolbox(sandbox, sandbox_options=sandbox_options, integration="llamaindex")
         offer = hasattr(hutch.Sandbox, "run_code") if run_code is None else run_code
+        self.toolbox.wants_interpreter = offer
         self.spec_functions = (["hutch_run_code"] if offer else []) + ["hutch_exec", "hutch_read_file",
                                                                         "hutch_write_file", "hutch_list_files"]
 

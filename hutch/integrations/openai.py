@@ -76,6 +76,7 @@ class HutchTools(Toolbox):
         import hutch
 
         self.offer_run_code = hasattr(hutch.Sandbox, "run_code") if run_code is None else run_code
+        self.wants_interpreter = self.offer_run_code
         self.source = source
         self.sandbox_tools = sandbox_tools
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from mcp.types import CallToolResult, ImageContent, TextContent
+from mcp.types import ImageContent, TextContent
 
 from hutch._core.errors import ConfigError, NotFoundError
 from hutch.mcp._policy import HostAccess
@@ -120,7 +120,7 @@ def register(server, *, image: str | None = None, memory_mount=None, policy: Hos
 
     @tool(server, RUNS_CODE)
     def run_code(code: str, sandbox_id: str | None = None, timeout: float | None = 120,
-                 id: str | None = None) -> CallToolResult:
+                 id: str | None = None) -> list[TextContent | ImageContent]:
         """Run Python in a stateful interpreter (a Jupyter kernel) in a sandbox, like a notebook cell.
 
         Variables and imports persist between calls on the same sandbox. The result is the cell's printed
@@ -177,7 +177,7 @@ def register(server, *, image: str | None = None, memory_mount=None, policy: Hos
         return {"sandbox_id": sb.id, "status": sb.status}
 
 
-def code_result(ex, sandbox_id: str) -> CallToolResult:
+def code_result(ex, sandbox_id: str) -> list[TextContent | ImageContent]:
     """An Execution as MCP content: one text (output, value, error, what was left out), then its images."""
     text, images, left_out = [], [], 0
     out, err = "".join(ex.logs.stdout), "".join(ex.logs.stderr)
@@ -203,4 +203,4 @@ def code_result(ex, sandbox_id: str) -> CallToolResult:
     if ex.truncated:
         text.append(f"[output cut: {ex.dropped}]")
     text.append(f"[sandbox_id {sandbox_id}, cell {ex.execution_count}]")
-    return CallToolResult(content=[TextContent(type="text", text="\n".join(text)), *images])
+    return [TextContent(type="text", text="\n".join(text)), *images]

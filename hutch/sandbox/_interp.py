@@ -46,6 +46,14 @@ def _no_python(e: NotFoundError) -> ImageError:
                       "image=hutch.Image.code_interpreter().")
 
 
+def _no_start(sandbox_id: str, p) -> Error:
+    if p.reason == "sandbox_ended":
+        return StateError(f"sandbox {sandbox_id} ended while its code interpreter started.")
+    return ImageError(f"the code interpreter could not start in sandbox {sandbox_id} ({_why(p)} before it was ready): "
+                      "its image needs python3 with ipykernel and jupyter_client; create the sandbox with "
+                      "image=hutch.Image.code_interpreter(), or add .pip_install('ipykernel', 'jupyter_client').")
+
+
 def _wait_limit(timeout: float | None) -> float | None:
     return None if timeout is None else timeout + _bridge.INTERRUPT_GRACE + BRIDGE_SLACK
 
@@ -116,7 +124,7 @@ class Interpreter:
             chunk = p.stdout.readline()
             if not chunk:
                 p.wait()
-                raise SandboxError(f"the code interpreter did not start in sandbox {s.sandbox.id}: {_why(p)}.")
+                raise _no_start(s.sandbox.id, p)
             first = lines.feed(chunk)
         if first[0].get("kind") != "ready":
             p.kill()
@@ -268,7 +276,7 @@ class AsyncInterpreter:
             chunk = await p.stdout.readline()
             if not chunk:
                 await p.wait()
-                raise SandboxError(f"the code interpreter did not start in sandbox {s.sandbox.id}: {_why(p)}.")
+                raise _no_start(s.sandbox.id, p)
             first = lines.feed(chunk)
         if first[0].get("kind") != "ready":
             await p.kill()

@@ -178,7 +178,7 @@ import hutch
 from hutch.integrations.langchain import HutchToolkit
 tk = HutchToolkit(sandbox_options={"image": hutch.Image.from_directory(sys.argv[2]), "timeout": 120,
                                    "tags": {"killed": "yes"}})
-tk.get_tools()[0].invoke({"command": "true"})
+next(t for t in tk.get_tools() if t.name == "hutch_exec").invoke({"command": "true"})
 print(tk.owned_sandbox.id, flush=True)
 time.sleep(300)
 """
@@ -201,8 +201,6 @@ def test_a_killed_agent_process_leaves_no_sandbox(daemon, busybox_image, no_leak
     assert hutch.Sandbox.from_id(sid).status != "running"
 
 
-@pytest.mark.skipif(not hasattr(hutch.Sandbox, "run_code"),
-                    reason="needs Sandbox.run_code (the stateful code interpreter, issue 15), not in this hutch yet")
 def test_run_code_keeps_state_between_cells(daemon, no_leaks):
     with HutchToolkit(sandbox_options={"timeout": 120}) as tk:
         agent = create_agent(script([call("hutch_run_code", {"code": "x = 41"}, "r1")],
@@ -212,14 +210,3 @@ def test_run_code_keeps_state_between_cells(daemon, no_leaks):
     r2 = json.loads(tm["r2"].content)
     assert r2["result"] == "42" and r2["stdout"] == "hi\n"
     assert json.loads(tm["r3"].content)["error"]["name"] == "ZeroDivisionError"
-
-
-def test_without_run_code_the_tool_is_not_offered_or_says_why(opts, no_leaks):
-    with HutchToolkit(sandbox_options=opts, run_code=True) as tk:
-        (rc,) = [t for t in tk.get_tools() if t.name == "hutch_run_code"]
-        msg = rc.invoke({"name": "hutch_run_code", "args": {"code": "1"}, "id": "r", "type": "tool_call"})
-        if hasattr(hutch.Sandbox, "run_code"):
-            pytest.skip("this hutch has Sandbox.run_code")
-        assert msg.status == "error" and "Sandbox.run_code" in msg.content and "exec" in msg.content
-    with HutchToolkit(sandbox_options=opts) as tk:
-        assert "hutch_run_code" not in [t.name for t in tk.get_tools()]

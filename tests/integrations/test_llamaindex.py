@@ -122,21 +122,9 @@ def test_retriever_feeds_a_query_engine(store):
     assert "Head of data" in resp.source_nodes[0].node.get_content()
 
 
-@pytest.mark.skipif(not hasattr(hutch.Sandbox, "run_code"),
-                    reason="needs Sandbox.run_code (the stateful code interpreter, issue 15), not in this hutch yet")
 def test_code_interpreter_keeps_state(daemon, no_leaks):
     llm, seen = scripted_llm([("1", "hutch_run_code", {"code": "import math\nr = 3"})],
                        [("2", "hutch_run_code", {"code": "round(math.pi * r ** 2, 2)"})], "done")
     with HutchToolSpec(sandbox_options={"timeout": 120}) as spec:
         run(FunctionAgent(tools=spec.to_tool_list(), llm=llm), "area")
     assert json.loads(tool_results(seen)["2"])["result"] == "28.27"
-
-
-def test_run_code_without_the_interpreter_says_so(opts, no_leaks):
-    if hasattr(hutch.Sandbox, "run_code"):
-        pytest.skip("this hutch has Sandbox.run_code")
-    with HutchToolSpec(sandbox_options=opts, run_code=True) as spec:
-        assert "hutch_run_code" in [t.metadata.name for t in spec.to_tool_list()]
-        assert "Sandbox.run_code" in spec.hutch_run_code("1 + 1")
-    with HutchToolSpec(sandbox_options=opts) as spec:
-        assert "hutch_run_code" not in [t.metadata.name for t in spec.to_tool_list()]

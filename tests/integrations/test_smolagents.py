@@ -15,11 +15,6 @@ from hutch.integrations.smolagents import HutchExecutor  # noqa: E402
 
 from conftest import running  # noqa: E402
 
-NEEDS_RUN_CODE = pytest.mark.skipif(
-    not hasattr(hutch.Sandbox, "run_code"),
-    reason="needs Sandbox.run_code (the stateful code interpreter, issue 15), not in this hutch yet")
-
-
 class FakeModel(Model):
     """Answers each step with the next scripted reply (a thought and a <code> block), and records what it saw."""
 
@@ -36,15 +31,6 @@ def step(code: str) -> str:
     return f"Thought: next.\n<code>\n{code}\n</code>"
 
 
-def test_without_run_code_the_executor_says_what_it_needs(daemon, no_leaks):
-    if hasattr(hutch.Sandbox, "run_code"):
-        pytest.skip("this hutch has Sandbox.run_code")
-    with pytest.raises(hutch.ConfigError, match="Sandbox.run_code"):
-        HutchExecutor()
-    assert not running({"integration": "smolagents"})
-
-
-@NEEDS_RUN_CODE
 def test_code_agent_keeps_state_and_returns_the_final_answer(daemon, no_leaks):
     model = FakeModel([step("x = 20\nprint('x set')"), step("import math\ny = math.factorial(5) + x\nprint(y)"),
                        step("final_answer(y)")])
@@ -57,7 +43,6 @@ def test_code_agent_keeps_state_and_returns_the_final_answer(daemon, no_leaks):
     assert "x set" in observations and "140" in observations
 
 
-@NEEDS_RUN_CODE
 def test_an_error_in_the_agents_code_goes_back_to_the_model(daemon, no_leaks):
     model = FakeModel([step("1 / 0"), step("final_answer('recovered')")])
     with CodeAgent(tools=[], model=model, executor=HutchExecutor(sandbox_options={"timeout": 120}),
@@ -66,7 +51,6 @@ def test_an_error_in_the_agents_code_goes_back_to_the_model(daemon, no_leaks):
     assert "ZeroDivisionError" in " ".join(str(m) for m in model.seen[-1])
 
 
-@NEEDS_RUN_CODE
 def test_a_crashed_run_ends_the_sandbox(daemon, no_leaks):
     class Boom(Exception):
         pass
@@ -84,7 +68,6 @@ def test_a_crashed_run_ends_the_sandbox(daemon, no_leaks):
     assert not running({"integration": "smolagents"})
 
 
-@NEEDS_RUN_CODE
 def test_a_given_sandbox_is_left_running(daemon, no_leaks):
     with hutch.Sandbox.create(image=hutch.Image.code_interpreter(), timeout=120) as sb:
         with CodeAgent(tools=[], model=FakeModel([step("final_answer(6 * 7)")]),

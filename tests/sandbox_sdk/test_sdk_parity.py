@@ -13,6 +13,7 @@ PAIRS = [
     (_process.StreamReader, _process.AsyncStreamReader),
     (_process.StdinWriter, _process.AsyncStdinWriter),
     (_files.Files, _files.AsyncFiles),
+    (hutch.SandboxPool, hutch.AsyncSandboxPool),
 ]
 # Async methods that stay plain functions because they never do I/O.
 NOT_AWAITABLE = {("AsyncProcess", "poll")}
