@@ -22,11 +22,14 @@ class FileInfo:
     size: int
     mode: int
     mtime: float
+    uid: int = 0     # the owner, as the sandbox sees it (its root 0, its user 1000)
+    gid: int = 0
 
     @classmethod
     def from_dict(cls, d: dict) -> "FileInfo":
         return cls(str(d["name"]), str(d["path"]), str(d["type"]), int(d.get("size") or 0),
-                   int(d.get("mode") or 0), float(d.get("mtime") or 0.0))
+                   int(d.get("mode") or 0), float(d.get("mtime") or 0.0), int(d.get("uid") or 0),
+                   int(d.get("gid") or 0))
 
 
 def _data(data) -> bytes:

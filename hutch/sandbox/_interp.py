@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hutch._core.errors import ConfigError, DaemonError, Error, ImageError, NotFoundError, SandboxError, StateError
 from hutch.sandbox import _bridge
+from hutch.sandbox._spec import DEFAULT_WORKDIR, SANDBOX_USER_ID
 from hutch.sandbox.interpreter import (
     DEFAULT_CONTEXT, Cell, CodeContext, Execution, Lines, check_callback, check_code, check_new_context,
     check_timeout, context_id, request,
@@ -44,6 +45,13 @@ def _fail(msg: dict) -> Error:
 def _no_python(e: NotFoundError) -> ImageError:
     return ImageError(f"this sandbox's image has no python3 for the code interpreter ({e}); create the sandbox with "
                       "image=hutch.Image.code_interpreter().")
+
+
+def _user(owner_uid: int) -> str:
+    # The interpreter runs as the sandbox's unprivileged user where its working directory is that user's
+    # (Image.code_interpreter()); elsewhere (an image without the user) as the sandbox's root, which has
+    # no capabilities either: a kernel that could not write its own working directory would be of little use.
+    return "user" if owner_uid == SANDBOX_USER_ID else "root"
 
 
 def _no_start(sandbox_id: str, p) -> Error:
@@ -70,8 +78,11 @@ class _State:
         self.lost = False          # a bridge died since the last cell: the next one says restarted
         self.ended_why = ""
 
+    def workdir(self) -> str:
+        return (self.sandbox._info.get("spec") or {}).get("workdir") or DEFAULT_WORKDIR
+
     def default(self) -> CodeContext:
-        return CodeContext(DEFAULT_CONTEXT, self.sandbox._info.get("spec", {}).get("workdir"), "python")
+        return CodeContext(DEFAULT_CONTEXT, self.workdir(), "python")
 
     def route(self, msg: dict) -> None:
         w = self.waiters.get(msg.get("id"))
@@ -115,7 +126,11 @@ class Interpreter:
     def _start(self):
         s = self.s
         try:
-            p = s.sandbox.exec(*BRIDGE_ARGV, text=False, stderr=False)
+            owner = s.sandbox.files.stat(s.workdir()).uid
+        except Error:
+            owner = 0
+        try:
+            p = s.sandbox.exec(*BRIDGE_ARGV, text=False, stderr=False, user=_user(owner))
         except NotFoundError as e:
             raise _no_python(e) from None
         lines = Lines()
@@ -267,7 +282,11 @@ class AsyncInterpreter:
     async def _start(self):
         s = self.s
         try:
-            p = await s.sandbox.exec(*BRIDGE_ARGV, text=False, stderr=False)
+            owner = (await s.sandbox.files.stat(s.workdir())).uid
+        except Error:
+            owner = 0
+        try:
+            p = await s.sandbox.exec(*BRIDGE_ARGV, text=False, stderr=False, user=_user(owner))
         except NotFoundError as e:
             raise _no_python(e) from None
         lines = Lines()

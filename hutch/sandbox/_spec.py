@@ -23,6 +23,11 @@ DEFAULT_PIDS = 512
 DEFAULT_DISK = 1024**3           # bytes of writable layer
 DEFAULT_CPU = 1.0
 DEFAULT_WORKDIR = "/home/user"
+#: The sandbox's unprivileged user: `exec(user="user")` runs as this uid and gid (no root inside either; in
+#: the default user-namespace mode an unprivileged, unmapped-elsewhere host uid too). Its name and home are
+#: the image's business (Image.code_interpreter() has user:1000 owning /home/user).
+SANDBOX_USER_ID = 1000
+EXEC_USERS = ("root", "user")
 #: The capabilities a sandbox may keep (image build steps: apt, dpkg, useradd need them); none by default.
 BUILD_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE", "SETGID", "SETUID")
 

@@ -301,7 +301,7 @@ def check_max_output(max_output) -> "int | None":
 
 
 def exec_body(argv, *, timeout=None, workdir=None, env=None, stdin=False, stdout=True, stderr=True,
-              max_output=None) -> dict[str, Any]:
+              max_output=None, user="root") -> dict[str, Any]:
     """Validate exec arguments and build the JSON body of POST /v1/sandboxes/{id}/exec."""
     args = tuple(argv)
     if not args:
@@ -327,6 +327,11 @@ def exec_body(argv, *, timeout=None, workdir=None, env=None, stdin=False, stdout
         body["stdout"], body["stderr"] = stdout, stderr
     if check_max_output(max_output) is not None:
         body["max_output"] = max_output
+    if user not in ("root", "user"):
+        raise errors.InvalidSpecError(f"user={user!r} must be 'root' (the sandbox's root, without capabilities) or "
+                                      "'user' (its unprivileged user, uid 1000).")
+    if user != "root":   # only when said: a daemon of an earlier version knows no such field
+        body["user"] = user
     return body
 
 

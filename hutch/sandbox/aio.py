@@ -160,18 +160,19 @@ class AsyncSandbox(SandboxState):
 
     async def exec(self, *argv: str, timeout: "float | None" = None, workdir: "str | None" = None,
                    env: "dict | None" = None, stdin: "bool | bytes | str" = True, text: bool = True,
-                   stdout: bool = True, stderr: bool = True) -> AsyncProcess:
+                   stdout: bool = True, stderr: bool = True, user: str = "root") -> AsyncProcess:
         """Start `argv` in the sandbox and return its handle (similar to asyncio.subprocess.Process;
         flow control and stdout=/stderr= as in `Sandbox.exec`)."""
-        return await self._exec(argv, timeout, workdir, env, stdin, text, stdout, stderr, None, background=True)
+        return await self._exec(argv, timeout, workdir, env, stdin, text, stdout, stderr, None, background=True,
+                                user=user)
 
     async def run(self, *argv: str, check: bool = False, timeout: "float | None" = None,
                   workdir: "str | None" = None, env: "dict | None" = None, stdin: "bool | bytes | str" = False,
-                  text: bool = True, max_output: "int | None" = DEFAULT_MAX_OUTPUT) -> ExecResult:
+                  text: bool = True, max_output: "int | None" = DEFAULT_MAX_OUTPUT, user: str = "root") -> ExecResult:
         """Run `argv` to completion and return its stdout, stderr and returncode (see `Sandbox.run`,
         max_output included)."""
         p = await self._exec(argv, timeout, workdir, env, stdin, text, True, True, check_max_output(max_output),
-                             background=False)
+                             background=False, user=user)
         result = await p.result()
         if check and result.returncode != 0:
             if result.reason == "sandbox_ended":   # why it ended under the command; its limits
@@ -180,12 +181,12 @@ class AsyncSandbox(SandboxState):
         return result
 
     async def _exec(self, argv, timeout, workdir, env, stdin, text, stdout, stderr, max_output, *,
-                    background: bool) -> AsyncProcess:
+                    background: bool, user: str = "root") -> AsyncProcess:
         if self._info.get("status") in ENDED:   # the last answer: no request on the way to every exec
             raise terminated_error(self.id, self._info)
         is_open, data = stdin_payload(stdin)
         body = exec_body(argv, timeout=timeout, workdir=workdir, env=env, stdin=is_open, stdout=stdout, stderr=stderr,
-                         max_output=max_output)
+                         max_output=max_output, user=user)
         resp = await self._client.request("POST", f"/v1/sandboxes/{self.id}/exec", json=body, stream=True)
         p = AsyncProcess(self._client, self.id, argv, resp, text=text, stdin_open=is_open, background=background,
                          max_output=max_output)

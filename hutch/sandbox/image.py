@@ -84,7 +84,11 @@ class Image:
         return (cls.debian_slim().apt_install(*CODE_INTERPRETER_APT).pip_install(*CODE_INTERPRETER_PIP)
                 # ipykernel imports debugpy (JupyterLab's visual debugger, of no use here) at every start,
                 # a quarter of a cold kernel's imports; without it ipykernel starts with the debugger off
-                .run_commands("python3 -m pip uninstall -y --break-system-packages debugpy"))
+                .run_commands("python3 -m pip uninstall -y --break-system-packages debugpy",
+                              # the unprivileged user the interpreter runs as (Sandbox.run_code), owning its home
+                              # and /srv (for data and the contexts' directories: its root cannot chown)
+                              "useradd --uid 1000 --user-group --home-dir /home/user --no-create-home "
+                              "--shell /bin/bash user && chown user:user /home/user /srv"))
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike) -> "Image":

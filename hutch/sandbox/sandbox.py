@@ -238,23 +238,24 @@ class Sandbox(SandboxState):
 
     def exec(self, *argv: str, timeout: "float | None" = None, workdir: "str | None" = None,
              env: "dict | None" = None, stdin: "bool | bytes | str" = True, text: bool = True,
-             stdout: bool = True, stderr: bool = True) -> Process:
+             stdout: bool = True, stderr: bool = True, user: str = "root") -> Process:
         """Start `argv` in the sandbox and return its handle (similar to subprocess.Popen).
 
         `timeout` ends the command (not the sandbox) after that many seconds. `stdin=True` opens a
         pipe for `p.stdin.write()`; bytes or str are sent and then closed; False gives no input.
         Output is text (UTF-8) unless `text=False`; `stdout=False` / `stderr=False` give the command
-        /dev/null there instead (like subprocess.DEVNULL). Output is flow-controlled as with OS pipes:
+        /dev/null there instead (like subprocess.DEVNULL). `user="user"` runs it as the sandbox's unprivileged
+        user (uid and gid 1000) instead of its root (which has no capabilities either). Output is flow-controlled as with OS pipes:
         at OUTPUT_BUFFER unread bytes of a stream (2 MiB) the command blocks until it is read, so read
         every stream you keep (see hutch.Process).
 
         Example: `for line in sb.exec("ls", "-l", "/").stdout: print(line, end="")`
         """
-        return self._exec(argv, timeout, workdir, env, stdin, text, stdout, stderr, None, background=True)
+        return self._exec(argv, timeout, workdir, env, stdin, text, stdout, stderr, None, background=True, user=user)
 
     def run(self, *argv: str, check: bool = False, timeout: "float | None" = None, workdir: "str | None" = None,
             env: "dict | None" = None, stdin: "bool | bytes | str" = False, text: bool = True,
-            max_output: "int | None" = DEFAULT_MAX_OUTPUT) -> ExecResult:
+            max_output: "int | None" = DEFAULT_MAX_OUTPUT, user: str = "root") -> ExecResult:
         """Run `argv` to completion and return its stdout, stderr and returncode.
 
         Keeps the first `max_output` bytes of each stream (DEFAULT_MAX_OUTPUT, 4 MiB; None keeps all);
@@ -265,7 +266,7 @@ class Sandbox(SandboxState):
         Example: `sb.run("python3", "-c", "print(1)", check=True).stdout == "1\\n"`
         """
         p = self._exec(argv, timeout, workdir, env, stdin, text, True, True, check_max_output(max_output),
-                       background=False)
+                       background=False, user=user)
         result = p.result()
         if check and result.returncode != 0:
             # the sandbox's info says why it ended under the command, and holds the limits the error names
@@ -273,12 +274,12 @@ class Sandbox(SandboxState):
         return result
 
     def _exec(self, argv, timeout, workdir, env, stdin, text, stdout, stderr, max_output, *,
-              background: bool) -> Process:
+              background: bool, user: str = "root") -> Process:
         if self._info.get("status") in ENDED:   # the last answer: no request on the way to every exec
             raise terminated_error(self.id, self._info)
         is_open, data = stdin_payload(stdin)
         body = exec_body(argv, timeout=timeout, workdir=workdir, env=env, stdin=is_open, stdout=stdout, stderr=stderr,
-                         max_output=max_output)
+                         max_output=max_output, user=user)
         resp = self._client.request("POST", f"/v1/sandboxes/{self.id}/exec", json=body, stream=True)
         p = Process(self._client, self.id, argv, resp, text=text, stdin_open=is_open, background=background,
                     max_output=max_output)

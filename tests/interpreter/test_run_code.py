@@ -213,3 +213,14 @@ def test_run_code_on_an_ended_sandbox_is_a_state_error(make):
     sb.terminate()
     with pytest.raises(hutch.StateError, match="has ended"):
         sb.run_code("1")
+
+
+def test_the_interpreter_runs_as_the_sandboxs_unprivileged_user(sb):
+    assert sb.run_code("import os; (os.getresuid(), os.getresgid(), os.getcwd())").text == \
+        "((1000, 1000, 1000), (1000, 1000, 1000), '/home/user')"
+    ex = sb.run_code("open('/etc/planted', 'w')")
+    assert ex.error.name == "PermissionError"
+    # the bridge (the kernel's parent, the same user) is not dumpable: its protocol pipe cannot be reached
+    ex = sb.run_code("import os; open(f'/proc/{os.getppid()}/fd/1', 'w')")
+    assert ex.error.name == "PermissionError", ex.error
+    assert sb.run("id", "-u").stdout == "0\n"   # exec stays root's unless told

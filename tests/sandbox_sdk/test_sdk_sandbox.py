@@ -98,6 +98,32 @@ def test_kill_ends_the_command(sb):
     assert sb.run("true").returncode == 0
 
 
+def test_exec_as_the_sandboxs_unprivileged_user(sb):
+    from hutch.sandbox._native._init import USER_ID
+    from hutch.sandbox._spec import SANDBOX_USER_ID
+
+    assert USER_ID == SANDBOX_USER_ID == 1000
+    assert sb.run("id", "-u").stdout == "0\n"
+    r = sb.run("sh", "-c", "id -u; id -g; echo x > /tmp/mine; echo y > /etc/not-mine", user="user")
+    assert r.stdout == "1000\n1000\n" and "Permission denied" in r.stderr, r
+    assert sb.files.stat("/tmp/mine").uid == 1000 and sb.files.stat("/etc").uid == 0
+    # its commands cannot get root back, nor does root's exec inherit the user (execve resets the saved ids)
+    r = sb.run("sh", "-c", "cat /proc/self/status | grep -E '^(Uid|Gid|CapEff|CapPrm)'", user="user")
+    assert "Uid:\t1000\t1000\t1000\t1000" in r.stdout and "CapEff:\t0000000000000000" in r.stdout, r.stdout
+    r = sb.run("sh", "-c", "grep -E '^Uid' /proc/self/status")
+    assert "Uid:\t0\t0\t0\t0" in r.stdout, r.stdout
+    # the init still ends the user's commands: timeouts and kills
+    t = time.monotonic()
+    r = sb.run("sleep", "30", user="user", timeout=1)
+    assert r.reason == "timeout" and r.returncode == -9 and time.monotonic() - t < 10
+    p = sb.exec("sleep", "30", user="user")
+    time.sleep(0.3)
+    p.kill()
+    assert p.wait() == -9
+    with pytest.raises(hutch.InvalidSpecError, match="'root'"):
+        sb.run("id", user="nobody")
+
+
 def test_odd_names_in_paths_and_tags_survive_the_query(make_sandbox):
     odd = "a b+c é%20&x=1"
     sb = make_sandbox(tags={"odd": odd})

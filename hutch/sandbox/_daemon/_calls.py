@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from hutch._core.errors import ConfigError, NotFoundError, SandboxError, StateError
 from hutch.sandbox._native._runtime import Channel, exec_env
+from hutch.sandbox._spec import EXEC_USERS, SANDBOX_USER_ID
 
 PIPE_SIZE = 1 << 20
 
@@ -47,7 +48,7 @@ class Calls:
         return sb.channel
 
     async def exec_start(self, sb: Sandbox, argv, env=None, workdir=None, timeout=None, stdin=False,
-                         stdout=True, stderr=True, max_output=None) -> Exec:
+                         stdout=True, stderr=True, max_output=None, user="root") -> Exec:
         ch = self._live(sb)
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise ConfigError(f"argv={argv!r} must be a non-empty list of strings, like ['python3', '-c', 'print(1)'].")
@@ -60,6 +61,8 @@ class Calls:
             raise ConfigError("stdout and stderr must be true (a pipe) or false (the command gets /dev/null).")
         if max_output is not None and (isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 0):
             raise ConfigError(f"max_output={max_output!r} must be a number of bytes per stream (0 or more), or null.")
+        if user not in EXEC_USERS:
+            raise ConfigError(f"user={user!r} must be one of {', '.join(EXEC_USERS)}.")
         cwd = workdir or sb.spec.workdir
         if not isinstance(cwd, str) or not cwd.startswith("/"):
             raise ConfigError(f"workdir={cwd!r} must be an absolute path inside the sandbox.")
@@ -75,7 +78,8 @@ class Calls:
         try:
             reply, _ = await ch.request({"op": "exec", "eid": eid, "argv": argv,
                                          "env": exec_env(sb.spec, sb.image, sb.hostname, env),
-                                         "cwd": cwd, "streams": [bool(stdin), stdout, stderr]}, fds)
+                                         "cwd": cwd, "streams": [bool(stdin), stdout, stderr],
+                                         "uid": SANDBOX_USER_ID if user == "user" else 0}, fds)
         except BaseException:
             sb.execs.pop(eid, None)
             _close(out_r, err_r, in_w)

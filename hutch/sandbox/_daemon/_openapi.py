@@ -62,6 +62,8 @@ OPERATIONS: dict[tuple[str, str], dict] = {
             "argv": {"type": "array", "items": {"type": "string"}}, "env": {"type": "object"},
             "workdir": {"type": "string", "nullable": True}, "timeout": {"type": "number", "nullable": True},
             "stdin": {"type": "boolean"},
+            "user": {"type": "string", "enum": ["root", "user"],
+                     "description": "user: the sandbox's unprivileged user, uid/gid 1000 (default root)"},
             "stdout": {"type": "boolean", "description": "false: the command's stdout is /dev/null (default true)"},
             "stderr": {"type": "boolean", "description": "false: the command's stderr is /dev/null (default true)"},
             "max_output": {"type": "integer", "nullable": True, "minimum": 0,

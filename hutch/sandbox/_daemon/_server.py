@@ -214,7 +214,7 @@ class Handlers:
         body = await json_body(request)
         ex = await self.mgr.exec_start(sb, body.get("argv"), body.get("env"), body.get("workdir"),
                                        body.get("timeout"), bool(body.get("stdin")), body.get("stdout", True),
-                                       body.get("stderr", True), body.get("max_output"))
+                                       body.get("stderr", True), body.get("max_output"), body.get("user", "root"))
         out = _Output(asyncio.get_running_loop(), ex)
         resp = None
         task = asyncio.current_task()

@@ -38,6 +38,8 @@ DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "ur
 # Ptys one sandbox may hold: kernel.pty.max (4096, 1024 of them kept for the host's own /dev/pts) is shared
 # by every devpts instance, so without a bound one sandbox could take them all from the others.
 MAX_PTYS = 64
+#: The sandbox's unprivileged user (uid and gid) an exec may run as: hutch.sandbox._spec.SANDBOX_USER_ID.
+USER_ID = 1000
 NODEV = L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC
 _MASKS: tuple | None = None   # (proc files, root-only ones, proc dirs, proc read-only, sys dirs) this kernel has
 
@@ -103,6 +105,7 @@ def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=(), go: int = -1) 
         _setup_root(plan, trees)
         for fd in trees:
             os.close(fd)
+        _keep_user(USER_ID)
         _lockdown(seccomp, plan.get("caps") or ())
     except Exception as e:  # report why, then die: the daemon tears the rest down
         try:
@@ -273,6 +276,15 @@ def _setup_root(plan: dict, trees=()) -> None:
     os.close(_makedirs(plan["workdir"]))   # not through /proc/self/fd/<a layer's tree> an image planted
 
 
+def _keep_user(uid: int) -> None:
+    # The sandbox's unprivileged user, as the saved set-user and set-group ids of the init: without any
+    # capability, a process may still set its ids to its real, effective or saved ones, so the init's own
+    # children (forked for an exec with "uid") can become that user and nothing else. An execve makes the
+    # saved ids the effective ones (0), so no command the init starts as root inherits even that.
+    os.setresgid(0, 0, uid)
+    os.setresuid(0, 0, uid)
+
+
 def _lockdown(seccomp: bytes, caps=()) -> None:
     # no_new_privs first: no later execve (setuid, file capabilities) can gain privileges,
     # and it lets the seccomp filter load without CAP_SYS_ADMIN.
@@ -320,7 +332,7 @@ def _entry(path: str, st: os.stat_result) -> dict:
     m = st.st_mode
     kind = "dir" if stat.S_ISDIR(m) else "file" if stat.S_ISREG(m) else "symlink" if stat.S_ISLNK(m) else "other"
     return {"name": os.path.basename(path.rstrip("/")) or "/", "path": path, "type": kind,
-            "size": st.st_size, "mode": stat.S_IMODE(m), "mtime": st.st_mtime}
+            "size": st.st_size, "mode": stat.S_IMODE(m), "mtime": st.st_mtime, "uid": st.st_uid, "gid": st.st_gid}
 
 
 class _SpawnError(Exception):
@@ -486,6 +498,8 @@ class Init:
             raise _SpawnError("NotFoundError" if e.errno in (errno.ENOENT, errno.ENOTDIR) else "ConfigError",
                               f"working directory {cwd!r}: {os.strerror(e.errno or 0)}; create it or pass another workdir.")
         try:
+            if msg.get("uid"):
+                return self._spawn_as(int(msg["uid"]), prog, argv, env, msg["streams"], fds)
             return os.posix_spawn(prog, argv, env, file_actions=actions, setsid=True,
                                   setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD))
         except OSError as e:
@@ -499,6 +513,38 @@ class Init:
         finally:
             os.chdir("/")
 
+    @staticmethod
+    def _spawn_as(uid: int, prog: str, argv, env, streams, fds) -> int:
+        """fork + setresgid/setresuid + execve: posix_spawn cannot change ids. The child reports a failed
+        execve's errno on a close-on-exec pipe (nothing read: it runs)."""
+        r, w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:   # the child: only async-signal-safe-ish calls, then exec or _exit
+            try:
+                os.setsid()
+                passed = iter(fds)
+                for target, want in enumerate(streams):
+                    src = next(passed) if want else os.open("/dev/null", os.O_RDWR)
+                    os.dup2(src, target)
+                for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+                os.execve(prog, argv, env)
+            except OSError as e:
+                os.write(w, str(e.errno or 0).encode())
+            finally:
+                os._exit(127)
+        os.close(w)
+        try:
+            err = os.read(r, 16)
+        finally:
+            os.close(r)
+        if err:
+            os.waitpid(pid, 0)
+            raise OSError(int(err), os.strerror(int(err)))
+        return pid
+
     def op_exec(self, msg, fds):
         try:
             pid = self._spawn(msg, fds)
@@ -510,13 +556,19 @@ class Init:
         return {"rid": msg["rid"], "ok": True, "pid": pid}
 
     def op_kill(self, msg, fds):
-        for pid, eid in list(self.procs.items()):
-            if eid == msg["eid"]:
-                for fn in (os.killpg, os.kill):  # its process group, then itself if it left the group
-                    try:
-                        fn(pid, msg["signal"])
-                    except OSError:
-                        pass
+        # Signalled as the sandbox's user too: kill() needs the sender's real or effective uid to be the
+        # target's real or saved one, and the init has no CAP_KILL; its real uid (0) still reaches root's.
+        os.setresuid(-1, USER_ID, -1)
+        try:
+            for pid, eid in list(self.procs.items()):
+                if eid == msg["eid"]:
+                    for fn in (os.killpg, os.kill):  # its process group, then itself if it left the group
+                        try:
+                            fn(pid, msg["signal"])
+                        except OSError:
+                            pass
+        finally:
+            os.setresuid(-1, 0, -1)
         return {"rid": msg["rid"], "ok": True} if "rid" in msg else None
 
     def op_read(self, msg, fds):
