@@ -17,6 +17,7 @@ import click
 from hutch.cli._sandbox import _create_kwargs, _sandbox_options
 
 PS1, PS2 = ">>> ", "... "
+SESSION_TIMEOUT = 3600.0   # seconds a repl's sandbox lives unless --timeout says otherwise
 BANNER = ("hutch repl: Python in sandbox {id} ({image}); state persists between cells, charts are shown as "
           "image lines (--images DIR saves them). Ctrl-C interrupts a cell, Ctrl-D ends the session.")
 
@@ -98,7 +99,8 @@ def repl(images, **opts):
     """An interactive Python interpreter in a fresh sandbox (the code-interpreter image by default).
 
     Variables, imports and data persist between cells; matplotlib charts come back as PNG images.
-    Ctrl-C interrupts the running cell, Ctrl-D ends the session and the sandbox.
+    Ctrl-C interrupts the running cell, Ctrl-D ends the session and the sandbox. Without --image the
+    sandbox is made from hutch.Image.code_interpreter(); without --timeout it lives an hour.
 
     \b
     Examples:
@@ -108,6 +110,8 @@ def repl(images, **opts):
     """
     import hutch
 
+    if click.get_current_context().get_parameter_source("timeout") == click.core.ParameterSource.DEFAULT:
+        opts["timeout"] = SESSION_TIMEOUT   # a session, not a command: --timeout's default would end it in 5 minutes
     kw = _create_kwargs(**opts)
     if kw["image"] is None:
         kw["image"] = hutch.Image.code_interpreter()

@@ -85,7 +85,8 @@ class _State:
         return CodeContext(DEFAULT_CONTEXT, self.workdir(), "python")
 
     def route(self, msg: dict) -> None:
-        w = self.waiters.get(msg.get("id"))
+        rid = msg.get("id")
+        w = self.waiters.get(rid) if isinstance(rid, int) else None   # (an unhashable id must not stop the reader)
         if w is not None:
             w.put_nowait(msg)
 
@@ -130,7 +131,10 @@ class Interpreter:
         except Error:
             owner = 0
         try:
-            p = s.sandbox.exec(*BRIDGE_ARGV, text=False, stderr=False, user=_user(owner))
+            try:
+                p = s.sandbox.exec(*BRIDGE_ARGV, text=False, stderr=False, user=_user(owner))
+            except ConfigError:   # a sandbox without a user namespace has no such user
+                p = s.sandbox.exec(*BRIDGE_ARGV, text=False, stderr=False)
         except NotFoundError as e:
             raise _no_python(e) from None
         lines = Lines()
@@ -286,7 +290,10 @@ class AsyncInterpreter:
         except Error:
             owner = 0
         try:
-            p = await s.sandbox.exec(*BRIDGE_ARGV, text=False, stderr=False, user=_user(owner))
+            try:
+                p = await s.sandbox.exec(*BRIDGE_ARGV, text=False, stderr=False, user=_user(owner))
+            except ConfigError:   # a sandbox without a user namespace has no such user
+                p = await s.sandbox.exec(*BRIDGE_ARGV, text=False, stderr=False)
         except NotFoundError as e:
             raise _no_python(e) from None
         lines = Lines()

@@ -53,8 +53,9 @@ class Result:
     data: Mapping[str, Any]
     is_main_result: bool = False
 
-    def _get(self, mime: str):
-        return self.data.get(mime)
+    def _get(self, mime: str) -> str | None:
+        v = self.data.get(mime)
+        return v if isinstance(v, str) else None
 
     @property
     def text(self) -> str | None:
@@ -98,7 +99,7 @@ class Result:
     @property
     def json(self) -> Any:
         """application/json, parsed."""
-        v = self._get("application/json")
+        v = self.data.get("application/json")
         if isinstance(v, str):
             try:
                 return json.loads(v)
@@ -187,6 +188,11 @@ def check_code(code) -> str:
                           "e.g. sb.run_code(\"print(1 + 1)\").")
     if "\0" in code:
         raise ConfigError("code contains a NUL character; remove it.")
+    try:
+        code.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConfigError(f"code is not valid Unicode text ({e.reason} at index {e.start}); pass text that "
+                          "encodes as UTF-8.") from None
     return code
 
 

@@ -107,8 +107,7 @@ class SandboxPool:
         backoff = RETRY_MIN
         while True:
             with self._cond:
-                while not self._ready.closed and not self._ready.wanted(self.size) and not self._ready.stale(0) \
-                        and not self._expired():
+                while not self._ready.closed and not self._ready.wanted(self.size) and not self._expired():
                     exp = self._ready.next_expiry()
                     self._cond.wait(None if exp is None else max(0.05, exp - time.monotonic()))
                 if self._ready.closed:

@@ -224,3 +224,22 @@ def test_the_interpreter_runs_as_the_sandboxs_unprivileged_user(sb):
     ex = sb.run_code("import os; open(f'/proc/{os.getppid()}/fd/1', 'w')")
     assert ex.error.name == "PermissionError", ex.error
     assert sb.run("id", "-u").stdout == "0\n"   # exec stays root's unless told
+
+
+def test_without_a_user_namespace_the_interpreter_runs_as_the_sandboxs_root(image, tmp_path):
+    from hutch_testing import sdk_pointed_at, start_daemon, stop_daemon
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc = None
+    with sdk_pointed_at(run_dir):
+        try:
+            proc = start_daemon(run_dir, extra_env={"HUTCH_USERNS": "0"})
+            with hutch.Sandbox.create(image=image, timeout=120) as sb:
+                with pytest.raises(hutch.ConfigError, match="host's uid 1000"):
+                    sb.run("id", user="user")
+                assert sb.run_code("import os; os.getuid()").text == "0"
+                assert sb.run_code("6 * 7").text == "42"
+        finally:
+            if proc is not None:
+                stop_daemon(proc)

@@ -86,7 +86,8 @@ def test_default_root_is_uid_0_inside_and_unprivileged_on_the_host(uapi, state_d
     sid = uapi.create(image)["id"]
     base = _base(uapi, sid)
     state = host_state(state_daemon, sid)
-    assert _host_ids(_init_pid(state)) == ({base}, {base})
+    # real and effective: the sandbox's root; saved: its user (uid 1000 inside), for exec(user="user")
+    assert _host_ids(_init_pid(state)) == ({base, base + 1000}, {base, base + 1000})
     uapi.sh(sid, "sleep 0.01")
     for pid in state["pids"]:
         ids = _host_ids(pid)
@@ -221,7 +222,9 @@ def test_opt_out_runs_root_as_host_root_without_capabilities(tmp_path, image):
         sid = api.create(image)["id"]
         out, _, _ = api.sh(sid, "cat /proc/self/uid_map; grep CapEff /proc/self/status")
         assert out.split()[:3] == ["0", "0", "4294967295"] and out.split()[-1] == "0000000000000000"
-        assert _host_ids(_init_pid(host_state(d, sid)))[0] == {0}
+        assert _host_ids(_init_pid(host_state(d, sid)))[0] == {0}   # no host uid 1000 kept: refused instead
+        r = api.http.post(f"/v1/sandboxes/{sid}/exec", json={"argv": ["id"], "user": "user"})
+        assert r.status_code == 400 and "host's uid 1000" in r.text, r.text
     finally:
         api.close()
         d.stop()

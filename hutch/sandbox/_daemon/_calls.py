@@ -63,6 +63,10 @@ class Calls:
             raise ConfigError(f"max_output={max_output!r} must be a number of bytes per stream (0 or more), or null.")
         if user not in EXEC_USERS:
             raise ConfigError(f"user={user!r} must be one of {', '.join(EXEC_USERS)}.")
+        if user == "user" and not sb.userns:
+            raise ConfigError(f"sandbox {sb.id} runs without a user namespace (HUTCH_USERNS=0, or a kernel that "
+                              "cannot idmap its image), where its uid 1000 would be the host's uid 1000, a real "
+                              "account that could reach it; exec as root there (it has no capabilities either).")
         cwd = workdir or sb.spec.workdir
         if not isinstance(cwd, str) or not cwd.startswith("/"):
             raise ConfigError(f"workdir={cwd!r} must be an absolute path inside the sandbox.")

@@ -105,7 +105,8 @@ def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=(), go: int = -1) 
         _setup_root(plan, trees)
         for fd in trees:
             os.close(fd)
-        _keep_user(USER_ID)
+        if plan.get("userns"):   # (without one, uid 1000 inside would be host uid 1000, a real account)
+            _keep_user(USER_ID)
         _lockdown(seccomp, plan.get("caps") or ())
     except Exception as e:  # report why, then die: the daemon tears the rest down
         try:
@@ -276,13 +277,18 @@ def _setup_root(plan: dict, trees=()) -> None:
     os.close(_makedirs(plan["workdir"]))   # not through /proc/self/fd/<a layer's tree> an image planted
 
 
+_USER_KEPT = False
+
+
 def _keep_user(uid: int) -> None:
     # The sandbox's unprivileged user, as the saved set-user and set-group ids of the init: without any
     # capability, a process may still set its ids to its real, effective or saved ones, so the init's own
     # children (forked for an exec with "uid") can become that user and nothing else. An execve makes the
     # saved ids the effective ones (0), so no command the init starts as root inherits even that.
+    global _USER_KEPT
     os.setresgid(0, 0, uid)
     os.setresuid(0, 0, uid)
+    _USER_KEPT = True
 
 
 def _lockdown(seccomp: bytes, caps=()) -> None:
@@ -558,7 +564,8 @@ class Init:
     def op_kill(self, msg, fds):
         # Signalled as the sandbox's user too: kill() needs the sender's real or effective uid to be the
         # target's real or saved one, and the init has no CAP_KILL; its real uid (0) still reaches root's.
-        os.setresuid(-1, USER_ID, -1)
+        if _USER_KEPT:
+            os.setresuid(-1, USER_ID, -1)
         try:
             for pid, eid in list(self.procs.items()):
                 if eid == msg["eid"]:
@@ -568,7 +575,8 @@ class Init:
                         except OSError:
                             pass
         finally:
-            os.setresuid(-1, 0, -1)
+            if _USER_KEPT:
+                os.setresuid(-1, 0, -1)
         return {"rid": msg["rid"], "ok": True} if "rid" in msg else None
 
     def op_read(self, msg, fds):
