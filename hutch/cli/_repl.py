@@ -113,6 +113,7 @@ def repl(images, **opts):
     if click.get_current_context().get_parameter_source("timeout") == click.core.ParameterSource.DEFAULT:
         opts["timeout"] = SESSION_TIMEOUT   # a session, not a command: --timeout's default would end it in 5 minutes
     kw = _create_kwargs(**opts)
+    shown = opts["image"] or "the code-interpreter image"
     if kw["image"] is None:
         kw["image"] = hutch.Image.code_interpreter()
     if images:
@@ -126,7 +127,7 @@ def repl(images, **opts):
     counter = [0]
     with hutch.Sandbox.create(**kw) as sb:
         if interactive:
-            print(BANNER.format(id=sb.id, image=kw["image"]), file=sys.stderr)
+            print(BANNER.format(id=sb.id, image=shown), file=sys.stderr)
         p = _Printer(images, counter)
         while True:
             try:
