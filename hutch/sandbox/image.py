@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from hutch._core.errors import InvalidSpecError, NotFoundError
 from hutch.sandbox._spec import DEFAULT_IMAGE, Network, _abs_path
 
-#: What `Image.code_interpreter()` adds to the default image (pip first: the default image ships none).
-CODE_INTERPRETER_APT = ("python3-pip",)
+#: What `Image.code_interpreter()` adds to the default image (which has python3, pip and venv).
 CODE_INTERPRETER_PIP = ("ipykernel>=7,<8", "jupyter_client>=8,<9", "numpy>=2,<3", "pandas>=2,<4",
                         "matplotlib>=3.8,<4")
 _APT_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]*(:[a-z0-9-]+)?(=[A-Za-z0-9.+:~_-]+)?$")
@@ -81,7 +80,7 @@ class Image:
         """The default image plus a Jupyter kernel and the data stack (numpy, pandas, matplotlib, ipykernel,
         jupyter_client): what `Sandbox.run_code` needs. Built once per host through the image builder's
         cached steps; extend it like any image, e.g. `Image.code_interpreter().pip_install("scipy")`."""
-        return (cls.debian_slim().apt_install(*CODE_INTERPRETER_APT).pip_install(*CODE_INTERPRETER_PIP)
+        return (cls.debian_slim().pip_install(*CODE_INTERPRETER_PIP)
                 # ipykernel imports debugpy (JupyterLab's visual debugger, of no use here) at every start,
                 # a quarter of a cold kernel's imports; without it ipykernel starts with the debugger off
                 .run_commands("python3 -m pip uninstall -y --break-system-packages debugpy",
