@@ -233,7 +233,7 @@ class Interpreter:
         if self.s.proc is None and self.s.sandbox.poll() is not None:
             from hutch.sandbox._wire import terminated_error
 
-            raise terminated_error(self.s.sandbox.id, self.s.sandbox.status)
+            raise terminated_error(self.s.sandbox.id, self.s.sandbox.info)
         return cell.execution()
 
     def create_context(self, cwd, language) -> CodeContext:
@@ -386,7 +386,7 @@ class AsyncInterpreter:
         if self.s.proc is None and await self.s.sandbox.poll() is not None:
             from hutch.sandbox._wire import terminated_error
 
-            raise terminated_error(self.s.sandbox.id, self.s.sandbox.status)
+            raise terminated_error(self.s.sandbox.id, self.s.sandbox.info)
         return cell.execution()
 
     async def create_context(self, cwd, language) -> CodeContext:

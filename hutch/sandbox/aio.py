@@ -219,7 +219,7 @@ class AsyncSandbox(SandboxState):
 
     def _code(self) -> AsyncInterpreter:
         if self.status in ENDED:
-            raise terminated_error(self.id, self.status)
+            raise terminated_error(self.id, self.info)
         if self._interp is None:
             self._interp = AsyncInterpreter(self)
         return self._interp

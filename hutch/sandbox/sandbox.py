@@ -321,7 +321,7 @@ class Sandbox(SandboxState):
 
     def _code(self) -> Interpreter:
         if self.status in ENDED:
-            raise terminated_error(self.id, self.status)
+            raise terminated_error(self.id, self.info)
         if self._interp is None:
             self._interp = Interpreter(self)
         return self._interp
