@@ -284,7 +284,7 @@ class WriteOps:
         if base is None or not data.startswith(base):
             self._commit(h.entity_id, data)
             return
-        with self.mem._lock:  # the store's write lock: no commit between reading the file and writing it
+        with self.mem.write_lock():  # the store's write lock: no commit between reading the file and writing it
             try:
                 now = read_file(self._real(h.path))
             except FuseOSError:
@@ -362,7 +362,7 @@ class WriteOps:
                 return 0
             if len(parts) == 4 and parts[1].endswith(_LINKS):
                 src = f"{parts[0]}/{parts[1][:-len(_LINKS)]}"
-                target = self.mem._target_id(self.mem.root / parts[0] / parts[1] / parts[2] / parts[3])
+                target = self.mem.link_target("/".join(parts))
                 if target is None:
                     raise _err(errno.ENOENT)
                 source = self._src()

@@ -111,7 +111,7 @@ class DiskBudget:
         watched = [*paths, *_GIT_FILES]
         # the directories above the paths: one grows with its entries, a link makes two
         parents = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
-        with mem._lock:  # reentrant; no commit but this one between the two measures
+        with mem.write_lock():  # reentrant; no commit but this one between the two measures
             need = self.estimate(root, paths, data)
             with self._lock:
                 if self.used + need > self.limit:

@@ -43,7 +43,7 @@ def check(mem: "Memory") -> CheckReport:
                     f"replace it with a real directory or remove it: rm {top.name}")
             continue
         cls = top.name
-        if not fmt._NAME_RE.match(cls):
+        if not fmt.is_name(cls):
             add("warning", "bad-class-name", cls + "/", "is not a valid class name (a-z, 0-9, '_', '-'); "
                 "hutch does not read entities in it.", f"rename the directory, e.g. mv {cls} {fmt.slugify(cls)}")
             continue
@@ -105,7 +105,7 @@ def check(mem: "Memory") -> CheckReport:
                 add("error", "bad-link-entry", f"{rel_dir}/{rname}", "is not a relation directory.",
                     f"remove it: rm {rel_dir}/{rname}")
                 continue
-            if not fmt._NAME_RE.match(rname):
+            if not fmt.is_name(rname):
                 add("warning", "bad-relation-name", f"{rel_dir}/{rname}", "is not a valid relation name.",
                     "rename it with a-z, 0-9, '_', '-' only")
             for lname in sorted(os.listdir(rpath)):
@@ -116,7 +116,7 @@ def check(mem: "Memory") -> CheckReport:
                         f"remove it (rm {lrel}) and link with `hutch mem link`")
                     continue
                 n_links += 1
-                tid = mem._target_id(mem.root / lrel)
+                tid = mem.link_target(lrel)
                 if tid is None:
                     add("error", "link-escapes", lrel, f"points to {os.readlink(lpath)!r}, which is not an entity "
                         "inside the store (links are relative: ../../../<class>/<slug>.md).",

@@ -57,6 +57,11 @@ def slugify(title: str) -> str:
     return s or "untitled"
 
 
+def is_name(name: str) -> bool:
+    """True if `name` may name a class or a relation: 1-64 characters of a-z, 0-9, '_' or '-'."""
+    return isinstance(name, str) and _NAME_RE.match(name) is not None
+
+
 def check_class(name: str) -> str:
     """Validate an entity class name (a directory under the store)."""
     if not isinstance(name, str) or name in RESERVED_CLASSES or not _NAME_RE.match(name):

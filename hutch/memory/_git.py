@@ -64,7 +64,8 @@ class Git:
         self.root = root
         self._filters: tuple[object, list[str]] | None = None  # (.git/config's stat, the -c pairs)
 
-    def _env(self, extra: dict | None = None) -> dict:
+    def env(self, extra: dict | None = None) -> dict:
+        """The environment every git command of this store runs with (`extra` added)."""
         env = dict(os.environ)
         env.update({"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C",
                     "GIT_DIR": str(self.root / ".git"), "GIT_WORK_TREE": str(self.root)})
@@ -72,7 +73,8 @@ class Git:
             env.update(extra)
         return env
 
-    def _argv(self, *args: str) -> list[str]:
+    def argv(self, *args: str) -> list[str]:
+        """The argv of `git args...` in this store, with the hardening -c pairs (module docstring)."""
         return ["git", "-C", str(self.root), *_CONFIG, *self._no_filters(), *args]
 
     def _no_filters(self) -> list[str]:
@@ -88,7 +90,7 @@ class Git:
             return self._filters[1]
         try:
             p = subprocess.run(["git", "-C", str(self.root), *_CONFIG, "config", "-z", "--name-only",
-                                "--get-regexp", r"^filter\."], capture_output=True, env=self._env())
+                                "--get-regexp", r"^filter\."], capture_output=True, env=self.env())
         except FileNotFoundError:
             return []
         out: list[str] = []
@@ -102,8 +104,8 @@ class Git:
         return out
 
     def run(self, *args: str, input: bytes | None = None, env: dict | None = None, check: bool = True) -> str:
-        argv = self._argv(*args)
-        full_env = self._env(env)
+        argv = self.argv(*args)
+        full_env = self.env(env)
         try:
             p = subprocess.run(argv, input=input, capture_output=True, env=full_env, check=False)
         except FileNotFoundError as e:
@@ -119,7 +121,7 @@ class Git:
         return p.stdout.decode("utf-8", errors="surrogateescape")
 
     def ok(self, *args: str) -> bool:
-        return subprocess.run(self._argv(*args), capture_output=True, env=self._env()).returncode == 0
+        return subprocess.run(self.argv(*args), capture_output=True, env=self.env()).returncode == 0
 
     def init(self) -> None:
         self.run("init", "-q")
@@ -254,7 +256,7 @@ class Git:
 
     def show(self, rev: str, path: str) -> str | None:
         """The text of `path` at `rev`, or None if it did not exist there."""
-        p = subprocess.run(self._argv("show", f"{rev}:{path}"), capture_output=True, env=self._env())
+        p = subprocess.run(self.argv("show", f"{rev}:{path}"), capture_output=True, env=self.env())
         if p.returncode != 0:
             return None
         return p.stdout.decode("utf-8", errors="surrogateescape")
@@ -284,9 +286,9 @@ class BlobStream:
 
         self._err = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(
-            git._argv("fast-import", "--quiet", "--done"),
+            git.argv("fast-import", "--quiet", "--done"),
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self._err,
-            env=git._env(),
+            env=git.env(),
         )
         self.marks: dict[str, tuple[int, int, int]] = {}  # path -> (mark, length, hash of bytes)
         self._next = 1

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 from hutch._core.errors import EntityNotFoundError, MalformedEntityError
 from hutch.memory import _format as fmt
 from hutch.memory._entity import Entity, Version
+from hutch.memory._layout import Layout
+from hutch.memory._links import link_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from hutch.memory._store import Memory
@@ -117,7 +119,7 @@ class MemoryView:
 
     def _links(self, cls: str, slug: str) -> dict[str, tuple[str, ...]]:
         if self.known_at is None:
-            return self.mem._link_ids(cls, slug)
+            return link_ids(Layout(self.mem.root), cls, slug)
         commits = [c for c in self.mem.git.log() if fmt.parse_time(c.date) <= self.known_at]
         if not commits:
             return {}

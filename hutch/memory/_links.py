@@ -1,0 +1,127 @@
+"""Relations (docs/smf-format.md, "Relations"): relative symlinks `<class>/<slug>.links/<rel>/<name>.md`.
+
+Reading takes no lock and reads what is on disk; back-links are derived by scanning every link, never
+stored. Making or removing a link is one operation of the store's write path (_writer.py): under its
+lock, journaled, one commit.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+from hutch._core.errors import EntityNotFoundError, MemoryStoreError
+from hutch.memory import _format as fmt
+from hutch.memory._entity import Entity, Neighbor
+from hutch.memory._layout import Layout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hutch.memory._writer import Writer
+
+
+def link_ids(layout: Layout, cls: str, slug: str) -> dict[str, tuple[str, ...]]:
+    """Relation -> the ids the entity `cls/slug` links to on disk (well-formed in-store links only), sorted."""
+    ldir = layout.links_dir(cls, slug)
+    try:
+        rels = sorted(os.listdir(ldir))
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    out: dict[str, tuple[str, ...]] = {}
+    for rel in rels:
+        try:
+            names = sorted(os.listdir(ldir / rel))
+        except (NotADirectoryError, FileNotFoundError):
+            continue
+        ids = []
+        for name in names:
+            tid = layout.target_id(ldir / rel / name)
+            if tid is not None:
+                ids.append(tid)
+        if ids:
+            out[rel] = tuple(ids)
+    return out
+
+
+class Links:
+    """The link graph of one store: `ids` / `iter_all` / `neighbors` read it, `link` / `unlink` change it."""
+
+    def __init__(self, layout: Layout, writer: "Writer"):
+        self.layout = layout
+        self.writer = writer
+
+    # ------------------------------------------------------------ reading
+
+    def ids(self, cls: str, slug: str) -> dict[str, tuple[str, ...]]:
+        """Relation -> the ids this entity links to (well-formed in-store links only), sorted."""
+        return link_ids(self.layout, cls, slug)
+
+    def iter_all(self) -> Iterator[tuple[str, str, str, Path]]:
+        """Every link in the store: (source id, relation, target id or '' if malformed, link path)."""
+        for cls in self.layout.classes():
+            d = self.layout.root / cls
+            with os.scandir(d) as it:
+                ldirs = [e for e in it if e.name.endswith(fmt.LINKS_SUFFIX) and e.is_dir(follow_symlinks=False)]
+            for e in ldirs:
+                src = f"{cls}/{e.name[: -len(fmt.LINKS_SUFFIX)]}"
+                try:
+                    rels = os.listdir(e.path)
+                except NotADirectoryError:
+                    continue
+                for rel in sorted(rels):
+                    rdir = Path(e.path) / rel
+                    if not rdir.is_dir() or rdir.is_symlink():
+                        continue
+                    for name in sorted(os.listdir(rdir)):
+                        yield src, rel, self.layout.target_id(rdir / name) or "", rdir / name
+
+    def neighbors(self, entity: Entity) -> list[Neighbor]:
+        """Typed edges of `entity`: its links ('out') and the links pointing to it ('in', by a scan)."""
+        out = [Neighbor(rel, "out", tid) for rel, ids in entity.link_ids.items() for tid in ids]
+        out += [Neighbor(rel, "in", src) for src, rel, tid, _ in self.iter_all() if tid == entity.id]
+        return out
+
+    # ------------------------------------------------------------ writing
+
+    def link(self, sid: str, relation: str, did: str, *, source: str | None = None) -> Path:
+        """Link `sid` -[relation]-> `did` (idempotent); the link's path."""
+        fmt.check_relation(relation)
+        scls, sslug, spath = self.layout.entity(sid)
+        dcls, dslug, dpath = self.layout.entity(did)
+        rdir = self.layout.links_dir(scls, sslug) / relation
+        target = f"../../../{dcls}/{dslug}.md"
+        self.layout.check_link_dirs(rdir)
+        with self.writer.op("link", f"{sid} -[{relation}]-> {did}", source=source) as tx:
+            for eid, p in ((sid, spath), (did, dpath)):  # checked under the lock: no writer can forget them now
+                if not p.is_file() or p.is_symlink():
+                    raise EntityNotFoundError(
+                        f"Cannot link {sid} -[{relation}]-> {did}: {eid} does not exist. Create it with put() first."
+                    )
+            for name in (f"{dslug}.md", f"{dcls}--{dslug}.md"):
+                lp = rdir / name
+                if os.path.islink(lp):
+                    if self.layout.target_id(lp) == f"{dcls}/{dslug}":
+                        tx.forget_op("link", f"{sid} -[{relation}]-> {did}")
+                        return lp
+                    continue  # the name belongs to a same-slug entity of another class
+                if os.path.lexists(lp):
+                    continue
+                tx.symlink(lp, target)
+                return lp
+            raise MemoryStoreError(f"{rdir} holds files that are not links; run check() and remove them.")
+
+    def unlink(self, sid: str, relation: str, did: str, *, source: str | None = None) -> None:
+        """Remove the link `sid` -[relation]-> `did`; EntityNotFoundError if there is none."""
+        fmt.check_relation(relation)
+        scls, sslug, _ = self.layout.entity(sid)
+        self.layout.entity(did)
+        rdir = self.layout.links_dir(scls, sslug) / relation
+        self.layout.check_link_dirs(rdir)
+        with self.writer.op("unlink", f"{sid} -[{relation}]-> {did}", source=source) as tx:
+            for name in sorted(os.listdir(rdir)) if rdir.is_dir() else []:
+                if self.layout.target_id(rdir / name) == did:
+                    tx.remove(rdir / name)
+                    return
+            raise EntityNotFoundError(
+                f"There is no link {sid} -[{relation}]-> {did}: `hutch mem show {sid}` lists its links."
+            )
