@@ -9,12 +9,11 @@ Layout of the mount (see docs/fuse.md):
     /as-of/<date>/<class>/<slug>.md what was valid on that date, read-only
     /profile.md                     a digest of the store, generated on read
 
-Reads of entity files go straight to the file (pread on an fd). A write is
-buffered from open to close and committed on flush (so close() reports a
-failure) through `_write.commit_bytes`: one atomic, validated git commit whose
-source is this mount's provenance. Other names written in a class directory
-(an editor's or `sed -i`'s temp files) live in memory only, until renamed onto
-an entity. Errors are errno values: ENOENT, EROFS, EACCES, EINVAL, EEXIST, EPERM.
+`MemoryFS` routes each operation by path: reads of entity files go straight to the file (pread on an
+fd, `_handles.py`), generated files are rendered by `_view.py`, and every change is handed to the mount's
+`Writes` (`_writes.py`), which buffers a write from open to flush and commits it through
+`_write.commit_bytes`: one atomic, validated git commit whose source is this mount's `Provenance`.
+Errors are errno values: ENOENT, EROFS, EACCES, EINVAL, EEXIST, EPERM.
 """
 
 from __future__ import annotations
@@ -30,45 +29,40 @@ from mfusepy import Operations
 
 from hutch._core.errors import ConfigError, MemoryStoreError
 from hutch.fuse import _view
-from hutch.fuse._fs_write import SOURCE_WAIT, WriteOps, _err, _Handle, _pin_thread, open_regular
+from hutch.fuse._handles import FD, MEM, Handle, Handles, fuse_error, open_regular, pin_thread
 from hutch.fuse._kcache import DIRECT, ESTALE, KEEP, KernelCache, stat_key
-from hutch.memory import _format as fmt
+from hutch.fuse._writes import Provenance, Writes
 
 log = logging.getLogger("hutch.fuse")
 
 #: Seconds a query directory's hits (and a profile or as-of listing) are reused before being computed again.
 CACHE_SECONDS = 2.0
-_LINKS = fmt.LINKS_SUFFIX
 FUSE_CAP_ATOMIC_O_TRUNC = 1 << 3
 
 
-class MemoryFS(WriteOps, Operations):
-    """The view of one store. `source` is the provenance every write through it records."""
+class MemoryFS(Operations):
+    """The view of one store. `source` is the provenance every write through it records; `source_known=False`
+    holds writes and queries until `provenance.learn()` names it (a sandbox's mount, see _mount.py)."""
 
     use_ns = True
 
-    def __init__(self, mem, *, writable: bool = True, source: str = "fuse"):
+    def __init__(self, mem, *, writable: bool = True, source: str = "fuse", source_known: bool = True):
         self.mem = mem
         self.root = str(mem.root)
         self.writable = writable
-        self.source = source
-        self._handles: dict[int, _Handle] = {}
-        self._next_fh = 1
         self._lock = threading.RLock()
         self._search_lock = threading.Lock()
         self._cache: dict[tuple, tuple[float, object]] = {}
-        self._scratch: dict[str, bytearray] = {}   # mount path -> bytes of a temp file not (yet) an entity
-        self._vdirs: set[str] = set()               # link directories made with mkdir, not yet holding a link
-        self._pending: dict[str, _Handle] = {}      # mount path -> open write buffer (getattr shows its size)
         self._uid, self._gid = os.getuid(), os.getgid()
         self._t0 = time.time_ns()
         self.kcache = KernelCache(self.root)        # what the kernel holds, and invalidating it (_kcache.py)
         self.on_ready = None                        # called once the mount is live (see _mount.serve)
-        #: set once `source` is final; a mount handed to a sandbox learns the sandbox's id after it starts
-        self.source_known = threading.Event()
-        self.source_known.set()
-        #: what writes through the mount may add to the host's disk (a sandbox's disk limit; _quota.py), or None
-        self.budget = None
+        self.handles = Handles()                    # fh -> open file (_handles.py)
+        #: whose writes these are, and the disk budget they count against (a sandbox's, once it runs)
+        self.provenance = Provenance(source, known=source_known)
+        #: every change through the mount: write buffers, temp files, link dirs, commits (_writes.py)
+        self.writes = Writes(mem, self.handles, self.provenance, self.kcache, writable=writable,
+                             on_change=self._invalidate)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -89,26 +83,6 @@ class MemoryFS(WriteOps, Operations):
 
     def _real(self, path: str) -> str:
         return self.root + path
-
-    def _parts(self, path: str) -> list[str]:
-        return [p for p in path.split("/") if p]
-
-    def _store_path_ok(self, parts: list[str]) -> bool:
-        """A path of the store's own tree that the view shows (no dot names at the top: .git, .hutch)."""
-        return bool(parts) and not parts[0].startswith(".") and parts[0] not in _view.RESERVED
-
-    def _need_writable(self) -> None:
-        if not self.writable:
-            raise _err(errno.EROFS)
-
-    def _entity_id(self, parts: list[str]) -> str | None:
-        if len(parts) == 2 and parts[1].endswith(".md") and not parts[1].startswith("."):
-            try:
-                fmt.split_id(f"{parts[0]}/{parts[1][:-3]}")
-            except ConfigError:
-                return None
-            return f"{parts[0]}/{parts[1][:-3]}"
-        return None
 
     def _cached(self, key: tuple, make, ttl: float = CACHE_SECONDS):
         now = time.monotonic()
@@ -155,9 +129,7 @@ class MemoryFS(WriteOps, Operations):
     def _charged_to_sandbox(self) -> None:
         """Work done for a sandbox (searching, reading history) waits until the server has joined the sandbox's
         cgroups, so that none of it is charged to the host (a moment after the sandbox starts)."""
-        if not self.source_known.wait(SOURCE_WAIT):
-            log.warning("refused: the mount was never told which sandbox it serves")
-            raise _err(errno.EIO)
+        self.provenance.wait("a query")
 
     def _hits(self, query: str):
         self._charged_to_sandbox()
@@ -171,7 +143,7 @@ class MemoryFS(WriteOps, Operations):
         try:
             return self._cached(("search", query), run)
         except ConfigError:
-            raise _err(errno.ENOENT) from None
+            raise fuse_error(errno.ENOENT) from None
 
     def _hit_files(self, query: str) -> dict[str, str]:
         return {_view.hit_name(i, h.entity_id, h.anchor): h.entity_id
@@ -190,7 +162,7 @@ class MemoryFS(WriteOps, Operations):
         try:
             return self.mem.as_of(date)
         except (ConfigError, MemoryStoreError, ValueError):
-            raise _err(errno.ENOENT) from None
+            raise fuse_error(errno.ENOENT) from None
 
     def _asof_ids(self, date: str) -> list[str]:
         head = self.mem.git.run("rev-parse", "-q", "--verify", "HEAD", check=False).strip()
@@ -199,7 +171,7 @@ class MemoryFS(WriteOps, Operations):
 
     def _asof_text(self, date: str, entity_id: str) -> bytes:
         if entity_id not in self._asof_ids(date):
-            raise _err(errno.ENOENT)
+            raise fuse_error(errno.ENOENT)
         head = self.mem.git.run("rev-parse", "-q", "--verify", "HEAD", check=False).strip()
         view = self._view_at(date)
         return self._cached(("asof-text", date, entity_id, head),
@@ -212,7 +184,7 @@ class MemoryFS(WriteOps, Operations):
             return None
         eid = self._hit_files(parts[1]).get(parts[2])
         if eid is None:
-            raise _err(errno.ENOENT)
+            raise fuse_error(errno.ENOENT)
         return os.path.join(self.root, eid + ".md")
 
     def _generated(self, parts: list[str]) -> bytes | None:
@@ -225,23 +197,23 @@ class MemoryFS(WriteOps, Operations):
                 return _view.explain(query, self._hits(query))
             return None  # a hit: the entity's own file (_hit_path)
         if parts[0] == _view.AS_OF_DIR and len(parts) == 4:
-            eid = self._entity_id(parts[2:])
+            eid = _view.entity_id(parts[2:])
             if eid is None:
-                raise _err(errno.ENOENT)
+                raise fuse_error(errno.ENOENT)
             return self._asof_text(parts[1], eid)
         return None
 
     # ------------------------------------------------------------------ reading
 
     def getattr(self, path, fh=None):
-        _pin_thread()
-        parts = self._parts(path)
+        pin_thread()
+        parts = _view.parts(path)
         if not parts:
             return self._dir_attr(0o755 if self.writable else 0o555)
-        pend = self._pending.get(path)
-        if pend is not None:
+        size = self.writes.pending_size(path)
+        if size is not None:
             self.kcache.seen.pop(path, None)  # not the file's attributes: the next open re-checks
-            return self._file_attr(len(pend.data), 0o644)
+            return self._file_attr(size, 0o644)
         top = parts[0]
         if top == _view.PROFILE and len(parts) == 1:
             return self._gen_attr(path, self._profile())
@@ -258,12 +230,12 @@ class MemoryFS(WriteOps, Operations):
                 try:
                     st = os.lstat(hit)
                 except FileNotFoundError:
-                    raise _err(errno.ENOENT) from None
+                    raise fuse_error(errno.ENOENT) from None
                 self.kcache.seen[path] = stat_key(st)
                 attr = self._stat_attr(st)
                 attr["st_mode"] &= ~0o222  # read-only, as everything under search/
                 return attr
-            raise _err(errno.ENOENT)
+            raise fuse_error(errno.ENOENT)
         if top == _view.AS_OF_DIR:
             if len(parts) == 1:
                 return self._dir_attr()
@@ -273,32 +245,33 @@ class MemoryFS(WriteOps, Operations):
             if len(parts) == 3:
                 if any(i.startswith(parts[2] + "/") for i in ids):
                     return self._dir_attr()
-                raise _err(errno.ENOENT)
+                raise fuse_error(errno.ENOENT)
             if len(parts) == 4:
                 return self._gen_attr(path, self._generated(parts))
-            raise _err(errno.ENOENT)
-        if not self._store_path_ok(parts):
-            raise _err(errno.ENOENT)
-        if path in self._scratch:
+            raise fuse_error(errno.ENOENT)
+        if not _view.is_store_path(parts):
+            raise fuse_error(errno.ENOENT)
+        size = self.writes.scratch_size(path)
+        if size is not None:
             self.kcache.seen.pop(path, None)
-            return self._file_attr(len(self._scratch[path]), 0o644)
-        if path in self._vdirs:
+            return self._file_attr(size, 0o644)
+        if self.writes.is_dir(path):
             return self._dir_attr(0o755)
         try:
             st = os.lstat(self._real(path))
         except FileNotFoundError:
             self.kcache.seen.pop(path, None)
-            raise _err(errno.ENOENT) from None
+            raise fuse_error(errno.ENOENT) from None
         self.kcache.seen[path] = stat_key(st)
         return self._stat_attr(st)
 
     def readdir(self, path, fh):
-        _pin_thread()
-        parts = self._parts(path)
+        pin_thread()
+        parts = _view.parts(path)
         base = [".", ".."]
         if not parts:
             names = [e.name for e in os.scandir(self.root)
-                     if e.is_dir(follow_symlinks=False) and self._store_path_ok([e.name])]
+                     if e.is_dir(follow_symlinks=False) and _view.is_store_path([e.name])]
             return base + sorted(names) + [_view.SEARCH_DIR, _view.AS_OF_DIR, _view.PROFILE]
         top = parts[0]
         if top == _view.SEARCH_DIR:
@@ -307,7 +280,7 @@ class MemoryFS(WriteOps, Operations):
                     return base + sorted({k[1] for k in self._cache if k[0] == "search"})
             if len(parts) == 2:
                 return base + [_view.EXPLAIN] + list(self._hit_files(parts[1]))
-            raise _err(errno.ENOTDIR)
+            raise fuse_error(errno.ENOTDIR)
         if top == _view.AS_OF_DIR:
             if len(parts) == 1:
                 with self._lock:
@@ -317,69 +290,57 @@ class MemoryFS(WriteOps, Operations):
                 return base + sorted({i.split("/", 1)[0] for i in ids})
             if len(parts) == 3:
                 return base + [i.split("/", 1)[1] + ".md" for i in ids if i.startswith(parts[2] + "/")]
-            raise _err(errno.ENOTDIR)
-        if not self._store_path_ok(parts):
-            raise _err(errno.ENOENT)
+            raise fuse_error(errno.ENOTDIR)
+        if not _view.is_store_path(parts):
+            raise fuse_error(errno.ENOENT)
         names: set[str] = set()
-        if path not in self._vdirs:
+        if not self.writes.is_dir(path):
             try:
                 names.update(os.listdir(self._real(path)))
             except FileNotFoundError:
-                raise _err(errno.ENOENT) from None
-        prefix = path.rstrip("/") + "/"
-        with self._lock:
-            for p in list(self._scratch) + list(self._vdirs) + list(self._pending):
-                if p.startswith(prefix) and "/" not in p[len(prefix):]:
-                    names.add(p[len(prefix):])
+                raise fuse_error(errno.ENOENT) from None
+        names |= self.writes.names_in(path)
         names = {n for n in names if not n.startswith(".tmp-")}
         return base + sorted(names)
 
     def readlink(self, path):
-        parts = self._parts(path)
-        if not self._store_path_ok(parts):
-            raise _err(errno.ENOENT)
+        parts = _view.parts(path)
+        if not _view.is_store_path(parts):
+            raise fuse_error(errno.ENOENT)
         try:
             return os.readlink(self._real(path))
         except FileNotFoundError:
-            raise _err(errno.ENOENT) from None
-
-    def _new_handle(self, h: _Handle) -> int:
-        with self._lock:
-            fh = self._next_fh
-            self._next_fh += 1
-            self._handles[fh] = h
-        return fh
+            raise fuse_error(errno.ENOENT) from None
 
     def open(self, path, fi):
-        _pin_thread()
-        parts = self._parts(path)
+        pin_thread()
+        parts = _view.parts(path)
         flags = fi.flags
         wants_write = (flags & os.O_ACCMODE) != os.O_RDONLY or flags & os.O_TRUNC
         if parts and parts[0] in (_view.SEARCH_DIR, _view.AS_OF_DIR) or parts == [_view.PROFILE]:
             if wants_write:
-                raise _err(errno.EROFS)
+                raise fuse_error(errno.EROFS)
             hit = self._hit_path(parts)
             if hit is not None:
                 return self._open_file(path, hit, fi)
             data = self._generated(parts)
             if data is None:
-                raise _err(errno.EISDIR if len(parts) < 3 else errno.ENOENT)
+                raise fuse_error(errno.EISDIR if len(parts) < 3 else errno.ENOENT)
             # generated anew: if its size differs from what getattr told, refresh the kernel's (as below)
             if self.kcache.check_open(path, (0, 0, len(data))) == ESTALE:
-                raise _err(errno.ESTALE)
-            self._hold(len(data))
-            fi.fh = self._new_handle(_Handle("mem", path, data=data))
+                raise fuse_error(errno.ESTALE)
+            self.writes.hold(len(data))
+            fi.fh = self.handles.add(Handle(MEM, path, data=data))
             fi.direct_io = 1  # generated on open: its size may differ from what getattr said a moment ago
             return 0
-        if not self._store_path_ok(parts):
-            raise _err(errno.ENOENT)
+        if not _view.is_store_path(parts):
+            raise fuse_error(errno.ENOENT)
         if wants_write:
-            self._need_writable()
-            return self._open_write(path, parts, fi, flags)
-        if path in self._scratch or path in self._pending:
-            src = self._pending[path].data if path in self._pending else self._scratch[path]
-            self._hold(len(src))
-            fi.fh = self._new_handle(_Handle("mem", path, data=bytes(src)))
+            fi.fh = self.handles.add(self.writes.open(path, flags))
+            return 0
+        data = self.writes.snapshot(path)
+        if data is not None:   # being written, or a temp file: a copy, read directly
+            fi.fh = self.handles.add(Handle(MEM, path, data=data))
             fi.direct_io = 1
             return 0
         return self._open_file(path, self._real(path), fi)
@@ -394,8 +355,8 @@ class MemoryFS(WriteOps, Operations):
         how = self.kcache.check_open(path, stat_key(st))
         if how == ESTALE:
             os.close(fd)
-            raise _err(errno.ESTALE)
-        fi.fh = self._new_handle(_Handle("fd", path, fd=fd))
+            raise fuse_error(errno.ESTALE)
+        fi.fh = self.handles.add(Handle(FD, path, fd=fd))
         if hasattr(fi, "noflush"):
             fi.noflush = 1  # a reader's close() needs no FLUSH round trip (FOPEN_NOFLUSH)
         if how == KEEP:
@@ -405,18 +366,75 @@ class MemoryFS(WriteOps, Operations):
         return 0
 
     def read(self, path, size, offset, fi):
-        _pin_thread()
-        h = self._handles.get(fi.fh)
+        pin_thread()
+        h = self.handles.get(fi.fh)
         if h is None:
-            raise _err(errno.EBADF)
-        if h.kind == "fd":
+            raise fuse_error(errno.EBADF)
+        if h.kind == FD:
             return os.pread(h.fd, size, offset)
         with h.lock:
             return bytes(h.data[offset:offset + size])
-
-    # ------------------------------------------------------------------ writing
 
     def statfs(self, path):
         st = os.statvfs(self.root)
         return {k: getattr(st, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
                                              "f_files", "f_ffree", "f_favail", "f_namemax")}
+
+    # ------------------------------------------------------------------ writing: handed to self.writes
+
+    def create(self, path, mode, fi):
+        fi.fh = self.handles.add(self.writes.create(path, fi.flags))
+        return 0
+
+    def write(self, path, data, offset, fi):
+        return self.writes.write(self.handles.get(fi.fh), data, offset)
+
+    def truncate(self, path, length, fh=None):
+        self.writes.truncate(path, length)
+        return 0
+
+    def flush(self, path, fi):
+        self.writes.flush(self.handles.get(fi.fh))
+        return 0
+
+    def fsync(self, path, datasync, fi):
+        return self.flush(path, fi)
+
+    def release(self, path, fi):
+        pin_thread()
+        h = self.handles.pop(fi.fh)
+        if h is not None:
+            self.writes.release(h)
+        return 0
+
+    def unlink(self, path):
+        self.writes.unlink(path)
+        return 0
+
+    def symlink(self, target, source):
+        self.writes.symlink(target, source)
+        return 0
+
+    def mkdir(self, path, mode):
+        self.writes.mkdir(path)
+        return 0
+
+    def rmdir(self, path):
+        self.writes.rmdir(path)
+        return 0
+
+    def rename(self, old, new):
+        self.writes.rename(old, new)
+        return 0
+
+    def chmod(self, path, mode):
+        self.writes.accept_metadata()
+        return 0
+
+    def chown(self, path, uid, gid):
+        self.writes.accept_metadata()
+        return 0
+
+    def utimens(self, path, times=None):
+        self.writes.accept_metadata()
+        return 0

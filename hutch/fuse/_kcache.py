@@ -34,6 +34,8 @@ import mfusepy
 
 log = logging.getLogger("hutch.fuse")
 
+# the libfuse mfusepy loaded (it has no public handle; loading one by name could pick another libfuse, whose
+# request context would not be the one mfusepy's callbacks run in)
 _lib = mfusepy._libfuse
 _invalidate_path = getattr(_lib, "fuse_invalidate_path", None)
 if _invalidate_path is not None:

@@ -81,7 +81,8 @@ def serve(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: 
         # default's bulk sessions and batches of 32 peak near 1 GB, docs/fuse.md "What the view costs").
         embedder = MiniLMProvider(threads=1, batch=VIEW_EMBED_BATCH)
     mem = Memory(store, create=False, embedder=embedder)
-    fs = MemoryFS(mem, writable=writable, source=source or f"fuse:{mountpoint}")
+    # a sandbox's view learns whom it serves (and its disk budget) once the sandbox runs: until then it waits
+    fs = MemoryFS(mem, writable=writable, source=source or f"fuse:{mountpoint}", source_known=not handover)
 
     live = threading.Event()
 
@@ -96,8 +97,6 @@ def serve(store: str | os.PathLike, mountpoint: str | os.PathLike, *, writable: 
         if handover:
             threading.Thread(target=_await_handover, args=(fs, mountpoint), daemon=True).start()
 
-    if handover:
-        fs.source_known.clear()
     fs.on_ready = ready
     name = "hutch:" + "".join(c if c.isalnum() or c in "/-_." else "_" for c in str(mem.root))
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr,
@@ -133,9 +132,7 @@ def _await_handover(fs, mountpoint: Path) -> None:
     if len(words) == 4 and words[0] == "sandbox" and words[2] == "disk" and words[3].isdigit():
         from hutch.fuse._quota import DiskBudget
 
-        fs.budget = DiskBudget(int(words[3]), str(fs.mem.root))
-        fs.source = f"sandbox:{words[1]}"
-        fs.source_known.set()
+        fs.provenance.learn(f"sandbox:{words[1]}", DiskBudget(int(words[3]), str(fs.mem.root)))
         return
     subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
 

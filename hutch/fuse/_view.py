@@ -1,7 +1,8 @@
-"""What the mount shows besides the store's own files: search results, .explain, profile.md.
+"""What the mount shows besides the store's own files (search results, .explain, profile.md), and which
+mount paths are the store's own.
 
-Pure rendering over values the store hands out (hits, entities, commits), so
-it is unit-testable without a mount.
+Pure: rendering over values the store hands out (hits, entities, commits) and the reading of mount
+paths, so it is unit-testable without a mount.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 from datetime import datetime, timezone
+
+from hutch._core.errors import ConfigError
+from hutch.memory import _format as fmt
 
 #: Top-level names the view adds to the store's tree (a class of that name is hidden behind them).
 SEARCH_DIR = "search"
@@ -20,6 +24,27 @@ RESERVED = frozenset({SEARCH_DIR, AS_OF_DIR, PROFILE})
 SEARCH_K = 10
 
 _UNSAFE = re.compile(r"[/\x00]")
+
+
+def parts(path: str) -> list[str]:
+    """The components of a mount path: '/actors/a.md' -> ['actors', 'a.md']."""
+    return [p for p in path.split("/") if p]
+
+
+def is_store_path(parts: list[str]) -> bool:
+    """A path of the store's own tree that the view shows (no dot names at the top: .git, .hutch)."""
+    return bool(parts) and not parts[0].startswith(".") and parts[0] not in RESERVED
+
+
+def entity_id(parts: list[str]) -> str | None:
+    """The entity a path names ('<class>/<slug>.md'), None if it names none."""
+    if len(parts) == 2 and parts[1].endswith(".md") and not parts[1].startswith("."):
+        try:
+            fmt.split_id(f"{parts[0]}/{parts[1][:-3]}")
+        except ConfigError:
+            return None
+        return f"{parts[0]}/{parts[1][:-3]}"
+    return None
 
 
 def hit_name(rank: int, entity_id: str, anchor: str | None) -> str:

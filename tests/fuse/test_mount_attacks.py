@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 import hutch
-from hutch.fuse._fs_write import MAX_FILE_BYTES, MAX_SCRATCH_FILES
+from hutch.fuse._writes import MAX_FILE_BYTES, MAX_SCRATCH_FILES
 
 from sandbox_support import views_settled
 
