@@ -29,7 +29,7 @@ from mfusepy import Operations
 
 from hutch._core.errors import ConfigError, MemoryStoreError
 from hutch.fuse import _view
-from hutch.fuse._handles import FD, MEM, Handle, Handles, fuse_error, open_regular, pin_thread
+from hutch.fuse._handles import APPEND, FD, MEM, Handle, Handles, fuse_error, open_regular, pin_thread
 from hutch.fuse._kcache import DIRECT, ESTALE, KEEP, KernelCache, stat_key
 from hutch.fuse._writes import Provenance, Writes
 
@@ -261,6 +261,9 @@ class MemoryFS(Operations):
             st = os.lstat(self._real(path))
         except FileNotFoundError:
             self.kcache.seen.pop(path, None)
+            size = self.writes.unborn_size(path)
+            if size is not None:   # made by `>>`, not committed yet
+                return self._file_attr(size, 0o644)
             raise fuse_error(errno.ENOENT) from None
         self.kcache.seen[path] = stat_key(st)
         return self._stat_attr(st)
@@ -372,6 +375,8 @@ class MemoryFS(Operations):
             raise fuse_error(errno.EBADF)
         if h.kind == FD:
             return os.pread(h.fd, size, offset)
+        if h.kind == APPEND:
+            return self.writes.read_appender(h, size, offset)
         with h.lock:
             return bytes(h.data[offset:offset + size])
 

@@ -2,7 +2,7 @@
 
 A handle is one of: an entity file being read (its fd: reads are preads, nothing is copied), generated
 bytes (a copy made at open: profile.md, an as-of version, .explain, a file being written), a whole-file
-write buffer, or an append (only the bytes appended through it). The write kinds belong to _writes.py.
+write buffer, or an appender (only the bytes appended through it). The write kinds belong to _writes.py.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from hutch._core.errors import (
     ConfigError, EntityExistsError, EntityNotFoundError, MalformedEntityError, NotFoundError,
 )
 
-#: Handle kinds.
-FD, MEM, BUF = "fd", "mem", "buf"
+#: Handle kinds: an entity file read in place, bytes copied at open, a whole-file write buffer, an appender.
+FD, MEM, BUF, APPEND = "fd", "mem", "buf", "append"
 
 
 def fuse_error(code: int) -> FuseOSError:
@@ -82,8 +82,9 @@ def read_file(path: str) -> bytes:
 
 @dataclass
 class Handle:
-    """One open file of the view. `kind` is FD (an entity file read by `fd`), MEM (bytes copied at open) or
-    BUF (a write: the buffer `data`; _writes.py keeps what a write handle means)."""
+    """One open file of the view. `kind` is FD (an entity file read by `fd`), MEM (bytes copied at open), BUF
+    (a write: `data` is the whole file) or APPEND (an O_APPEND write: `data` is what it appended and has not
+    committed yet); _writes.py keeps what a write handle means."""
 
     kind: str
     path: str
@@ -91,12 +92,13 @@ class Handle:
     data: bytes | bytearray = b""
     entity_id: str | None = None   # set for a write that commits to an entity
     dirty: bool = False
-    append: bool = False
+    append: bool = False           # a temp file opened O_APPEND: writes go to its end
     written: bool = False          # a write() came: flush commits (a bare O_TRUNC waits for release)
-    base: bytes | None = None      # O_APPEND: the file's bytes the appends follow (see _writes.commit_handle)
     refused: int = 0               # the errno a write was refused with (EFBIG, ENOSPC): nothing is committed
     refs: int = 1
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: held while an APPEND handle's bytes are committed, so two flushes of it commit in the order written
+    committing: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Handles:

@@ -19,6 +19,7 @@ import contextlib
 import errno
 import logging
 import os
+import stat
 import threading
 from typing import Callable
 
@@ -26,7 +27,7 @@ from mfusepy import FuseOSError
 
 from hutch._core.errors import ConfigError
 from hutch.fuse import _view
-from hutch.fuse._handles import BUF, FD, Handle, Handles, errno_of, fuse_error, read_file
+from hutch.fuse._handles import APPEND, BUF, FD, Handle, Handles, errno_of, fuse_error, read_file
 from hutch.fuse._write import commit_bytes
 from hutch.memory import _format as fmt
 
@@ -97,6 +98,7 @@ class Writes:
         self._scratch: dict[str, bytearray] = {}   # mount path -> bytes of a temp file not (yet) an entity
         self._vdirs: set[str] = set()               # link directories made with mkdir, not yet holding a link
         self._pending: dict[str, Handle] = {}      # mount path -> open write buffer (getattr shows its size)
+        self._appenders: dict[str, list[Handle]] = {}   # mount path -> its open O_APPEND handles
 
     # ------------------------------------------------------------ what the view shows of it
 
@@ -109,6 +111,13 @@ class Writes:
         """The size of the temp file `path`, None if there is none."""
         buf = self._scratch.get(path)
         return None if buf is None else len(buf)
+
+    def unborn_size(self, path: str) -> int | None:
+        """The size of an entity file that exists only as appends not committed yet (`echo x >> new.md` between
+        its create and its close), None if there is none."""
+        with self._lock:
+            hs = self._appenders.get(path)
+            return None if not hs else sum(len(h.data) for h in hs)
 
     def is_dir(self, path: str) -> bool:
         """True if `path` is a link directory made with mkdir that holds no link yet."""
@@ -126,7 +135,7 @@ class Writes:
         """Names directly in the directory `dirpath` that exist only here (temp files, link dirs, buffers)."""
         prefix = dirpath.rstrip("/") + "/"
         with self._lock:
-            return {p[len(prefix):] for p in (*self._scratch, *self._vdirs, *self._pending)
+            return {p[len(prefix):] for p in (*self._scratch, *self._vdirs, *self._pending, *self._appenders)
                     if p.startswith(prefix) and "/" not in p[len(prefix):]}
 
     # ------------------------------------------------------------ limits
@@ -173,6 +182,8 @@ class Writes:
         self._need_writable()
         parts = _view.parts(path)
         eid = _view.entity_id(parts)
+        if eid is not None and flags & os.O_APPEND and not flags & os.O_TRUNC:
+            return self._appender(path, eid, new=False)
         with self._lock:
             pend = self._pending.get(path)
             if pend is not None:  # a second writer of the same file shares the buffer
@@ -195,10 +206,25 @@ class Writes:
         if flags & os.O_TRUNC and not os.path.lexists(self._real(path)):
             raise fuse_error(errno.ENOENT)
         h = Handle(BUF, path, data=data, entity_id=eid, dirty=bool(flags & os.O_TRUNC),
-                   append=bool(flags & os.O_APPEND),
-                   base=bytes(data) if flags & os.O_APPEND and not flags & os.O_TRUNC else None)
+                   append=bool(flags & os.O_APPEND))
         with self._lock:
             self._pending[path] = h
+        return h
+
+    def _appender(self, path: str, eid: str, *, new: bool) -> Handle:
+        """An O_APPEND handle: it holds only what is appended through it, never a copy of the file, and shares
+        no buffer; each flush commits the file as it is then plus those bytes (see `_commit_appends`)."""
+        try:
+            st = os.lstat(self._real(path))
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise fuse_error(errno.EACCES)  # a link, FIFO or device planted in the store
+        with self._lock:
+            if st is None and not new and path not in self._appenders and path not in self._pending:
+                raise fuse_error(errno.ENOENT)
+            h = Handle(APPEND, path, data=bytearray(), entity_id=eid)
+            self._appenders.setdefault(path, []).append(h)
         return h
 
     def create(self, path: str, flags: int) -> Handle:
@@ -221,6 +247,8 @@ class Writes:
                 buf = self._scratch.setdefault(path, bytearray())
                 buf.clear()
             return Handle(BUF, path, data=buf)
+        if flags & os.O_APPEND and not flags & os.O_TRUNC:  # `echo x >> new.md`: nothing to truncate
+            return self._appender(path, eid, new=True)
         if os.path.lexists(self._real(path)):
             return self.open(path, flags | os.O_TRUNC)
         h = Handle(BUF, path, data=bytearray(), entity_id=eid, dirty=True)
@@ -229,6 +257,8 @@ class Writes:
         return h
 
     def write(self, h: Handle | None, data: bytes, offset: int) -> int:
+        if h is not None and h.kind == APPEND:
+            return self._append(h, data)
         if h is None or h.kind != BUF:
             raise fuse_error(errno.EBADF)
         with h.lock:
@@ -243,10 +273,47 @@ class Writes:
                 h.data.extend(b"\0" * (offset - len(h.data)))
             h.data[offset:offset + len(data)] = data
             h.dirty = h.written = True
-        if h.entity_id is not None and self._pending.get(h.path) is not h:
-            with self._lock:
-                self._pending[h.path] = h
+        if h.entity_id is not None:
+            with self._lock:  # written again after a flush: getattr shows it (unless a newer buffer is open)
+                self._pending.setdefault(h.path, h)
         return len(data)
+
+    def _append(self, h: Handle, data: bytes) -> int:
+        """The kernel's offset is ignored: an append goes at the end of the file as it is when it commits."""
+        with h.lock:
+            try:
+                if h.refused:
+                    raise fuse_error(h.refused)
+                try:
+                    size = os.lstat(self._real(h.path)).st_size
+                except FileNotFoundError:
+                    size = 0
+                size += len(h.data) + len(data)
+                if size > MAX_FILE_BYTES:
+                    raise fuse_error(errno.EFBIG)
+                if self.held(skip=h.data) + len(h.data) + len(data) > MAX_BUFFERED_BYTES:
+                    raise fuse_error(errno.ENOSPC)
+                budget = self.provenance.budget
+                if budget is not None and size > budget.left():  # a full disk refuses the write itself
+                    raise fuse_error(errno.ENOSPC)
+            except FuseOSError as e:  # nothing of this appender is committed any more (as for a buffer)
+                h.refused = e.errno
+                h.data.clear()
+                raise
+            h.data += data
+            h.dirty = h.written = True
+        return len(data)
+
+    def read_appender(self, h: Handle, size: int, offset: int) -> bytes:
+        """A read through an O_RDWR|O_APPEND descriptor: the file as it is, then what it appended since."""
+        try:
+            now = read_file(self._real(h.path))
+        except FuseOSError as e:
+            if e.errno != errno.ENOENT:
+                raise
+            now = b""
+        with h.lock:
+            return (now + bytes(h.data))[offset:offset + size]
 
     def truncate(self, path: str, length: int) -> None:
         self._need_writable()
@@ -274,6 +341,9 @@ class Writes:
 
     def flush(self, h: Handle | None) -> None:
         """close() of a descriptor of `h` (FUSE flush): commit what it wrote, so close() reports a failure."""
+        if h is not None and h.kind == APPEND:
+            self._commit_appends(h)
+            return
         if h is None or h.kind != BUF or h.entity_id is None:
             return
         with h.lock:
@@ -284,7 +354,7 @@ class Writes:
                 return
             data = bytes(h.data)
             h.dirty = False
-        self._commit_handle(h, data)
+        self._commit(h.entity_id, data)
         with self._lock:  # committed: the file on disk is the truth again (release may come much later)
             if self._pending.get(h.path) is h:
                 del self._pending[h.path]
@@ -294,13 +364,26 @@ class Writes:
         if h.kind == FD:
             os.close(h.fd)
             return
+        if h.kind == APPEND:
+            try:
+                self._commit_appends(h)  # what no flush committed (nothing, after a close's flush)
+            except FuseOSError:
+                pass
+            finally:
+                with self._lock:
+                    hs = self._appenders.get(h.path, [])
+                    if h in hs:
+                        hs.remove(h)
+                    if not hs:
+                        self._appenders.pop(h.path, None)
+            return
         if h.kind == BUF and h.entity_id is not None:
             try:
                 with h.lock:
                     dirty, data = h.dirty and not h.refused, bytes(h.data)
                     h.dirty = False
                 if dirty:  # a writer that never flushed (or whose flush failed and wrote again)
-                    self._commit_handle(h, data)
+                    self._commit(h.entity_id, data)
             except FuseOSError:
                 pass
             finally:
@@ -325,21 +408,29 @@ class Writes:
             # the pages and attributes it cached of it (hutch/fuse/_kcache.py)
             self.kcache.invalidate("/" + entity_id + ".md", force=True)
 
-    def _commit_handle(self, h: Handle, data: bytes) -> None:
-        """Commit what a write handle holds. An appender commits the file as it is now plus what it appended:
-        two writers that opened the file at once (`echo a >> f & echo b >> f`), or a commit through the API
-        since the open, lose nothing (the old bytes it read at open would otherwise overwrite theirs)."""
-        base = h.base
-        if base is None or not data.startswith(base):
-            self._commit(h.entity_id, data)
-            return
-        with self.mem.write_lock():  # no commit between reading the file and writing it
-            try:
-                now = read_file(self._real(h.path))
-            except FuseOSError:
-                now = base  # gone (or no longer a file): write what this writer saw and added
-            self._commit(h.entity_id, now + data[len(base):])
-        h.base = data  # what this handle holds up to here is in the file: later appends follow it
+    def _commit_appends(self, h: Handle) -> None:
+        """Commit what the appender `h` appended and no commit took yet: the file as it is now plus those bytes,
+        read and written under the store's write lock, so appenders of one file (`echo a >> f & echo b >> f`)
+        and commits through the API in between lose nothing and nothing lands twice. The bytes leave the
+        handle before the commit: a failed commit drops them (the writer's close() got the errno)."""
+        with h.committing:   # two flushes of one handle (dup'd descriptors) commit in the order written
+            with h.lock:
+                if h.refused:
+                    raise fuse_error(h.refused)
+                if not h.data:
+                    return
+                chunk = bytes(h.data)
+                h.data.clear()
+                h.dirty = False
+            self.provenance.wait()   # before the lock: a sandbox's mount may wait for its provenance
+            with self.mem.write_lock():
+                try:
+                    now = read_file(self._real(h.path))
+                except FuseOSError as e:
+                    if e.errno != errno.ENOENT:
+                        raise
+                    now = b""   # not made yet (or forgotten since): the appends are the new file's body
+                self._commit(h.entity_id, now + chunk)
 
     # ------------------------------------------------------------ names
 
