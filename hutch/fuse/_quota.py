@@ -23,7 +23,8 @@ from contextlib import contextmanager
 BLOCK = 4096
 #: What a commit adds besides the file itself, as estimated before it: the trees above the file and the commit.
 COMMIT_ESTIMATE = 3 * BLOCK
-#: git's own files that a commit makes grow (every other one it writes is a new object).
+#: git's own files that a commit makes grow (every other one it writes is a new object; a split index's
+#: shared files are measured too).
 _GIT_FILES = (".git/index", ".git/logs")
 
 
@@ -141,7 +142,12 @@ def _own_blocks(path: str) -> int:
 
 
 def _measure(root: str, watched: list[str], parents: set[str]) -> int:
-    return (sum(disk_usage(os.path.join(root, p)) for p in watched)
+    git = os.path.join(root, ".git")
+    try:   # a split index (a big store's, see hutch/memory/_git.py) keeps most entries in a shared file
+        shared = [os.path.join(git, n) for n in os.listdir(git) if n.startswith("sharedindex.")]
+    except OSError:
+        shared = []
+    return (sum(disk_usage(os.path.join(root, p)) for p in watched) + sum(disk_usage(p) for p in shared)
             + sum(_own_blocks(os.path.join(root, d)) for d in parents))
 
 

@@ -31,6 +31,7 @@ from typing import Callable
 from hutch._core.atomic import TEMP_PREFIX
 from hutch._core.errors import StorePathError
 from hutch.memory import _journal
+from hutch.memory._objects import syncfs
 
 LOCK_NAME = "write.lock"
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -212,11 +213,15 @@ class Transaction:
         self._temps = 0
         self._rolling = False
         self.dirs = _Dirs(root, root_fd, self._made_dir)
-        #: a grouped transaction syncs once with syncfs() before its commit instead of fsyncing every file
+        #: a grouped transaction (Memory.transaction): its commit is one pack (fast-import), see stream
         self.bulk = False
         #: in a grouped transaction, a git fast-import that receives each file's bytes as they are written
         self.stream = None
         self.stream_factory = None
+        #: what each path is now, as this transaction left it: "file" (its bytes are on disk, and in `stream`
+        #: if there is one), ("link", target), or None (removed); the commit reads no file back
+        self.final: dict[str, object] = {}
+        self._root_prefix = os.fspath(root).rstrip("/") + "/"
 
     # ------------------------------------------------------------ recording
 
@@ -243,6 +248,10 @@ class Transaction:
         return list(self._order)
 
     def _rel(self, path: Path) -> str:
+        s = os.fspath(path)
+        if isinstance(path, Path) and s.startswith(self._root_prefix):
+            # what relative_to() gives (a Path's string is normalized), without pathlib's cost
+            return s[len(self._root_prefix):]
         return path.relative_to(self.root).as_posix()
 
     def _made_dir(self, rel: str) -> None:
@@ -315,20 +324,24 @@ class Transaction:
     def write(self, path: Path, text: str) -> None:
         parts = self._save(path)
         dfd = self.dirs.get(parts[:-1], create=True)
-        # directory fsyncs are batched: sync() runs once per touched directory (or one syncfs) before the commit
+        # no fsync per file: sync() flushes the whole transaction once (one syncfs) before the commit names it
         data = text.encode("utf-8", errors="surrogateescape")
-        self._replace(dfd, parts[-1], data=data, fsync=not self.bulk)
+        self._replace(dfd, parts[-1], data=data)
+        rel = "/".join(parts)
+        self.final[rel] = "file"
         if self.bulk and self.stream_factory is not None:
             if self.stream is None:
                 self.stream = self.stream_factory()
-            self.stream.add("/".join(parts), data)
+            self.stream.add(rel, data)
 
     def symlink(self, path: Path, target: str) -> None:
         parts = self._save(path)
         self._replace(self.dirs.get(parts[:-1], create=True), parts[-1], link=target)
+        self.final["/".join(parts)] = ("link", target)
 
     def remove(self, path: Path) -> None:
         parts = self._save(path)
+        self.final["/".join(parts)] = None
         dfd = self.dirs.get(parts[:-1], create=False)
         if dfd is None:
             return
@@ -355,23 +368,24 @@ class Transaction:
     # ------------------------------------------------------------ end
 
     def sync(self) -> None:
-        """Make every write of the transaction durable before it is committed."""
-        if self.bulk and len(self._order) > 1 and _syncfs(self.dirs.root_fd):
+        """Make every write of the transaction durable: one syncfs(2) of the store's file system (which also
+        flushes the commit's objects when they are written first, see Git.commit), else each file and
+        touched directory fsynced."""
+        if self._order and _syncfs(self.dirs.root_fd):
             return
-        if self.bulk:
-            for rel in self._order:
-                parts = tuple(rel.split("/"))
+        for rel in self._order:
+            parts = tuple(rel.split("/"))
+            try:
+                dfd = self.dirs.get(parts[:-1], create=False)
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd) \
+                    if dfd is not None else None
+            except (OSError, StorePathError):
+                continue  # removed, or a symlink: the directory sync covers it
+            if fd is not None:
                 try:
-                    dfd = self.dirs.get(parts[:-1], create=False)
-                    fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd) \
-                        if dfd is not None else None
-                except (OSError, StorePathError):
-                    continue  # removed, or a symlink: the directory sync covers it
-                if fd is not None:
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         self.sync_dirs()
 
     def sync_dirs(self) -> None:
@@ -484,11 +498,4 @@ def recover(root: Path, root_fd: int, hutch_fd: int, head: Callable[[], str | No
 
 
 def _syncfs(fd: int) -> bool:
-    """syncfs(2) on the store's filesystem: one call flushes a whole batch. False if unavailable."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.syncfs(fd) == 0
-    except (OSError, AttributeError):
-        return False
+    return syncfs(fd)

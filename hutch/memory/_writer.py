@@ -96,7 +96,6 @@ class Writer:
             self._tx = tx
             try:
                 yield tx
-                tx.sync()
                 self._commit(tx, op, message)
             except BaseException:
                 tx.rollback()
@@ -114,10 +113,11 @@ class Writer:
         msg = commit_message(op or "transaction", subject or _subject(tx), tx.ops, tx, self.author)
         try:
             if len(paths) > _BULK_PATHS or tx.stream is not None:
-                self.git.commit_bulk(paths, msg, self.author, tx.stream, on_parent=tx.committing)
+                tx.sync()
+                self.git.commit_bulk(paths, msg, self.author, tx.stream, on_parent=tx.committing, known=tx.final)
                 tx.stream = None
-            else:
-                self.git.commit(paths, msg, self.author, on_parent=tx.committing)
+            else:  # the commit's objects first, then one flush of the files and them together
+                self.git.commit(paths, msg, self.author, on_parent=tx.committing, sync=tx.sync)
         except BaseException:
             self.git.unstage(paths)
             raise
