@@ -5,10 +5,10 @@ stays on the host's disk when the file is rewritten or removed. `DiskBudget` is 
 made through the mount, what it added to the store as it lies on disk: the working tree's growth (the
 touched paths' blocks after minus before, so removing a file gives its blocks back), plus the loose
 objects git wrote for it (the new version, the trees above it, the commit: whole blocks each), plus the
-growth of git's index and reflogs. A change is refused with ENOSPC before anything is written when its
-estimate (the new file's blocks, git's deflated copy of it, a few blocks of trees and commit) would pass
-the limit; what it really added is then measured after its commit, under the store's write lock, so that
-no other writer's commit is counted. The derived search index (.hutch/) is not counted: it is a cache.
+growth of git's index (a split one's shared part too) and reflogs. A change is refused with ENOSPC before
+anything is written when its estimate (the new file's blocks, git's deflated copy of it, a few blocks of
+trees and commit) would pass the limit; what it really added is then measured after its commit, under the
+store's write lock, so that no other writer's commit is counted. The derived search index (.hutch/) is not counted: it is a cache.
 """
 
 from __future__ import annotations

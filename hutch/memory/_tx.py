@@ -293,8 +293,7 @@ class Transaction:
 
     # ------------------------------------------------------------ writes
 
-    def _replace(self, dfd: int, name: str, *, data: bytes | None = None, link: str | None = None,
-                 fsync: bool = False) -> None:
+    def _replace(self, dfd: int, name: str, *, data: bytes | None = None, link: str | None = None) -> None:
         """Make `name` in directory `dfd` the file `data` (or the symlink `link`) by renaming a new temp file
         over it: whatever is there (a link included) is replaced, never written through."""
         self._temps += 1
@@ -308,8 +307,6 @@ class Transaction:
                     view = memoryview(data or b"")
                     while view:
                         view = view[os.write(fd, view):]
-                    if fsync:
-                        os.fsync(fd)
                     os.fchmod(fd, 0o644)
                 finally:
                     os.close(fd)
@@ -369,7 +366,7 @@ class Transaction:
 
     def sync(self) -> None:
         """Make every write of the transaction durable: one syncfs(2) of the store's file system (which also
-        flushes the commit's objects when they are written first, see Git.commit), else each file and
+        flushes the commit's objects when they are written first, see Committer.commit), else each file and
         touched directory fsynced."""
         if self._order and _syncfs(self.dirs.root_fd):
             return

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from hutch.memory._commits import Committer
 from hutch.memory._git import Git, trailer_value
 from hutch.memory._tx import LOCK_NAME, StoreLock, Transaction, recover
 
@@ -32,13 +33,14 @@ class Writer:
     def __init__(self, root: Path, git: Git, author: tuple[str, str]):
         self.root = root
         self.git = git
+        self.commits = Committer(git)
         self.author = author
         self.lock = StoreLock(root / DERIVED_DIR / LOCK_NAME, recover=self._recover)
         self._tx: Transaction | None = None
 
     def _recover(self, root_fd: int, hutch_fd: int) -> None:
         """Run with the lock just taken: undo the transaction of a writer that died holding it."""
-        recover(self.root, root_fd, hutch_fd, self.git.head, self.git.unstage)
+        recover(self.root, root_fd, hutch_fd, self.git.head, self.commits.unstage)
 
     # ------------------------------------------------------------ the repository
 
@@ -63,7 +65,7 @@ class Writer:
 
                 text = text + ("" if text.endswith("\n") or not text else "\n") + f"/{DERIVED_DIR}/\n"
                 atomic_write(gi, text.encode())
-            self.git.commit([".gitignore"], commit_message("init", "init store", []), self.author)
+            self.commits.commit([".gitignore"], commit_message("init", "init store", []), self.author)
 
     # ------------------------------------------------------------ transactions
 
@@ -74,7 +76,7 @@ class Writer:
         with self.op(None, None, message=message, source=source, reason=reason) as tx:
             if self._tx is tx and not tx.ops:
                 tx.bulk = True
-                tx.stream_factory = self.git.blob_stream
+                tx.stream_factory = self.commits.blob_stream
             yield tx
 
     @contextmanager
@@ -114,12 +116,12 @@ class Writer:
         try:
             if len(paths) > _BULK_PATHS or tx.stream is not None:
                 tx.sync()
-                self.git.commit_bulk(paths, msg, self.author, tx.stream, on_parent=tx.committing, known=tx.final)
+                self.commits.commit_bulk(paths, msg, self.author, tx.stream, on_parent=tx.committing, known=tx.final)
                 tx.stream = None
             else:  # the commit's objects first, then one flush of the files and them together
-                self.git.commit(paths, msg, self.author, on_parent=tx.committing, sync=tx.sync)
+                self.commits.commit(paths, msg, self.author, on_parent=tx.committing, sync=tx.sync)
         except BaseException:
-            self.git.unstage(paths)
+            self.commits.unstage(paths)
             raise
 
 

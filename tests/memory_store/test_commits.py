@@ -5,7 +5,7 @@ import os
 import subprocess
 
 import hutch
-from hutch.memory import _git
+from hutch.memory import _commits
 
 
 def git(root, *args, check=True):
@@ -65,7 +65,7 @@ def test_a_big_index_is_split_and_git_still_reads_it(mem, store_dir, monkeypatch
     with mem.transaction():
         for i in range(40):
             mem.put("notes", f"n{i}")
-    monkeypatch.setattr(_git, "_SPLIT_INDEX_BYTES", 1000)
+    monkeypatch.setattr(_commits, "_SPLIT_INDEX_BYTES", 1000)
     mem.put("notes", "After the split")
     assert list((store_dir / ".git").glob("sharedindex.*")), "the index was not split"
     assert git(store_dir, "status", "--porcelain") == ""
@@ -118,3 +118,27 @@ def test_a_class_swapped_for_a_link_before_the_commit_never_puts_what_it_points_
     assert "HOST-SECRET" not in history
     assert (outside / "a.md").read_text().endswith("HOST-SECRET\n")
     assert git(store_dir, "fsck", "--no-dangling") == ""
+
+
+def test_a_write_that_cannot_stage_commits_nothing(mem, store_dir):
+    """HEAD moves while the paths are staged; when staging fails (another git holds index.lock), HEAD is put
+    back: the write raises, and neither the files nor the history keep anything of it."""
+    mem.put("notes", "Keep", body="original\n")
+    head = git(store_dir, "rev-parse", "HEAD")
+    (store_dir / ".git" / "index.lock").write_text("")
+    try:
+        for write in (lambda: mem.update("notes/keep", body="changed\n"), lambda: mem.put("notes", "New")):
+            try:
+                write()
+            except hutch.MemoryStoreError as e:
+                assert "index.lock" in str(e)
+            else:
+                raise AssertionError("the write did not fail")
+            assert git(store_dir, "rev-parse", "HEAD") == head
+    finally:
+        (store_dir / ".git" / "index.lock").unlink()
+    assert (store_dir / "notes" / "keep.md").read_text().endswith("original\n")
+    assert not (store_dir / "notes" / "new.md").exists()
+    assert git(store_dir, "status", "--porcelain") == ""
+    mem.put("notes", "New")
+    assert git(store_dir, "log", "--format=%s").split("\n")[:2] == ["put notes/new", "put notes/keep"]
