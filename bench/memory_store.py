@@ -1,16 +1,18 @@
 """Benchmark of the SMF store (hutch.Memory): writes, reads, check() and ingest, each beside a peer.
 
-    .venv/bin/python bench/memory_store.py            # 100,000-entity synthetic store (about 2 minutes)
+    .venv/bin/python bench/memory_store.py            # 100,000-entity synthetic store (a few minutes)
     .venv/bin/python bench/memory_store.py --n 20000  # smaller
+    .venv/bin/python bench/memory_store.py --write docs/benchmarks.md   # also write its section there
 
 Peers (run side by side, same machine, same bytes):
-- writes: the same entity files written with hutch._core.atomic and no git
-  (the floor of "a file per entity"); for one commit per write, an atomic
-  write plus `git add` + `git commit` run directly in the same big repository;
-- get: open + read + yaml.CSafeLoader of the same file (what a plain
-  front-matter reader costs);
+- writes in one transaction: the same entity files written with hutch._core.atomic, an fsync each (what
+  "a durable file per entity" costs), and the floor: no fsync at all, one `sync` at the end;
+- one commit per write: an atomic write plus `git add` + `git commit` run directly in a copy of the same
+  store's repository, interleaved with hutch's puts, at 1,000 / 10,000 / 100,000 entities;
+- get: open + read + yaml.CSafeLoader of the same file (what a plain front-matter reader costs);
 - check: walking the store and reading every file, without parsing.
-Aims (issue 5): >= 2,000 entity writes/s inside one transaction; get p50 <= 1 ms.
+Aims (issue 16): >= 2,000 entity writes/s inside one transaction; a single put p50 <= 30 ms at 100,000
+entities; get p50 <= 1 ms.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -80,71 +83,93 @@ def synthetic_entity(i: int) -> tuple[str, str, str, list[str]]:
     return f"class{i % 20}", title, body, facts
 
 
-def bench_writes(root: Path, n: int) -> Path:
-    print(f"\n== writes: {n:,} synthetic entities in ONE transaction (one commit)")
-    store = root / "synthetic"
+def bulk_load(store: Path, n: int) -> float:
+    """n synthetic entities (a link every 10th) in ONE transaction; the seconds it took."""
     mem = hutch.Memory(store)
+    ents = [synthetic_entity(i) for i in range(n)]
     t0 = time.perf_counter()
     with mem.transaction("bench: bulk load", source="bench"):
-        for i in range(n):
-            cls, title, body, facts = synthetic_entity(i)
+        last = None
+        for i, (cls, title, body, facts) in enumerate(ents):
             e = mem.put(cls, title, body=body, facts=facts, source=f"bench#{i}")
-            if i and i % 10 == 0:
+            if i % 10 == 0 and last is not None:
                 mem.link(e, "related", last)
             last = e
-    ours = time.perf_counter() - t0
-    # peer: the same bytes as plain atomic files, no git, no fsync (the file-per-entity floor)
-    peer_dir = root / "peer-files"
-    texts = [(p, p.read_bytes()) for p in (store / "class0").glob("*.md")]
+    return time.perf_counter() - t0
+
+
+def bench_writes(root: Path, n: int, results: dict) -> Path:
+    print(f"\n== writes: {n:,} synthetic entities in ONE transaction (one commit)")
+    store = root / "synthetic"
+    ours = bulk_load(store, n)
+    texts = [p.read_bytes() for p in sorted((store / "class0").glob("*.md"))[:1000]]
+    # peer: the same bytes as plain atomic files with an fsync each (a durable file per entity)
+    pn = min(n, 20_000)
+    peer_dir = root / "peer-fsync"
     t0 = time.perf_counter()
-    for k in range(n):
-        p, data = texts[k % len(texts)]
+    for k in range(pn):
         d = peer_dir / f"class{k % 20}"
         if k < 20:
             d.mkdir(parents=True, exist_ok=True)
-        atomic_write(d / f"{k}.md", data, fsync_dir=False, fsync_file=False)
-    subprocess.run(["sync"], check=True)
-    peer = time.perf_counter() - t0
+        atomic_write(d / f"{k}.md", texts[k % len(texts)], fsync_dir=False, fsync_file=True)
+    fsync_peer = time.perf_counter() - t0
     shutil.rmtree(peer_dir)
-    print(f"  entity writes/s (incl. links, fsync, commit): {n / ours:10,.0f}   peer (plain files): {n / peer:10,.0f}"
-          f"   ratio {ours / peer:5.2f}x the peer's time   aim >= 2,000/s: {'MET' if n / ours >= 2000 else 'NOT MET'}")
-
+    # floor: the same files, no fsync at all, one sync at the end
+    floor_dir = root / "peer-nosync"
+    t0 = time.perf_counter()
+    for k in range(n):
+        d = floor_dir / f"class{k % 20}"
+        if k < 20:
+            d.mkdir(parents=True, exist_ok=True)
+        atomic_write(d / f"{k}.md", texts[k % len(texts)], fsync_dir=False, fsync_file=False)
+    subprocess.run(["sync"], check=True)
+    floor = time.perf_counter() - t0
+    shutil.rmtree(floor_dir)
+    rate, prate, frate = n / ours, pn / fsync_peer, n / floor
+    results["tx"] = (rate, prate, frate, pn)
+    print(f"  entity writes/s (incl. links, one sync, the commit): {rate:10,.0f}   "
+          f"peer (plain files, an fsync each, {pn:,} files): {prate:10,.0f}   ratio {rate / prate:5.2f}x   "
+          f"floor (no fsync, one sync): {frate:10,.0f}   aim >= 2,000/s: {'MET' if rate >= 2000 else 'NOT MET'}")
     return store
 
 
-def bench_single_commits(store: Path, m: int = 100) -> None:
-    """One commit per write, on the big store; the peer is plain `git add` + `git commit` in the same repo."""
-    mem = hutch.Memory(store)
-    print(f"\n== writes: {m} entities, ONE COMMIT PER WRITE, in the {len(mem.ls()):,}-entity store")
-    lat = []
-    for i in range(m):
-        t = time.perf_counter()
-        mem.put("single", f"single {i}", body="one commit each\n", facts=["x"])
-        lat.append((time.perf_counter() - t) * 1000)
+def bench_single_commits(root: Path, big: Path, n: int, sizes: list[int], m: int, results: dict) -> None:
+    """One commit per write at each store size; beside it, plain `git add` + `git commit` in the same repository,
+    interleaved so both see the same load."""
     env = dict(os.environ, GIT_AUTHOR_NAME="p", GIT_AUTHOR_EMAIL="p@x", GIT_COMMITTER_NAME="p",
                GIT_COMMITTER_EMAIL="p@x")
-    plat = []
-    data = (store / "single" / "single-0.md").read_bytes()
-    (store / "peer").mkdir()
-    for i in range(m):
-        t = time.perf_counter()
-        atomic_write(store / "peer" / f"{i}.md", data)
-        subprocess.run(["git", "-C", str(store), "add", "--", f"peer/{i}.md"], check=True, env=env)
-        subprocess.run(["git", "-C", str(store), "commit", "-qm", f"{i}"], check=True, env=env)
-        plat.append((time.perf_counter() - t) * 1000)
-    row("put (one commit each)", lat, plat)
-    print(f"  entity writes/s, one commit per write: {1000 / statistics.median(lat):8.0f}"
-          "   (a single write's cost grows with the store: git reads and writes its whole index)")
-    small = hutch.Memory(store.parent / "small")
-    lat = []
-    for i in range(m):
-        t = time.perf_counter()
-        small.put("single", f"single {i}", body="one commit each\n", facts=["x"])
-        lat.append((time.perf_counter() - t) * 1000)
-    row("put (one commit each), fresh small store", lat, None)
+    for size in sizes:
+        store = big if size == n else root / f"store-{size}"
+        if size != n:
+            bulk_load(store, size)
+        # the peer works in a copy of the same repository: its `git commit` rewrites git's index its own way
+        # (adding the cache-tree hutch does not keep), which would otherwise change what hutch's writes cost
+        peer = root / f"peer-{size}"
+        shutil.copytree(store, peer, symlinks=True)
+        mem = hutch.Memory(store)
+        print(f"\n== writes: {m} entities, ONE COMMIT PER WRITE, in a {len(mem.ls()):,}-entity store")
+        data = mem.get(mem.ls()[0]).text.encode()
+        (peer / "peer").mkdir(exist_ok=True)
+        lat, plat = [], []
+        for i in range(m):
+            t = time.perf_counter()
+            mem.put("single", f"single {i}", body="one commit each\n", facts=["x"])
+            lat.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            atomic_write(peer / "peer" / f"{i}.md", data)
+            subprocess.run(["git", "-C", str(peer), "add", "--", f"peer/{i}.md"], check=True, env=env)
+            subprocess.run(["git", "-C", str(peer), "commit", "-qm", f"{i}"], check=True, env=env)
+            plat.append((time.perf_counter() - t) * 1000)
+        shutil.rmtree(peer)
+        row(f"put, one commit each ({size:,} entities)", lat, plat)
+        results.setdefault("single", []).append((size, lat, plat))
+        if size == max(sizes):
+            ok = statistics.median(lat) <= 30
+            print(f"  put p50 {statistics.median(lat):.1f} ms at {size:,} entities   aim <= 30 ms: "
+                  f"{'MET' if ok else 'NOT MET'}")
 
 
-def bench_get(store: Path, samples: int = 3000) -> None:
+def bench_get(store: Path, results: dict, samples: int = 3000) -> None:
     mem = hutch.Memory(store)
     ids = mem.ls()
     print(f"\n== get: {samples} random reads from {len(ids):,} entities")
@@ -164,6 +189,7 @@ def bench_get(store: Path, samples: int = 3000) -> None:
         yaml.load(text.split("---\n", 2)[1], Loader=loader)
         peer.append((time.perf_counter() - t) * 1000)
     row("mem.get", ours, peer)
+    results["get"] = (ours, peer)
     print(f"  get p50 {statistics.median(ours):.3f} ms   aim <= 1 ms: {'MET' if statistics.median(ours) <= 1 else 'NOT MET'}")
 
 
@@ -222,22 +248,79 @@ def bench_ingest(root: Path) -> None:
     print(f"  check: {r.entities} entities, {r.links} links, {len(r.errors)} errors, {len(r.warnings)} warnings")
 
 
+def markdown(results: dict, n: int, load: tuple[float, float]) -> str:
+    """The benchmark's section of docs/benchmarks.md."""
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    out = [f"Machine: {os.cpu_count()} cores; {when}; load average {load[0]:.1f} at the start, {load[1]:.1f} at the "
+           "end (other work shares the machine: compare the ratios to the peers run side by side).", ""]
+    if "tx" in results:
+        rate, prate, frate, pn = results["tx"]
+        out += ["| writes in ONE transaction (one commit) | entity writes/s | hutch / peer | aim |",
+                "|---|---|---|---|",
+                f"| hutch: {n:,} puts + {n // 10:,} links, one sync, one commit | {rate:,.0f} | | >= 2,000: "
+                f"{'met' if rate >= 2000 else 'not met'} |",
+                f"| peer: plain files, an fsync each ({pn:,}) | {prate:,.0f} | {rate / prate:.2f}x | |",
+                f"| floor: plain files, no fsync, one `sync` | {frate:,.0f} | {rate / frate:.2f}x | |", ""]
+    if "single" in results:
+        out += ["| one commit per write, ms p50 / p99 | hutch `put` | peer: `git add` + `git commit` | hutch / peer "
+                "(p50) | aim |", "|---|---|---|---|---|"]
+        for size, lat, plat in results["single"]:
+            p50 = statistics.median(lat)
+            aim = f"<= 30: {'met' if p50 <= 30 else 'not met'}" if size >= 100_000 else ""
+            out.append(f"| {size:,} entities (n={len(lat)}) | {p50:.1f} / {pct(lat, 99):.1f} | "
+                       f"{statistics.median(plat):.1f} / {pct(plat, 99):.1f} | "
+                       f"{p50 / statistics.median(plat):.2f} | {aim} |")
+        out.append("")
+    if "get" in results:
+        ours, peer = results["get"]
+        out += [f"`mem.get` p50 {statistics.median(ours):.3f} ms (open + read + YAML of the same file: "
+                f"{statistics.median(peer):.3f} ms); aim <= 1 ms."]
+    return "\n".join(out)
+
+
+BEGIN, END = "<!-- bench/memory_store.py: begin -->", "<!-- bench/memory_store.py: end -->"
+
+
+def write_section(path: Path, text: str) -> None:
+    """Replace this benchmark's section of `path` (other benchmarks keep theirs)."""
+    section = f"{BEGIN}\n## The memory store (bench/memory_store.py)\n\n{text}\n{END}"
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    if BEGIN in old and END in old:
+        new = old[: old.index(BEGIN)] + section + old[old.index(END) + len(END):]
+    else:
+        new = old.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(new)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=100_000, help="synthetic entities (default 100,000)")
+    ap.add_argument("--m", type=int, default=100, help="single puts per store size (default 100)")
+    ap.add_argument("--sizes", default="1000,10000,100000",
+                    help="store sizes of the one-commit-per-write runs (default 1000,10000,100000; capped at --n)")
     ap.add_argument("--dir", help="work directory (default: a temp dir, removed afterwards)")
+    ap.add_argument("--skip-ingest", action="store_true", help="leave out the LoCoMo ingest")
+    ap.add_argument("--write", metavar="MD", help="also write the results as Markdown to this file")
     args = ap.parse_args()
+    sizes = sorted({min(int(x), args.n) for x in args.sizes.split(",")})
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="hutch-bench-mem-"))
     print(f"hutch memory store benchmark ({os.cpu_count()} CPUs; {fmt.__name__}); work dir {root}")
+    load0 = os.getloadavg()[0]
+    results: dict = {}
     try:
-        bench_ingest(root)
-        store = bench_writes(root, args.n)
-        bench_get(store)
+        if not args.skip_ingest:
+            bench_ingest(root)
+        store = bench_writes(root, args.n, results)
+        bench_get(store, results)
         bench_check(store)
-        bench_single_commits(store)
+        bench_single_commits(root, store, args.n, sizes, args.m, results)
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
+    text = markdown(results, args.n, (load0, os.getloadavg()[0]))
+    print("\n" + text)
+    if args.write:
+        write_section(Path(args.write), text)
 
 
 if __name__ == "__main__":
