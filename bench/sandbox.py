@@ -73,7 +73,7 @@ def mem_used_mib() -> float:
 def leftovers(run_dir: Path, ids=None) -> list[str]:
     """Mounts under the benchmark daemon's run directory and cgroups under its cgroup parent: of the
     sandboxes `ids` (the daemon keeps a few warm, unused ones ready), or all of them when `ids` is None."""
-    from hutch.sandbox._daemon import cgroup_parent_for
+    from hutch.sandbox._host.daemon import cgroup_parent_for
 
     def ours(name: str) -> bool:
         return any(i in name for i in ids) if ids is not None else True
@@ -176,7 +176,7 @@ def sandbox_memory(run_dir: Path, ids) -> dict:
     """What the sandboxes themselves hold, independent of other work on the machine: the PSS of their
     processes (the inits' copied-on-write pages, shares of the zygote's) and what their memory cgroups
     were charged (kernel objects and pages first touched inside the sandbox)."""
-    from hutch.sandbox._daemon import cgroup_parent_for
+    from hutch.sandbox._host.daemon import cgroup_parent_for
 
     base = Path("/sys/fs/cgroup/memory") / cgroup_parent_for(run_dir)
     pss_kib = charged = 0
@@ -371,7 +371,7 @@ def main():
     results = {}
     try:
         image = hutch.Image.of(a.image)
-        from hutch.sandbox._images import ensure_image
+        from hutch.sandbox._host.images import ensure_image
 
         root = ensure_image(image.ref).lowerdirs[0]
         # warm up: image ensured, zygote and caches hot, as in steady use

@@ -48,7 +48,7 @@ _LAZY = {
     "CheckReport": "hutch.memory._entity",
     "CodeContext": "hutch.sandbox.interpreter",
     "Entity": "hutch.memory._entity",
-    "ExecResult": "hutch.sandbox._wire",
+    "ExecResult": "hutch.sandbox._api",
     "Execution": "hutch.sandbox.interpreter",
     "ExecutionError": "hutch.sandbox.interpreter",
     "FileInfo": "hutch.sandbox._files",
@@ -61,7 +61,7 @@ _LAZY = {
     "MemoryMount": "hutch.fuse._sandbox",
     "Mount": "hutch.sandbox._spec",
     "Network": "hutch.sandbox._spec",
-    "NetworkLog": "hutch.sandbox._wire",
+    "NetworkLog": "hutch.sandbox._api",
     "OpenAIEmbeddings": "hutch.memory._index._embed",
     "OpenAIReasoner": "hutch.memory._index._reason",
     "Process": "hutch.sandbox._process",
@@ -78,7 +78,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hutch.sandbox._files import FileInfo
     from hutch.sandbox._process import AsyncProcess, Process
     from hutch.sandbox._spec import Mount, Network
-    from hutch.sandbox._wire import ExecResult, NetworkLog
+    from hutch.sandbox._api import ExecResult, NetworkLog
     from hutch.sandbox.aio import AsyncSandbox
     from hutch.sandbox.image import Image
     from hutch.sandbox.pool import AsyncSandboxPool, SandboxPool

@@ -14,7 +14,7 @@ DEFAULT_STATE_DIR = Path("/var/lib/hutch")
 #: Runtime state: the daemon's socket, pid file, per-sandbox records. Env: HUTCH_RUN_DIR.
 DEFAULT_RUN_DIR = Path("/run/hutch")
 #: Name prefix of the kernel objects a daemon makes (cgroup parents, nft tables); each carries the daemon's
-#: instance id too (hutch/sandbox/_instance.py). Veths are `hv<id>...`: IFNAMSIZ leaves no room for more.
+#: instance id too (hutch/sandbox/_host/instance.py). Veths are `hv<id>...`: IFNAMSIZ leaves no room for more.
 KERNEL_NAME_PREFIX = "hutch"
 
 

@@ -109,7 +109,7 @@ def _stream(p) -> int:
 def _command_ended(p, sb) -> int:
     """One line on stderr saying why the command ended, unless it exited by itself; the CLI's exit code
     (README: its own code, 124 timeout, 137 out of memory, 128+N killed by signal N)."""
-    from hutch.sandbox._wire import command_end
+    from hutch.sandbox._api import command_end
 
     if p.reason == "sandbox_ended":
         sb.poll()   # the daemon's answer says why the sandbox ended
@@ -121,7 +121,7 @@ def _command_ended(p, sb) -> int:
 
 def _sandbox_ended(sb) -> int:
     """The same for a sandbox that ended while this command held it."""
-    from hutch.sandbox._wire import sandbox_end
+    from hutch.sandbox._api import sandbox_end
 
     sb.poll()
     why, code, _cls = sandbox_end(sb.info)
@@ -348,8 +348,8 @@ def serve(listen, token_file, group, tls_cert, tls_key, socket_path, header_time
       openssl rand -hex 32 > /etc/hutch/token && chmod 600 /etc/hutch/token
       hutch serve --listen 0.0.0.0:7450 --token-file /etc/hutch/token
     """
-    from hutch.sandbox._daemon import ListenLimits
-    from hutch.sandbox._daemon import serve as serve_daemon
+    from hutch.sandbox._host.daemon import ListenLimits
+    from hutch.sandbox._host.daemon import serve as serve_daemon
 
     if listen and not token_file and not os.environ.get("HUTCH_TOKEN"):
         raise click.UsageError("--listen needs a token: --token-file PATH (or HUTCH_TOKEN); remote clients must "
@@ -373,6 +373,6 @@ def tls_fingerprint(tls_cert):
     Example:
       export HUTCH_FINGERPRINT=$(ssh host hutch tls-fingerprint)
     """
-    from hutch.sandbox._daemon._tls import fingerprint, made_certificate
+    from hutch.sandbox._host.daemon.tls import fingerprint, made_certificate
 
     click.echo(fingerprint(tls_cert or made_certificate()))

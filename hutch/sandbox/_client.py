@@ -31,7 +31,7 @@ from hutch._core import paths
 from hutch._core.errors import DaemonError
 from hutch.sandbox._remote import ENV_URL, Remote
 from hutch.sandbox._remote import unverified_hint, verification_failure
-from hutch.sandbox._wire import error_from_answer
+from hutch.sandbox._api import error_from_answer
 AUTOSTART_TIMEOUT = 20.0   # seconds to wait for a spawned daemon's socket
 _CONNECT_TIMEOUT = 10.0
 _UDS_BASE = "http://hutch"

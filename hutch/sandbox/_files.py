@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hutch._core.errors import InvalidSpecError
-from hutch.sandbox._wire import check_path
+from hutch.sandbox._api import check_path
 
 
 @dataclass(frozen=True)

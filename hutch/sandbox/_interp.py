@@ -1,6 +1,6 @@
 """The code interpreter's sessions: the bridge in a sandbox, driven over one exec (sync and async).
 
-A session starts the bridge (hutch/sandbox/_bridge.py, its source sent as `python3 -I -c`: every start
+A session starts the bridge (hutch/sandbox/_inside/bridge.py, its source sent as `python3 -I -c`: every start
 runs the bridge of this very SDK, so the two always speak the same protocol, on any image that has
 ipykernel and jupyter_client, and nothing is written to the sandbox's disk) on first use, reads its
 answers in a thread (or a task) and hands each to the call waiting for its id. The bridge starts the
@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from hutch._core.errors import ConfigError, DaemonError, Error, ImageError, NotFoundError, SandboxError, StateError
-from hutch.sandbox import _bridge
+from hutch.sandbox._inside import bridge
 from hutch.sandbox._spec import DEFAULT_WORKDIR, SANDBOX_USER_ID
 from hutch.sandbox.interpreter import (
     DEFAULT_CONTEXT, Cell, CodeContext, Execution, Lines, check_callback, check_code, check_new_context,
@@ -28,7 +28,7 @@ from hutch.sandbox.interpreter import (
 )
 
 #: The bridge's program, sent with each start (python3 -I: no user site, no PYTHON* variables, no cwd on sys.path).
-BRIDGE_SOURCE = Path(_bridge.__file__).read_text()
+BRIDGE_SOURCE = Path(bridge.__file__).read_text()
 BRIDGE_ARGV = ("python3", "-I", "-c", BRIDGE_SOURCE)
 #: Seconds past a cell's own timeout (and the bridge's interrupt grace) after which the bridge itself is taken
 #: for wedged (stopped, or starved) and restarted.
@@ -63,7 +63,7 @@ def _no_start(sandbox_id: str, p) -> Error:
 
 
 def _wait_limit(timeout: float | None) -> float | None:
-    return None if timeout is None else timeout + _bridge.INTERRUPT_GRACE + BRIDGE_SLACK
+    return None if timeout is None else timeout + bridge.INTERRUPT_GRACE + BRIDGE_SLACK
 
 
 class _State:
@@ -225,13 +225,13 @@ class Interpreter:
                 except KeyboardInterrupt as e:   # Ctrl-C: interrupt the cell, let it end, then raise
                     interrupted = e
                     p.stdin.write(request("interrupt", context=cid))
-                    limit = _bridge.INTERRUPT_GRACE + BRIDGE_SLACK
+                    limit = bridge.INTERRUPT_GRACE + BRIDGE_SLACK
         finally:
             self.s.waiters.pop(rid, None)
         if interrupted is not None:
             raise interrupted
         if self.s.proc is None and self.s.sandbox.poll() is not None:
-            from hutch.sandbox._wire import terminated_error
+            from hutch.sandbox._api import terminated_error
 
             raise terminated_error(self.s.sandbox.id, self.s.sandbox.info)
         return cell.execution()
@@ -384,7 +384,7 @@ class AsyncInterpreter:
         finally:
             self.s.waiters.pop(rid, None)
         if self.s.proc is None and await self.s.sandbox.poll() is not None:
-            from hutch.sandbox._wire import terminated_error
+            from hutch.sandbox._api import terminated_error
 
             raise terminated_error(self.s.sandbox.id, self.s.sandbox.info)
         return cell.execution()

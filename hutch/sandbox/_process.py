@@ -25,7 +25,7 @@ import threading
 import weakref
 
 from hutch._core.errors import DaemonError, NotFoundError, StateError
-from hutch.sandbox._wire import (
+from hutch.sandbox._api import (
     EXIT, OUTPUT_BUFFER, STDERR, STDOUT, WAIT_POLL, ExecResult, ExitStatus, FrameDecoder, TextStreamDecoder,
 )
 

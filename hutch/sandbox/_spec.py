@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
-from hutch._core.errors import InvalidSpecError, NetworkPolicyError
+from hutch._core.errors import ConfigError, InvalidSpecError, NetworkPolicyError
 
 # Defaults, named in one place.
 DEFAULT_IMAGE = "debian-slim"
@@ -78,6 +78,17 @@ def parse_owner(owner, readonly: bool) -> tuple[int, int] | None:
     return ids
 
 
+#: A volume's name, checked alike by the SDK and by the daemon (whose directory under volumes/ it names).
+VOLUME_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def check_volume_name(name) -> str:
+    if not isinstance(name, str) or not VOLUME_NAME_RE.match(name):
+        raise ConfigError(f"volume name {name!r} must be 1-63 letters, digits, '_', '.', '-', "
+                          "starting with a letter or digit.")
+    return name
+
+
 @dataclass(frozen=True)
 class Mount:
     """A filesystem mounted into a sandbox. Build with `Mount.bind`, `Mount.tmpfs` or `Mount.volume`.
@@ -124,7 +135,7 @@ class Mount:
     def volume(cls, volume: Any, target: str, *, readonly: bool = False) -> "Mount":
         """A named hutch Volume (see `hutch.Volume`); `volume` is a Volume or its name."""
         name = getattr(volume, "name", volume)
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name):
+        if not isinstance(name, str) or not VOLUME_NAME_RE.match(name):
             raise InvalidSpecError(f"Mount.volume volume={volume!r} is not a volume name; use hutch.Volume.from_name(...).")
         return cls("volume", _abs_path(target, "Mount.volume target"), name, bool(readonly))
 

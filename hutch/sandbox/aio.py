@@ -22,7 +22,7 @@ from hutch.sandbox._files import AsyncFiles
 from hutch.sandbox._interp import AsyncInterpreter
 from hutch.sandbox._process import AsyncProcess
 from hutch.sandbox._spec import DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, Network
-from hutch.sandbox._wire import (
+from hutch.sandbox._api import (
     DEFAULT_MAX_OUTPUT, ENDED, WAIT_POLL, ExecResult, NetworkLog, SandboxState, check_max_output, exec_body,
     stdin_payload, tag_params, terminated_error,
 )

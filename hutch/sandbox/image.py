@@ -7,7 +7,7 @@
              .env({"PYTHONUNBUFFERED": "1"}).workdir("/work"))
     sb = hutch.Sandbox.create(image=image)     # builds once (with progress), then a cache hit
 
-An Image is a frozen value: a base reference (see hutch/sandbox/_images.py) and a
+An Image is a frozen value: a base reference (see hutch/sandbox/_host/images.py) and a
 tuple of steps. Each step becomes a layer keyed by the hash of its parent and its
 definition (and of the copied files' contents), so an unchanged step is never rebuilt
 and a changed one rebuilds it and what follows (hutch/sandbox/_build.py).

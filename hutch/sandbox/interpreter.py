@@ -7,7 +7,7 @@
     ex.error                     # None, or an ExecutionError(name, value, traceback): an error is a result
 
 The cells run in a Jupyter kernel (ipykernel) inside the sandbox, spoken to by a bridge process there
-(hutch/sandbox/_bridge.py); the SDK reads the bridge's line-delimited JSON through the exec's stdout.
+(hutch/sandbox/_inside/bridge.py); the SDK reads the bridge's line-delimited JSON through the exec's stdout.
 What the bridge sends is the sandbox's output, so it is read as untrusted input: every line and every
 cell is bounded here again (CELL_*), whatever the bridge claims.
 """
@@ -21,18 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from hutch._core.errors import ConfigError, InvalidSpecError
-from hutch.sandbox import _bridge
+from hutch.sandbox._inside import bridge
 
 #: What one cell brings back at most: characters of stdout and of stderr, of result data (base64 for
 #: images), of an error's value and traceback. The rest is dropped and counted in `Execution.dropped`.
-CELL_STREAM = _bridge.CELL_STREAM
-CELL_RESULTS = _bridge.CELL_RESULTS
-CELL_ERROR = _bridge.CELL_ERROR
+CELL_STREAM = bridge.CELL_STREAM
+CELL_RESULTS = bridge.CELL_RESULTS
+CELL_ERROR = bridge.CELL_ERROR
 #: Bytes of one protocol line the SDK accepts (a result of CELL_RESULTS characters, UTF-8 and JSON-escaped).
 MAX_LINE = 6 * CELL_RESULTS
 #: Chunks of one stream kept apart in `Logs`; more are joined into the last one.
 MAX_CHUNKS = 4096
-DEFAULT_CONTEXT = _bridge.DEFAULT
+DEFAULT_CONTEXT = bridge.DEFAULT
 LANGUAGES = ("python",)
 
 # MIME type -> Result attribute

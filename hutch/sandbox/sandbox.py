@@ -28,7 +28,7 @@ from hutch.sandbox._spec import (
     Network,
     DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, SandboxSpec,
 )
-from hutch.sandbox._wire import (
+from hutch.sandbox._api import (
     DEFAULT_MAX_OUTPUT, ENDED, WAIT_POLL, ExecResult, NetworkLog, SandboxState, check_max_output, error_from_answer,
     exec_body, stdin_payload, tag_params, terminated_error,
 )

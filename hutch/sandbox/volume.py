@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from hutch._core.errors import InvalidSpecError
 from hutch.sandbox import _client
 from hutch.sandbox._files import FileInfo, _data, _mode
-from hutch.sandbox._volumes import check_name
+from hutch.sandbox._spec import check_volume_name
 
 
 def _path(path: str) -> str:
@@ -37,7 +37,7 @@ class Volume:
     @classmethod
     def from_name(cls, name: str, *, create: bool = False) -> "Volume":
         """The volume `name`; with `create=True` it is made if missing (else NotFoundError)."""
-        check_name(name)
+        check_volume_name(name)
         d = _client.default_client().json("POST", "/v1/volumes", json={"name": name, "create": bool(create)})
         return cls(d["name"])
 
@@ -49,7 +49,7 @@ class Volume:
     @staticmethod
     def delete(name: str, *, force: bool = False) -> None:
         """Remove a volume and its files. Refused while a running sandbox mounts it, unless `force`."""
-        check_name(name)
+        check_volume_name(name)
         _client.default_client().request("DELETE", f"/v1/volumes/{name}", params={"force": int(bool(force))})
 
     @property

@@ -34,9 +34,9 @@ import pytest
 if os.geteuid() != 0 or not shutil.which("ip"):
     pytest.skip("the egress suite needs root and iproute2", allow_module_level=True)
 
-from hutch.sandbox._egress import Gateway  # noqa: E402
-from hutch.sandbox._egress import _netns  # noqa: E402
-from hutch.sandbox._egress._nft import available as nft_available  # noqa: E402
+from hutch.sandbox._host.egress import Gateway  # noqa: E402
+from hutch.sandbox._host.egress import netns as _netns  # noqa: E402
+from hutch.sandbox._host.egress.nft import available as nft_available  # noqa: E402
 
 if not nft_available():
     pytest.skip("libnftables1 is not installed (scripts/setup.sh installs it)", allow_module_level=True)

@@ -18,8 +18,8 @@ import time
 import tracemalloc
 
 from hutch import Network
-from hutch.sandbox._egress import _audit
-from hutch.sandbox._egress._audit import DecisionLog
+from hutch.sandbox._host.egress import audit
+from hutch.sandbox._host.egress.audit import DecisionLog
 
 from egress_world import GW
 
@@ -36,10 +36,10 @@ def allow(log, now, name="www.example.test"):
 
 def accounted(view) -> bool:
     """Every decision is either in the list or counted as dropped, kind by kind."""
-    kept = {k: 0 for k in _audit.KINDS}
+    kept = {k: 0 for k in audit.KINDS}
     for d in view:
         kept[d.kind] += 1
-    return all(view.seen[k] == kept[k] + view.dropped[k] for k in _audit.KINDS)
+    return all(view.seen[k] == kept[k] + view.dropped[k] for k in audit.KINDS)
 
 
 def test_allowed_noise_never_pushes_a_refusal_or_a_policy_change_out():
@@ -53,7 +53,7 @@ def test_allowed_noise_never_pushes_a_refusal_or_a_policy_change_out():
     view = log.view()
     assert [d.name for d in view if d.verdict == "deny"] == ["secret.evil.test"]
     assert [d.protocol for d in view if d.protocol == "policy"] == ["policy"]
-    assert view.seen["allowed"] == 50_000 and view.dropped["allowed"] == 50_000 - _audit.ALLOWED_KEPT
+    assert view.seen["allowed"] == 50_000 and view.dropped["allowed"] == 50_000 - audit.ALLOWED_KEPT
     assert accounted(view)
     assert [d.time for d in view] == sorted(d.time for d in view)
 
@@ -66,26 +66,26 @@ def test_a_refusal_flood_keeps_the_first_and_the_last_and_counts_every_refusal()
         now += 0.01
         refuse(log, now, f"j{i}.junk.test")
     now += 1000                       # the bucket refills: the latest refusals are stored again
-    for i in range(_audit.REFUSED_LAST):
+    for i in range(audit.REFUSED_LAST):
         now += 0.1
         refuse(log, now, f"late{i}.evil.test")
     view = log.view()
     names = [d.name for d in view]
     assert names[0] == "secret.evil.test"                       # the first ones stay for good
-    assert names[-1] == f"late{_audit.REFUSED_LAST - 1}.evil.test"
-    assert len(names) == _audit.REFUSED_FIRST + _audit.REFUSED_LAST
-    assert view.seen["refused"] == 30_001 + _audit.REFUSED_LAST
+    assert names[-1] == f"late{audit.REFUSED_LAST - 1}.evil.test"
+    assert len(names) == audit.REFUSED_FIRST + audit.REFUSED_LAST
+    assert view.seen["refused"] == 30_001 + audit.REFUSED_LAST
     assert view.dropped["refused"] == view.seen["refused"] - len(names)
     assert accounted(view)
     # by reason: one row for the junk, whatever the names; the earlier TLS refusal has its own row
     by_reason = {(r.protocol, r.key): r for r in view.refusals_by_reason}
     junk = by_reason[("dns", "<name> is not in the allowed domains")]
-    assert junk.count == 30_000 + _audit.REFUSED_LAST and junk.first == WALL + 0.01
+    assert junk.count == 30_000 + audit.REFUSED_LAST and junk.first == WALL + 0.01
     assert by_reason[("tls", "<name> is not in the allowed domains")].count == 1
     # by target: the first distinct targets one by one, the rest in one row; nothing uncounted
     by_target = {r.key: r for r in view.refusals_by_target}
     assert by_target["secret.evil.test"].count == 1 and by_target["secret.evil.test"].protocol == "tls"
-    assert len(view.refusals_by_target) == _audit.TARGETS_KEPT + 1
+    assert len(view.refusals_by_target) == audit.TARGETS_KEPT + 1
     assert sum(r.count for r in view.refusals_by_target) == view.seen["refused"]
     assert by_target[None].last == WALL + now
 
@@ -104,10 +104,10 @@ def test_what_the_sandbox_makes_happen_is_stored_at_a_bounded_rate():
     for i in range(10_000):          # 10,000 refusals in one second
         refuse(log, i / 10_000, f"j{i}.junk.test")
     view = log.view()
-    assert len(view) <= _audit.LOG_BURST + _audit.LOG_RATE + 1
+    assert len(view) <= audit.LOG_BURST + audit.LOG_RATE + 1
     assert view.dropped["refused"] == 10_000 - len(view)
     # policy changes come from the host, not the sandbox: never rate-limited away
-    for i in range(_audit.POLICY_FIRST):
+    for i in range(audit.POLICY_FIRST):
         log.record(WALL + 1, 1.0, None, None, None, "policy", "allow", f"policy replaced {i}")
     assert log.view().dropped["policy"] == 0
 
@@ -143,10 +143,10 @@ def test_the_log_stays_within_its_memory_bound_whatever_the_sandbox_sends():
     finally:
         tracemalloc.stop()
     view = log.view()
-    assert len(view) == (_audit.ALLOWED_KEPT + _audit.REFUSED_FIRST + _audit.REFUSED_LAST + _audit.POLICY_FIRST
-                         + _audit.POLICY_LAST)
+    assert len(view) == (audit.ALLOWED_KEPT + audit.REFUSED_FIRST + audit.REFUSED_LAST + audit.POLICY_FIRST
+                         + audit.POLICY_LAST)
     assert accounted(view)
-    assert used < _audit.LOG_MEMORY_BOUND, used
+    assert used < audit.LOG_MEMORY_BOUND, used
 
 
 # --- through the gateway ---------------------------------------------------------------
@@ -239,12 +239,12 @@ def test_a_long_flood_leaves_a_bounded_log_and_every_decision_counted(sandbox):
     sent = sum(run_json(sb, BLAST, "10000", GW)["sent"] for _ in range(4))
     sent += run_json(sb, JUNK_FLOOD, "1000", GW)["sent"]
     log = sb.log()
-    assert len(log) <= (_audit.ALLOWED_KEPT + _audit.REFUSED_FIRST + _audit.REFUSED_LAST + _audit.POLICY_FIRST
-                        + _audit.POLICY_LAST)
+    assert len(log) <= (audit.ALLOWED_KEPT + audit.REFUSED_FIRST + audit.REFUSED_LAST + audit.POLICY_FIRST
+                        + audit.POLICY_LAST)
     assert log[0].name == "first-refusal.evil.test" or any(d.name == "first-refusal.evil.test" for d in log)
     assert accounted(log)
-    assert len(log.refusals_by_reason) <= _audit.REASONS_KEPT + 1
-    assert len(log.refusals_by_target) <= _audit.TARGETS_KEPT + 1
+    assert len(log.refusals_by_reason) <= audit.REASONS_KEPT + 1
+    assert len(log.refusals_by_target) <= audit.TARGETS_KEPT + 1
     time.sleep(0.2)
     log = sb.log()
     asked = log.limits["dns_queries"] + log.limits["dns_dropped_by_kernel"]

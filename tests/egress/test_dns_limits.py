@@ -16,7 +16,7 @@ import textwrap
 import time
 
 from hutch import Network
-from hutch.sandbox._egress import _dns
+from hutch.sandbox._host.egress import dns
 
 from egress_world import GW
 
@@ -111,7 +111,7 @@ def test_a_sandbox_gets_its_query_budget_and_no_more_and_the_rest_is_counted(san
     sb = sandbox(Network.allow(domains=["www.example.test"]))
     got = run_json(sb, FLOOD, "1.5", "800", GW)        # paced well below what the resolver can read
     lim = sb.log().limits
-    budget = _dns.QUERY_BURST + _dns.QUERY_RATE * got["took"]
+    budget = dns.QUERY_BURST + dns.QUERY_RATE * got["took"]
     assert got["sent"] >= 1000, got
     assert got["answers"] <= budget + 20, (got, lim)
     assert got["answers"] >= min(got["sent"], budget) * 0.8, (got, lim)     # the budget itself is served
@@ -172,15 +172,15 @@ print(json.dumps(out))
 def test_dns_over_tcp_connections_per_sandbox_are_capped_and_counted(sandbox):
     a = sandbox(Network.allow(domains=["www.example.test"]))
     b = sandbox(Network.allow(domains=["www.example.test"]))
-    holder = start_in(a, TCP_HOLD.replace("time.sleep(0.3)", "time.sleep(2.5)"), str(_dns.TCP_MAX + 3), GW)
+    holder = start_in(a, TCP_HOLD.replace("time.sleep(0.3)", "time.sleep(2.5)"), str(dns.TCP_MAX + 3), GW)
     try:
         time.sleep(1.0)
         # while a holds all it may, b's TCP lookups work
         assert run_json(b, TCP_HOLD, "2", GW) == ["answer", "answer"]
     finally:
         got = finish(holder)
-    assert got.count("answer") == _dns.TCP_MAX, got
-    assert all(x in ("reset", "closed", "BrokenPipeError") for x in got[_dns.TCP_MAX:]), got
+    assert got.count("answer") == dns.TCP_MAX, got
+    assert all(x in ("reset", "closed", "BrokenPipeError") for x in got[dns.TCP_MAX:]), got
     log = a.log()
     assert log.limits["dns_tcp_refused"] == 3, log.limits
     assert any("DNS-over-TCP" in d.reason for d in log if d.verdict == "deny")

@@ -10,7 +10,7 @@ import asyncio
 
 from dnslib import QTYPE, RR, A, DNSRecord
 
-from hutch.sandbox._egress import _dns
+from hutch.sandbox._host.egress import dns
 
 
 class _Resolver(asyncio.DatagramProtocol):
@@ -42,7 +42,7 @@ def test_a_cancelled_asker_does_not_fail_the_others_waiting_for_the_same_name():
     async def main():
         transport, server, addr = await _serve(delay=0.3)
         try:
-            up = _dns.Upstream([addr])
+            up = dns.Upstream([addr])
             first = asyncio.ensure_future(up.resolve("www.example.test"))
             await asyncio.sleep(0.05)  # the first asker's lookup is on its way upstream
             second = asyncio.ensure_future(up.resolve("www.example.test"))
@@ -62,12 +62,12 @@ def test_a_cancelled_asker_does_not_fail_the_others_waiting_for_the_same_name():
 
 
 def test_the_cache_stays_bounded_when_names_keep_coming(monkeypatch):
-    monkeypatch.setattr(_dns, "CACHE_MAX", 50)
+    monkeypatch.setattr(dns, "CACHE_MAX", 50)
 
     async def main():
         transport, server, addr = await _serve(delay=0)
         try:
-            up = _dns.Upstream([addr])
+            up = dns.Upstream([addr])
             for i in range(200):
                 await up.resolve(f"n{i}.example.test")
                 assert len(up._cache) <= 50

@@ -8,9 +8,9 @@ import ssl
 import pytest
 
 from hutch import Network, NetworkPolicyError
-from hutch.sandbox._egress._policy import (AddressRules, chain_allowed, name_allowed, normalize_name, port_allowed,
+from hutch.sandbox._host.egress.policy import (AddressRules, chain_allowed, name_allowed, normalize_name, port_allowed,
                                            protocol_allowed)
-from hutch.sandbox._egress._sniff import (Refused, RequestStream, client_hello_end, parse_client_hello,
+from hutch.sandbox._host.egress.sniff import (Refused, RequestStream, client_hello_end, parse_client_hello,
                                           parse_request_head, server_answers_tls)
 
 RULES = AddressRules(ipaddress.IPv4Network("198.18.0.0/16"), ["192.0.2.254", "127.0.0.1"])

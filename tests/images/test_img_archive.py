@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import hutch
-from hutch.sandbox import _archive, _layers
+from hutch.sandbox._host import archive as _archive, layers as _layers
 
 LAYER = "ab" * 32          # a digest the attacks name (their trees never hash to it: they never get that far)
 NODE = "cd" * 32

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import uuid
 from pathlib import Path
 
 import pytest
 
 import hutch
 from hutch_testing import make_busybox_root, sdk_pointed_at, start_daemon, stop_daemon
+from integ_support import RUN_TAG, running
 
-#: Every sandbox a test makes itself carries this tag; adapters tag theirs created_by=hutch-integrations.
-RUN_TAG = {"suite": f"integrations-{uuid.uuid4().hex[:8]}"}
 
 
 @pytest.fixture(scope="session")
@@ -76,13 +74,6 @@ def store(tmp_path):
              "works_at", acme)
     mem.put("topics", "Pricing", body="Tiered pricing was decided in November.")
     return mem
-
-
-def running(tags: dict | None = None) -> list[str]:
-    """Ids of sandboxes an adapter made that are still running (tags: created_by=hutch-integrations)."""
-    want = {"created_by": "hutch-integrations", **(tags or {})}
-    return [s.id for s in hutch.Sandbox.list(tags=want) if s.status not in ("exited", "terminated", "timeout",
-                                                                              "idle_timeout", "oom", "failed")]
 
 
 @pytest.fixture

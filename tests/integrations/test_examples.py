@@ -12,7 +12,7 @@ import pytest
 
 import hutch
 
-from conftest import running
+from integ_support import running
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "integrations"
 KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")

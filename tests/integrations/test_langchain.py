@@ -26,7 +26,7 @@ from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
 import hutch  # noqa: E402
 from hutch.integrations.langchain import HutchToolkit  # noqa: E402
 
-from conftest import running  # noqa: E402
+from integ_support import running  # noqa: E402
 
 
 class FakeToolCallingModel(GenericFakeChatModel):

@@ -18,7 +18,7 @@ import hutch  # noqa: E402
 from hutch.integrations import openai as ho  # noqa: E402
 from hutch.integrations.openai import HutchTools  # noqa: E402
 
-from conftest import running  # noqa: E402
+from integ_support import running  # noqa: E402
 from fake_llm import (ScriptedAPI, chat_calls, chat_text, function_outputs, responses_calls,  # noqa: E402
                       responses_text)
 

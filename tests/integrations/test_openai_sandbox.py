@@ -20,7 +20,7 @@ from agents.sandbox.errors import InvalidManifestPathError  # noqa: E402
 import hutch  # noqa: E402
 from hutch.integrations.openai_sandbox import HutchSandboxClient, HutchSandboxClientOptions  # noqa: E402
 
-from conftest import RUN_TAG, running  # noqa: E402
+from integ_support import RUN_TAG, running  # noqa: E402
 from fake_llm import ScriptedAPI, function_outputs, responses_calls, responses_text  # noqa: E402
 
 agents.set_tracing_disabled(True)

@@ -13,7 +13,7 @@ from smolagents.models import ChatMessage, MessageRole, Model  # noqa: E402
 import hutch  # noqa: E402
 from hutch.integrations.smolagents import HutchExecutor  # noqa: E402
 
-from conftest import running  # noqa: E402
+from integ_support import running  # noqa: E402
 
 class FakeModel(Model):
     """Answers each step with the next scripted reply (a thought and a <code> block), and records what it saw."""

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import uuid
 from pathlib import Path
 
 import pytest
 from hutch_testing import sdk_pointed_at, start_daemon, stop_daemon
+from interp_support import RUN_TAG
 
 import hutch
 
-#: Every sandbox the suite makes carries this tag; the session ends by terminating whatever has it.
-RUN_TAG = {"suite": f"interp-{uuid.uuid4().hex[:8]}"}
 
 
 @pytest.fixture(scope="session")

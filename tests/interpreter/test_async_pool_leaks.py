@@ -15,7 +15,7 @@ import pytest
 
 import hutch
 
-from conftest import RUN_TAG
+from interp_support import RUN_TAG
 
 
 def test_async_sandbox_has_the_same_surface(image):

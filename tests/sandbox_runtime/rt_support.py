@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from hutch.sandbox._daemon import cgroup_parent_for
+from hutch.sandbox._host.daemon import cgroup_parent_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -113,7 +113,7 @@ class Daemon:
                 args += f", tls_cert={str(self.tls[0])!r}, tls_key={str(self.tls[1])!r}"
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(
-                    [*self.prefix, sys.executable, "-c", f"from hutch.sandbox._daemon import serve; serve({args})"],
+                    [*self.prefix, sys.executable, "-c", f"from hutch.sandbox._host.daemon import serve; serve({args})"],
                     env=self.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=str(REPO))
         if not wait:
             return self

@@ -12,8 +12,8 @@ def test_openapi_lists_every_route_and_matches_docs(api):
     doc = api.http.get("/v1/openapi.json").json()
     assert doc["openapi"].startswith("3.")
     served = {(m.lower(), p) for p, ops in doc["paths"].items() for m in ops}
-    from hutch.sandbox._daemon._manager import Manager
-    from hutch.sandbox._daemon._server import make_app
+    from hutch.sandbox._host.daemon.manager import Manager
+    from hutch.sandbox._host.daemon.server import make_app
 
     app = make_app(Manager.__new__(Manager))
     routes = {(r.method.lower(), r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
@@ -104,7 +104,7 @@ def test_env_workdir_and_hostname(api, image):
 def test_docs_name_the_daemon_entry_point():
     text = (REPO / "docs" / "api.md").read_text()
     assert "serve(socket_path=None, listen=None, token=None, *, token_file=None, group=None" in text
-    assert Path(REPO / "hutch" / "sandbox" / "_daemon" / "__init__.py").exists()
+    assert Path(REPO / "hutch" / "sandbox" / "_host" / "daemon" / "__init__.py").exists()
 
 
 def test_images_listed_and_ensured(api, image, tmp_path, monkeypatch):
@@ -116,7 +116,7 @@ def test_images_listed_and_ensured(api, image, tmp_path, monkeypatch):
     got = api.http.get("/v1/images").json()["images"]
     assert isinstance(got, list) and all({"ref", "id", "size", "created_at"} <= set(i) for i in got)
     # what the listing reads: each built image's image.json under the state directory
-    from hutch.sandbox._daemon._server import _built_images
+    from hutch.sandbox._host.daemon.server import _built_images
 
     monkeypatch.setenv("HUTCH_STATE_DIR", str(tmp_path))
     (tmp_path / "images" / "debian-slim").mkdir(parents=True)

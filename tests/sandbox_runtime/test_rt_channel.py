@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from hutch.sandbox._native._runtime import Channel
+from hutch.sandbox._host.native.runtime import Channel
 from rt_support import split_frames
 
 

@@ -2,7 +2,7 @@
 not `memory=`, and the store of layers leaves nothing behind (loop device, mount, image file).
 
 Each sandbox's layer is a btrfs subvolume with a quota of its disk=, in one store per zygote
-(hutch/sandbox/_native/_disk.py). The first test runs against both kinds of daemon.
+(hutch/sandbox/_host/native/disk.py). The first test runs against both kinds of daemon.
 """
 
 from __future__ import annotations

@@ -737,7 +737,7 @@ def test_a_fork_bomb_is_held_by_the_pids_limit(api, daemon, image):
 def test_all_sandboxes_together_leave_the_host_process_ids(api, daemon, image):
     """kernel.pid_max is one pool for the host: the daemon's sandboxes share at most half of it, whatever each
     sandbox's own pids limit says."""
-    from hutch.sandbox._native._cgroups import host_pids_share
+    from hutch.sandbox._host.native.cgroups import host_pids_share
 
     sid = api.create(image, limits={"memory": 128 * 1024**2, "cpu": 1.0, "pids": 4096, "disk": 16 * 1024**2})["id"]
     sb_pids = next(d for d in daemon.cgroup_dirs(sid) if (d / "pids.max").exists())

@@ -7,14 +7,14 @@ import subprocess
 import sys
 import textwrap
 
-from hutch.sandbox._native._cgroups import Cgroups
-from hutch.sandbox._native._idmap import CGROUP_LOCK_OFFSET, HOST_ID_BASE, ID_COUNT, RANGES, UidRanges
+from hutch.sandbox._host.native.cgroups import Cgroups
+from hutch.sandbox._host.native.idmap import CGROUP_LOCK_OFFSET, HOST_ID_BASE, ID_COUNT, RANGES, UidRanges
 
 CGROUP_LOCK = str(Cgroups("hutch-unused").lock_file())
 
 TAKER = textwrap.dedent(f"""
     import sys
-    from hutch.sandbox._native._idmap import UidRanges
+    from hutch.sandbox._host.native.idmap import UidRanges
     r = UidRanges(cgroup_lock={CGROUP_LOCK!r})
     print(*[r.take() for _ in range(3)], flush=True)
     sys.stdin.read()

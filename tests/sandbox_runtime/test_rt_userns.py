@@ -15,7 +15,7 @@ import pytest
 from rt_support import Api, Daemon, host_state, leftovers, private_state_daemon
 from test_rt_isolation import MUST_FAIL, PROBE
 
-from hutch.sandbox._native._idmap import HOST_ID_BASE, ID_COUNT, RANGE_LOCK, mounts_under
+from hutch.sandbox._host.native.idmap import HOST_ID_BASE, ID_COUNT, RANGE_LOCK, mounts_under
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +276,7 @@ def test_the_probe_says_why_and_never_dies_when_unshare_is_refused(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, pathlib; from hutch.sandbox._native._idmap import IdMapper\n"
+    code = ("import sys, pathlib; from hutch.sandbox._host.native.idmap import IdMapper\n"
             "for _ in range(100):\n"
             "    m = IdMapper(pathlib.Path(sys.argv[1]))\n"
             "    assert m.start() is False and m.userns_fd == -1\n"

@@ -19,7 +19,7 @@ import pytest
 
 import hutch
 from hutch.sandbox._client import default_client
-from hutch.sandbox._wire import DEFAULT_MAX_OUTPUT, OUTPUT_BUFFER
+from hutch.sandbox._api import DEFAULT_MAX_OUTPUT, OUTPUT_BUFFER
 from hutch_testing import sdk_pointed_at, start_daemon, stop_daemon
 from sdk_support import RUN_TAG, blocked_writer_then_kill, slow_read_of_random_bytes
 

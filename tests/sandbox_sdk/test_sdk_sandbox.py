@@ -99,7 +99,7 @@ def test_kill_ends_the_command(sb):
 
 
 def test_exec_as_the_sandboxs_unprivileged_user(sb):
-    from hutch.sandbox._native._init import USER_ID
+    from hutch.sandbox._host.native.init import USER_ID
     from hutch.sandbox._spec import SANDBOX_USER_ID
 
     assert USER_ID == SANDBOX_USER_ID == 1000

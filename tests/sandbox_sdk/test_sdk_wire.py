@@ -5,24 +5,24 @@ import json
 import pytest
 
 import hutch
-from hutch.sandbox import _wire
+from hutch.sandbox import _api
 from hutch.sandbox._process import _Output
 from hutch.sandbox.sandbox import ImageProgress, build_spec
 
 
 def _frames(*pairs):
-    return b"".join(_wire.encode_frame(k, p) for k, p in pairs)
+    return b"".join(_api.encode_frame(k, p) for k, p in pairs)
 
 
 def test_frames_split_anywhere_decode_the_same():
     data = _frames((1, b"hello\n"), (2, b"oops"), (1, b""), (3, b'{"returncode": 3, "reason": "exited"}'))
-    whole = _wire.FrameDecoder().feed(data)
+    whole = _api.FrameDecoder().feed(data)
     assert [k for k, _ in whole] == [1, 2, 1, 3]
     for cut in range(1, len(data)):
-        d = _wire.FrameDecoder()
+        d = _api.FrameDecoder()
         assert d.feed(data[:cut]) + d.feed(data[cut:]) == whole
         assert d.pending == 0
-    d = _wire.FrameDecoder()
+    d = _api.FrameDecoder()
     got = [f for b in data for f in d.feed(bytes([b]))]   # one byte at a time
     assert got == whole
 
@@ -37,7 +37,7 @@ def test_output_buffers_lines_and_exit():
     assert out.take_line(1) == b"bc\n"
     assert out.take_line(1) == b""           # end of stream
     assert out.take_all(2) == b"err\n"
-    assert out.status() == _wire.ExitStatus(-9, "timeout")
+    assert out.status() == _api.ExitStatus(-9, "timeout")
 
 
 def test_output_without_exit_frame_is_a_daemon_error():
@@ -49,7 +49,7 @@ def test_output_without_exit_frame_is_a_daemon_error():
 
 
 def test_text_decoder_keeps_split_utf8_whole():
-    dec = _wire.TextStreamDecoder()
+    dec = _api.TextStreamDecoder()
     data = "héllo €\n".encode()
     assert "".join(dec.decode(data[i:i + 1]) for i in range(len(data))) + dec.decode(b"", True) == "héllo €\n"
 
@@ -58,41 +58,41 @@ def test_text_decoder_keeps_split_utf8_whole():
                                       ("InvalidSpecError", hutch.InvalidSpecError), ("ImageError", hutch.ImageError),
                                       ("OutOfMemoryError", hutch.OutOfMemoryError)])
 def test_error_answers_map_to_their_class(name, cls):
-    err = _wire.error_from_answer(409, json.dumps({"error": name, "message": "Do the thing."}).encode())
+    err = _api.error_from_answer(409, json.dumps({"error": name, "message": "Do the thing."}).encode())
     assert type(err) is cls and str(err) == "Do the thing."
 
 
 @pytest.mark.parametrize("body", [b"<html>bad gateway</html>", b'{"error": "KeyError", "message": "x"}',
                                   b'{"error": "ValueError", "message": "x"}', b"{}"])
 def test_unknown_error_answers_become_daemon_errors(body):
-    assert type(_wire.error_from_answer(502, body)) is hutch.DaemonError
+    assert type(_api.error_from_answer(502, body)) is hutch.DaemonError
 
 
 def test_exec_body_validates_and_builds():
-    assert _wire.exec_body(["ls", "-l"], timeout=2, workdir="/tmp", env={"A": "1"}, stdin=True) == {
+    assert _api.exec_body(["ls", "-l"], timeout=2, workdir="/tmp", env={"A": "1"}, stdin=True) == {
         "argv": ["ls", "-l"], "env": {"A": "1"}, "workdir": "/tmp", "timeout": 2.0, "stdin": True}
     for kw, match in [({"timeout": 0}, "timeout"), ({"workdir": "tmp"}, "absolute"), ({"env": {"A=B": "1"}}, "env")]:
         with pytest.raises(hutch.InvalidSpecError, match=match):
-            _wire.exec_body(["ls"], **kw)
+            _api.exec_body(["ls"], **kw)
     with pytest.raises(hutch.InvalidSpecError, match="needs a command"):
-        _wire.exec_body([])
+        _api.exec_body([])
     with pytest.raises(hutch.InvalidSpecError, match="not a string"):
-        _wire.exec_body(["ls", 3])
+        _api.exec_body(["ls", 3])
 
 
 def test_stdin_payload():
-    assert _wire.stdin_payload(True) == (True, None)
-    assert _wire.stdin_payload(False) == (False, None)
-    assert _wire.stdin_payload("hé") == (True, "hé".encode())
-    assert _wire.stdin_payload(b"\0") == (True, b"\0")
+    assert _api.stdin_payload(True) == (True, None)
+    assert _api.stdin_payload(False) == (False, None)
+    assert _api.stdin_payload("hé") == (True, "hé".encode())
+    assert _api.stdin_payload(b"\0") == (True, b"\0")
     with pytest.raises(hutch.InvalidSpecError):
-        _wire.stdin_payload(3)
+        _api.stdin_payload(3)
 
 
 def test_exec_result_check_raises_exec_error_carrying_the_result():
-    ok = _wire.ExecResult(("true",), 0, "", "")
+    ok = _api.ExecResult(("true",), 0, "", "")
     assert ok.check() is ok
-    bad = _wire.ExecResult(("sh", "-c", "exit 3"), 3, "out", "boom\n")
+    bad = _api.ExecResult(("sh", "-c", "exit 3"), 3, "out", "boom\n")
     with pytest.raises(hutch.ExecError) as ei:
         bad.check()
     e = ei.value
@@ -130,9 +130,9 @@ def test_build_spec_bad_input_names_the_fix(tmp_path):
 
 
 def test_tag_params():
-    assert _wire.tag_params({"b": "2", "a": "1"}) == [("tag", "a:1"), ("tag", "b:2")]
+    assert _api.tag_params({"b": "2", "a": "1"}) == [("tag", "a:1"), ("tag", "b:2")]
     with pytest.raises(hutch.InvalidSpecError):
-        _wire.tag_params(["a"])
+        _api.tag_params(["a"])
 
 
 def test_image_progress_reports_and_fails(capsys):

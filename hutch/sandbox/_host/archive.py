@@ -1,0 +1,168 @@
+"""Image archives: `export` writes an image's nodes and layers (not its base) as a tar; `import_`
+reads one back as hostile input (untar.py) and stores nothing it has not verified.
+
+The tar holds `hutch-image.json` first (format 1: the nodes bottom to top, the base reference, each
+layer's metadata with its opaque directories, which tar does not carry as xattrs), then
+`layers/<digest>/...`. Import validates the manifest (a linear chain of nodes from the base to
+`top`, every field typed and bounded, every layer used), extracts each layer into a private temp
+dir without ever following a link (untar.py), recomputes every layer's digest with the store's own
+canonical walk, and only then renames the layers into the store and records the nodes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+import time
+
+from hutch._core.errors import ImageError
+from hutch.sandbox._host.layers import (
+    ID_RE, PREFIX, chain, commit_dir, find, layer_fs, layers_dir, measure_tree, private_dir, put_node,
+)
+from hutch.sandbox._host.untar import MANIFEST, ImportLimits, components, read_archive, refuse
+
+MAX_NODES = 4096           # nodes in one manifest
+_TEXT_MAX = 4096           # a workdir, base path, description, env name
+_ENV_MAX = 1024            # env entries of one node
+_VALUE_MAX = 32 << 10      # one env value
+_KINDS = ("step", "snapshot", "import")
+_NAME_RE = re.compile(r"^[A-Za-z0-9:][A-Za-z0-9_.:-]{0,127}$")   # as hutch.Image names (image.py)
+
+
+def export(key: str, fileobj) -> dict:
+    """Write image `key` (its nodes and layers, not its base) as a tar stream to `fileobj`."""
+    top = find(key)
+    nodes, base = chain(top["id"])
+    manifest = {"format": 1, "top": top["id"], "base": base, "nodes": list(reversed(nodes)),
+                "layers": {}}
+    for n in nodes:
+        if n.get("layer"):
+            manifest["layers"][n["layer"]] = json.loads((layers_dir() / n["layer"] / "layer.json").read_text())
+    data = json.dumps(manifest).encode()
+    with tarfile.open(fileobj=fileobj, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(MANIFEST)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        for digest in manifest["layers"]:
+            tar.add(layer_fs(digest), arcname=f"layers/{digest}", recursive=True)
+    return {"ref": PREFIX + top["id"], "id": top["id"], "layers": len(manifest["layers"])}
+
+
+def _text(value, what: str, limit: int = _TEXT_MAX) -> str:
+    if not isinstance(value, str) or "\0" in value or len(value) > limit:
+        raise refuse(MANIFEST, f"has {what} that is not a string of at most {limit} characters without NUL")
+    return value
+
+
+def _node(n, parent: str, layers: dict) -> dict:
+    if not isinstance(n, dict) or not isinstance(n.get("id"), str) or not ID_RE.match(n["id"]):
+        raise refuse(MANIFEST, "has a node that is not an object with a 64-hex-digit id")
+    what = f"node {n['id'][:12]}"
+    if n.get("parent") != parent:
+        raise refuse(MANIFEST, f"has {what} whose parent is not {parent[:70]!r} (the nodes must be one chain "
+                     "from the base up to `top`)")
+    layer = n.get("layer")
+    if layer is not None and layer not in layers:
+        raise refuse(MANIFEST, f"has {what} whose layer is not among the archive's layers")
+    kind = n.get("kind", "import")
+    if kind not in _KINDS:
+        raise refuse(MANIFEST, f"has {what} of kind {str(kind)[:20]!r} (one of {', '.join(_KINDS)})")
+    env = n.get("env") or {}
+    if not isinstance(env, dict) or len(env) > _ENV_MAX:
+        raise refuse(MANIFEST, f"has {what} whose env is not an object of at most {_ENV_MAX} entries")
+    for k, v in env.items():
+        if not _text(k, f"an env name in {what}") or "=" in k:
+            raise refuse(MANIFEST, f"has an env name in {what} that is empty or holds '='")
+        _text(v, f"an env value in {what}", _VALUE_MAX)
+    workdir = n.get("workdir")
+    if workdir is not None and not _text(workdir, f"the workdir of {what}").startswith("/"):
+        raise refuse(MANIFEST, f"has {what} whose workdir is not an absolute path")
+    name = n.get("name")
+    if name is not None and (not isinstance(name, str) or not _NAME_RE.match(name)):
+        raise refuse(MANIFEST, f"has {what} whose name is not letters, digits, '_', '.', ':', '-'")
+    pinned = n.get("pinned", False)
+    if not isinstance(pinned, bool):
+        raise refuse(MANIFEST, f"has {what} whose pinned flag is not true or false")
+    return {"id": n["id"], "parent": parent, "layer": layer, "kind": kind, "env": dict(env), "workdir": workdir,
+            "name": name, "pinned": pinned, "description": _text(n.get("description", ""), f"the description of {what}")}
+
+
+def _layer_meta(digest, meta) -> dict:
+    if not isinstance(digest, str) or not ID_RE.match(digest) or not isinstance(meta, dict):
+        raise refuse(MANIFEST, "lists a layer that is not a 64-hex-digit digest with an object of metadata")
+    files, size, opaque = meta.get("files"), meta.get("size"), meta.get("opaque", [])
+    if type(files) is not int or type(size) is not int or files < 1 or size < 0:
+        raise refuse(MANIFEST, f"declares no entry count or size for layer {digest[:12]}")
+    if not isinstance(opaque, list) or len(opaque) > files:
+        raise refuse(MANIFEST, f"lists more opaque directories than entries for layer {digest[:12]}")
+    return {"files": files, "size": size, "opaque": list(opaque)}
+
+
+def check_manifest(m, limits: ImportLimits) -> dict:
+    """The manifest, validated like any other input (see the module docstring); refused as an ImageError."""
+    if not isinstance(m, dict) or m.get("format") != 1:
+        raise refuse(MANIFEST, "is not a hutch image manifest of format 1")
+    nodes, layers, base = m.get("nodes"), m.get("layers"), m.get("base")
+    if not isinstance(nodes, list) or not nodes or len(nodes) > MAX_NODES:
+        raise refuse(MANIFEST, f"lists no image, or more than {MAX_NODES} nodes")
+    if not isinstance(layers, dict):
+        raise refuse(MANIFEST, "has no object of layers")
+    if base != "debian-slim" and not (isinstance(base, str) and base.startswith("dir:/")
+                                      and _text(base, "a base reference")):
+        raise refuse(MANIFEST, "names a base that is neither 'debian-slim' nor 'dir:/<absolute path>'")
+    metas = {d: _layer_meta(d, meta) for d, meta in layers.items()}
+    if sum(v["files"] for v in metas.values()) >= limits.entries:
+        raise ImageError(f"the image archive declares more than {limits.entries} entries (HUTCH_IMPORT_MAX_ENTRIES "
+                         "of the daemon); raise that limit if the archive is yours.")
+    out, parent, seen = [], base, set()
+    for n in nodes:
+        node = _node(n, parent, metas)
+        if node["id"] in seen:
+            raise refuse(MANIFEST, f"lists node {node['id'][:12]} twice")
+        seen.add(node["id"])
+        out.append(node)
+        parent = PREFIX + node["id"]
+    if m.get("top") != out[-1]["id"]:
+        raise refuse(MANIFEST, "names a `top` that is not the last node of its chain")
+    unused = set(metas) - {n["layer"] for n in out}
+    if unused:
+        raise refuse(MANIFEST, f"lists layer {sorted(unused)[0][:12]}, which no node of it uses")
+    for d, meta in metas.items():
+        for rel in meta["opaque"]:
+            if not isinstance(rel, str) or not rel.startswith("/"):
+                raise refuse(MANIFEST, f"names an opaque directory of layer {d[:12]} that is not an absolute path")
+            if rel != "/":
+                components(rel[1:], f"opaque directory {rel[:100]!r}")
+    return {"top": out[-1]["id"], "base": base, "nodes": out, "layers": metas}
+
+
+def import_(fileobj, limits: ImportLimits | None = None) -> dict:
+    """Read a tar made by export(); nothing is stored unless every layer matches its digest (see above)."""
+    limits = limits or ImportLimits.from_env()
+    store = layers_dir()
+    private_dir(store)
+    manifest, trees = read_archive(fileobj, store, limits, lambda m: check_manifest(m, limits))
+    try:
+        metas = {}
+        for digest, tree in trees.items():
+            meta = measure_tree(tree.fs)
+            if meta["digest"] != digest:
+                raise ImageError(f"layer {digest[:12]} in the archive does not match its digest (got "
+                                 f"{meta['digest'][:12]}); nothing was imported: the file is damaged or forged, "
+                                 "export it again.")
+            metas[digest] = meta
+        for digest, tree in trees.items():
+            commit_dir(tree.dir, digest, {**metas[digest], "created_at": time.time()})
+        for n in manifest["nodes"]:
+            put_node(n["id"], n["parent"], layer=n["layer"], kind=n["kind"], env=n["env"], workdir=n["workdir"],
+                     name=n["name"], description=n["description"], pinned=n["id"] == manifest["top"] or n["pinned"])
+        return {"ref": PREFIX + manifest["top"], "id": manifest["top"], "base": manifest["base"],
+                "layers": len(manifest["layers"])}
+    finally:
+        for tree in trees.values():
+            tree.discard()   # a committed one was renamed away: nothing left to remove
+
+
+__all__ = ["MANIFEST", "ImportLimits", "check_manifest", "export", "import_"]

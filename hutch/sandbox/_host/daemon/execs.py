@@ -1,0 +1,183 @@
+"""Exec and file calls into a running sandbox (a part of the Manager, kept apart for size)."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import secrets
+import signal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hutch._core.errors import ConfigError, NotFoundError, SandboxError, StateError
+from hutch.sandbox._host.native.runtime import Channel, exec_env
+from hutch.sandbox._spec import EXEC_USERS, SANDBOX_USER_ID
+
+PIPE_SIZE = 1 << 20
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hutch.sandbox._host.daemon.manager import LiveSandbox
+
+
+@dataclass
+class Exec:
+    eid: str
+    argv: list[str]
+    out_r: int | None                  # None: the command's stdout is /dev/null (exec with stdout=false)
+    err_r: int | None
+    stdin_w: int | None
+    oom_before: int
+    exited: asyncio.Future
+    max_output: int | None = None      # bytes of each stream sent to the client; the rest is read and dropped
+    reason: str | None = None          # set when the daemon ended it: timeout, killed, sandbox_ended
+    timer: asyncio.TimerHandle | None = None
+    streaming: bool = True             # its output response is still open (the record is kept for /wait)
+    result: dict | None = None         # how it ended, worked out once (the OOM check reads a counter)
+
+
+
+class Calls:
+    """Mixed into Manager: needs self.cgroups."""
+
+    # --- exec -----------------------------------------------------------------------------
+
+    def _live(self, sb: LiveSandbox) -> Channel:
+        if sb.status != "running" or sb.channel is None or sb.channel.closed:
+            raise StateError(f"sandbox {sb.id} is {sb.status}, so it runs nothing more; create a new sandbox.")
+        return sb.channel
+
+    async def exec_start(self, sb: LiveSandbox, argv, env=None, workdir=None, timeout=None, stdin=False,
+                         stdout=True, stderr=True, max_output=None, user="root") -> Exec:
+        ch = self._live(sb)
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise ConfigError(f"argv={argv!r} must be a non-empty list of strings, like ['python3', '-c', 'print(1)'].")
+        if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                                  for k, v in env.items())):
+            raise ConfigError("env must map strings to strings.")
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds, or null.")
+        if not (isinstance(stdout, bool) and isinstance(stderr, bool)):
+            raise ConfigError("stdout and stderr must be true (a pipe) or false (the command gets /dev/null).")
+        if max_output is not None and (isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 0):
+            raise ConfigError(f"max_output={max_output!r} must be a number of bytes per stream (0 or more), or null.")
+        if user not in EXEC_USERS:
+            raise ConfigError(f"user={user!r} must be one of {', '.join(EXEC_USERS)}.")
+        if user == "user" and not sb.userns:
+            raise ConfigError(f"sandbox {sb.id} runs without a user namespace (HUTCH_USERNS=0, or a kernel that "
+                              "cannot idmap its image), where its uid 1000 would be the host's uid 1000, a real "
+                              "account that could reach it; exec as root there (it has no capabilities either).")
+        cwd = workdir or sb.spec.workdir
+        if not isinstance(cwd, str) or not cwd.startswith("/"):
+            raise ConfigError(f"workdir={cwd!r} must be an absolute path inside the sandbox.")
+        sb.touch()
+        out_r, out_w = _output_pipe() if stdout else (None, None)
+        err_r, err_w = _output_pipe() if stderr else (None, None)
+        in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (None, None)
+        eid = secrets.token_hex(6)
+        loop = asyncio.get_running_loop()
+        ex = Exec(eid, argv, out_r, err_r, in_w, self.cgroups.oom_kills(sb.id), loop.create_future(), max_output)
+        sb.execs[eid] = ex  # before the request: its exit may arrive right behind the reply
+        fds = [fd for fd in (in_r, out_w, err_w) if fd is not None]
+        try:
+            reply, _ = await ch.request({"op": "exec", "eid": eid, "argv": argv,
+                                         "env": exec_env(sb.spec, sb.image, sb.hostname, env),
+                                         "cwd": cwd, "streams": [bool(stdin), stdout, stderr],
+                                         "uid": SANDBOX_USER_ID if user == "user" else 0}, fds)
+        except BaseException:
+            sb.execs.pop(eid, None)
+            _close(out_r, err_r, in_w)
+            raise
+        finally:
+            _close(out_w, err_w, in_r)
+        if not reply["ok"]:
+            sb.execs.pop(eid, None)
+            _close(out_r, err_r, in_w)
+            raise _error(reply)
+        if timeout:
+            ex.timer = loop.call_later(timeout, lambda: loop.create_task(self.exec_kill(sb, ex, signal.SIGKILL, "timeout")))
+        ex.exited.add_done_callback(lambda _f: (ex.timer and ex.timer.cancel(), sb.touch()))
+        if len(sb.execs) > 256:  # forget finished execs, keep the recent ones for kill/stdin races
+            for k in [k for k, e in sb.execs.items() if e.exited.done() and not e.streaming][:128]:
+                del sb.execs[k]
+        return ex
+
+    async def exec_kill(self, sb: LiveSandbox, ex: Exec, sig: int, reason: str = "killed") -> None:
+        if ex.exited.done() or sb.channel is None or sb.channel.closed:
+            return
+        ex.reason = ex.reason or reason
+        try:
+            await sb.channel.notify({"op": "kill", "eid": ex.eid, "signal": int(sig)})
+        except StateError:
+            pass
+
+    def exec_result(self, sb: LiveSandbox, ex: Exec) -> dict:
+        if ex.result is None:
+            ex.result = self._exec_result(sb, ex)
+        return ex.result
+
+    def _exec_result(self, sb: LiveSandbox, ex: Exec) -> dict:
+        st = ex.exited.result()
+        code = os.waitstatus_to_exitcode(st)
+        if ex.reason:
+            reason = ex.reason
+        elif os.WIFSIGNALED(st) and os.WTERMSIG(st) == signal.SIGKILL and self.cgroups.oom_kills(sb.id) > ex.oom_before:
+            reason = "oom"
+        elif os.WIFSIGNALED(st):
+            reason = "signaled"
+        else:
+            reason = "exited"
+        return {"returncode": code, "reason": reason}
+
+    def find_exec(self, sb: LiveSandbox, eid: str) -> Exec:
+        ex = sb.execs.get(eid)
+        if ex is None:
+            raise NotFoundError(f"no exec {eid!r} in sandbox {sb.id}; use the X-Hutch-Exec-Id of a running exec.")
+        return ex
+
+    # --- files ----------------------------------------------------------------------------
+
+    async def file_call(self, sb: LiveSandbox, op: str, path: str, **kw) -> tuple[dict, list[int]]:
+        ch = self._live(sb)
+        if not isinstance(path, str) or not path or "\0" in path:
+            raise ConfigError(f"path={path!r} must be a path inside the sandbox, like '/home/user/a.txt'.")
+        if not path.startswith("/"):
+            path = os.path.join(sb.spec.workdir, path)  # relative paths start at the sandbox's workdir
+        sb.touch()
+        reply, fds = await ch.request({"op": op, "path": path, **kw})
+        if not reply["ok"]:
+            _close(*fds)
+            raise _error(reply)
+        return reply, fds
+
+
+
+
+def _output_pipe() -> tuple[int, int]:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:  # bigger pipes: fewer, larger reads and frames for bulky output
+        fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError:
+        pass
+    return r, w
+
+
+def _close(*fds) -> None:
+    for fd in fds:
+        if fd is not None and fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _error(reply: dict) -> Exception:
+    from hutch._core import errors
+
+    cls = getattr(errors, reply.get("error", ""), None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.Error)):
+        cls = SandboxError
+    return cls(reply.get("message") or "the sandbox refused the call.")
+
+
+__all__ = ["Calls", "Exec"]

@@ -1,0 +1,169 @@
+"""The OpenAPI 3 document of the daemon's HTTP API (served at GET /v1/openapi.json; prose in docs/api.md)."""
+
+from __future__ import annotations
+
+import hutch
+
+_ERR = {"description": "a hutch error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+_INFO = {"description": "sandbox info", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Sandbox"}}}}
+_NO_CONTENT = {"description": "done"}
+
+
+def _q(name: str, desc: str, required: bool = False, schema: dict | None = None) -> dict:
+    return {"name": name, "in": "query", "required": required, "description": desc, "schema": schema or {"type": "string"}}
+
+
+def _json_body(schema: dict) -> dict:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+def _raw_body() -> dict:
+    return {"required": False, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
+
+
+def _json_ok(schema: dict, desc: str = "ok", code: str = "200") -> dict:
+    return {code: {"description": desc, "content": {"application/json": {"schema": schema}}}}
+
+
+_PATH_Q = _q("path", "a path inside the sandbox", True)
+
+# (method, path) -> operation
+OPERATIONS: dict[tuple[str, str], dict] = {
+    ("get", "/v1/health"): {"summary": "Daemon version and pid; 503 with the reason while it cannot start sandboxes",
+                            "responses": _json_ok({"type": "object", "properties": {"version": {"type": "string"}, "pid": {"type": "integer"}}})},
+    ("get", "/v1/openapi.json"): {"summary": "This document", "responses": _json_ok({"type": "object"})},
+    ("get", "/v1/doctor"): {"summary": "How this daemon runs sandboxes: isolation mode and why, cgroups, idmap, "
+                                       "egress, warm pool, image cache",
+                            "responses": _json_ok({"type": "object", "properties": {
+                                "mode": {"type": "string"}, "userns": {"type": "boolean"},
+                                "userns_why_not": {"type": "string", "nullable": True},
+                                "idmap": {"type": "boolean", "nullable": True}, "cgroup": {"type": "object"},
+                                "egress": {"type": "boolean"}, "warm_pool": {"type": "object"},
+                                "images": {"type": "object"}}})},
+    ("post", "/v1/sandboxes"): {"summary": "Create a sandbox",
+                                "requestBody": _json_body({"type": "object", "required": ["spec"],
+                                                           "properties": {"spec": {"$ref": "#/components/schemas/SandboxSpec"}}}),
+                                "responses": {"201": _INFO}},
+    ("get", "/v1/sandboxes"): {"summary": "List running sandboxes",
+                               "parameters": [_q("tag", "key:value; repeatable, all must match")],
+                               "responses": _json_ok({"type": "object", "properties": {"sandboxes": {
+                                   "type": "array", "items": {"$ref": "#/components/schemas/Sandbox"}}}})},
+    ("get", "/v1/sandboxes/{id}"): {"summary": "A sandbox by id or name", "responses": {"200": _INFO}},
+    ("post", "/v1/sandboxes/{id}/terminate"): {"summary": "End a sandbox; answers once every resource is gone",
+                                               "responses": {"200": _INFO}},
+    ("post", "/v1/sandboxes/{id}/wait"): {"summary": "Long poll until the sandbox ends or the timeout passes",
+                                          "parameters": [_q("timeout", "seconds", schema={"type": "number"})],
+                                          "responses": {"200": _INFO}},
+    ("get", "/v1/sandboxes/{id}/lease"): {"summary": "Held open by the creator; closing it ends a non-detached sandbox",
+                                          "responses": {"200": {"description": "a response that stays open"}}},
+    ("post", "/v1/sandboxes/{id}/exec"): {
+        "summary": "Run a command; the body streams its output frames",
+        "requestBody": _json_body({"type": "object", "required": ["argv"], "properties": {
+            "argv": {"type": "array", "items": {"type": "string"}}, "env": {"type": "object"},
+            "workdir": {"type": "string", "nullable": True}, "timeout": {"type": "number", "nullable": True},
+            "stdin": {"type": "boolean"},
+            "user": {"type": "string", "enum": ["root", "user"],
+                     "description": "user: the sandbox's unprivileged user, uid/gid 1000 (default root)"},
+            "stdout": {"type": "boolean", "description": "false: the command's stdout is /dev/null (default true)"},
+            "stderr": {"type": "boolean", "description": "false: the command's stderr is /dev/null (default true)"},
+            "max_output": {"type": "integer", "nullable": True, "minimum": 0,
+                           "description": "bytes of each stream sent; the rest is drained, dropped and counted "
+                                          "in the exit frame (stdout_dropped, stderr_dropped)"}}}),
+        "responses": {"200": {"description": "frames: 1 byte kind (1 stdout, 2 stderr, 3 exit), 4 bytes length, payload",
+                              "headers": {"X-Hutch-Exec-Id": {"schema": {"type": "string"}}},
+                              "content": {"application/x-hutch-frames": {"schema": {"type": "string", "format": "binary"}}}}}},
+    ("post", "/v1/sandboxes/{id}/exec/{eid}/stdin"): {"summary": "Write to a command's stdin",
+                                                      "parameters": [_q("eof", "1 closes stdin after the bytes")],
+                                                      "requestBody": _raw_body(), "responses": {"204": _NO_CONTENT}},
+    ("post", "/v1/sandboxes/{id}/exec/{eid}/wait"): {
+        "summary": "Long poll until the command ends or the timeout passes (its output stays on its stream)",
+        "parameters": [_q("timeout", "seconds", schema={"type": "number"})],
+        "responses": _json_ok({"type": "object", "properties": {
+            "returncode": {"type": "integer", "nullable": True, "description": "null while it runs"},
+            "reason": {"type": "string", "nullable": True}}})},
+    ("post", "/v1/sandboxes/{id}/exec/{eid}/kill"): {"summary": "Signal a command's process group",
+                                                     "requestBody": _json_body({"type": "object", "properties": {"signal": {"type": "integer"}}}),
+                                                     "responses": {"204": _NO_CONTENT}},
+    ("get", "/v1/sandboxes/{id}/files/read"): {"summary": "Read a file", "parameters": [_PATH_Q],
+                                               "responses": {"200": {"description": "its bytes", "content": {
+                                                   "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}},
+    ("put", "/v1/sandboxes/{id}/files/write"): {"summary": "Write a file atomically (parents are created)",
+                                                "parameters": [_PATH_Q, _q("mode", "octal permission bits, default 0644")],
+                                                "requestBody": _raw_body(), "responses": {"204": _NO_CONTENT}},
+    ("get", "/v1/sandboxes/{id}/files/list"): {"summary": "List a directory", "parameters": [_PATH_Q],
+                                               "responses": _json_ok({"type": "object", "properties": {"entries": {
+                                                   "type": "array", "items": {"$ref": "#/components/schemas/Entry"}}}})},
+    ("get", "/v1/sandboxes/{id}/files/stat"): {"summary": "Describe a path (symlinks are not followed)",
+                                               "parameters": [_PATH_Q],
+                                               "responses": _json_ok({"$ref": "#/components/schemas/Entry"})},
+    ("post", "/v1/sandboxes/{id}/files/remove"): {"summary": "Remove a file or directory",
+                                                  "parameters": [_PATH_Q, _q("recursive", "0 or 1")],
+                                                  "responses": {"204": _NO_CONTENT}},
+    ("post", "/v1/sandboxes/{id}/files/mkdir"): {"summary": "Make a directory",
+                                                 "parameters": [_PATH_Q, _q("parents", "0 or 1")],
+                                                 "responses": {"204": _NO_CONTENT}},
+    ("post", "/v1/images/ensure"): {"summary": "Build an image if it is missing; streams NDJSON progress",
+                                    "requestBody": _json_body({"type": "object", "required": ["ref"], "properties": {"ref": {"type": "string"}}}),
+                                    "responses": {"200": {"description": "progress events, then {done} or {error}",
+                                                          "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}}},
+    ("get", "/v1/images"): {"summary": "Cached images",
+                            "responses": _json_ok({"type": "object", "properties": {"images": {"type": "array", "items": {"type": "object"}}}})},
+    ("put", "/v1/sandboxes/{id}/network"): {"summary": "Replace a running sandbox's egress policy",
+                                            "requestBody": _json_body({"type": "object", "properties": {"network": {"type": "object"}}}),
+                                            "responses": {"204": _NO_CONTENT}},
+    ("get", "/v1/sandboxes/{id}/network/log"): {"summary": "The egress gateway's decisions kept, and counts of all of them",
+                                                "responses": _json_ok({"type": "object", "properties": {
+                                                    "decisions": {"type": "array", "items": {"type": "object"}},
+                                                    "seen": {"type": "object"}, "dropped": {"type": "object"},
+                                                    "refusals_by_reason": {"type": "array", "items": {"type": "object"}},
+                                                    "refusals_by_target": {"type": "array", "items": {"type": "object"}},
+                                                    "limits": {"type": "object"}}})},
+}
+
+_SCHEMAS = {
+    "Error": {"type": "object", "required": ["error", "message"], "properties": {
+        "error": {"type": "string", "description": "name of the hutch.Error subclass"},
+        "message": {"type": "string", "description": "a sentence naming the fix"}}},
+    "Sandbox": {"type": "object", "properties": {
+        "id": {"type": "string"}, "name": {"type": "string", "nullable": True}, "tags": {"type": "object"},
+        "status": {"type": "string", "enum": ["starting", "running", "exited", "terminated", "timeout",
+                                              "idle_timeout", "oom", "failed"]},
+        "returncode": {"type": "integer", "nullable": True}, "created_at": {"type": "number"},
+        "ended_at": {"type": "number", "nullable": True}, "detach": {"type": "boolean"},
+        "spec": {"$ref": "#/components/schemas/SandboxSpec"},
+        "cgroups": {"type": "array", "items": {"type": "string"},
+                    "description": "the sandbox's cgroup directories on the daemon's host while it runs: a host "
+                                   "process that works for it (a memory view) joins them"}}},
+    "SandboxSpec": {"type": "object", "description": "hutch.sandbox._spec.SandboxSpec.to_dict()"},
+    "Entry": {"type": "object", "properties": {
+        "name": {"type": "string"}, "path": {"type": "string"},
+        "type": {"type": "string", "enum": ["file", "dir", "symlink", "other"]},
+        "size": {"type": "integer"}, "mode": {"type": "integer"}, "mtime": {"type": "number"}}},
+}
+
+
+from hutch.sandbox._host.daemon.store_routes import OPERATIONS as _STORE_OPERATIONS  # noqa: E402 - snapshots, images, volumes
+
+OPERATIONS.update(_STORE_OPERATIONS)
+
+
+def openapi_document(app=None) -> dict:
+    """The OpenAPI 3.0 document for every route above."""
+    paths: dict[str, dict] = {}
+    for (method, path), op in OPERATIONS.items():
+        op = {**op, "operationId": f"{method}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '').replace('.', '_')}"}
+        params = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+                  for n in ("id", "eid", "key", "name") if "{" + n + "}" in path]
+        if params:
+            op["parameters"] = params + op.get("parameters", [])
+        op.setdefault("responses", {})["default"] = _ERR
+        paths.setdefault(path, {})[method] = op
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "hutch daemon", "version": hutch.__version__,
+                 "description": "Sandboxes on this host. Errors: non-2xx with {error, message}. See docs/api.md."},
+        "paths": paths,
+        "components": {"schemas": _SCHEMAS,
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                                      "description": "required on TCP, not on the Unix socket"}}},
+    }

@@ -1,0 +1,589 @@
+"""The daemon's HTTP API (docs/api.md) on aiohttp: one handler per route, errors as JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import signal
+import struct
+
+from aiohttp import web
+
+import hutch
+from hutch._core import errors
+from hutch._core.errors import ConfigError, NetworkPolicyError
+from hutch.sandbox._host import images
+from hutch.sandbox._host.daemon.doctor import report as doctor_report
+from hutch.sandbox._host.daemon.http import json_body, send_fd
+from hutch.sandbox._host.daemon.manager import Manager
+from hutch.sandbox._host.daemon.openapi import openapi_document
+from hutch.sandbox._host.daemon.store_routes import add_routes as add_store_routes
+from hutch.sandbox._spec import Network, SandboxSpec
+
+FRAMES = "application/x-hutch-frames"
+STDOUT, STDERR, EXIT = 1, 2, 3
+DRAIN_AFTER_EXIT = 0.2   # seconds to keep reading output a background child may still hold open
+LEASE_POLL = 1.0         # fallback check of a lease's connection (disconnects also cancel the handler)
+CHUNK = 1 << 16
+OUTPUT_CHUNK = 1 << 20   # an exec's output is read (and framed) in pieces up to this size
+HEADERS_AFTER = 0.005    # a silent command's response headers wait this long for output to ride along
+
+_STATUS = [
+    (errors.NotFoundError, 404), (errors.ConfigError, 400), (errors.StateError, 409),
+    (errors.DaemonError, 503), (errors.SandboxTimeout, 504), (errors.Error, 500),
+]
+
+
+def _frame(kind: int, payload: bytes) -> bytes:
+    return struct.pack(">BI", kind, len(payload)) + payload
+
+
+def error_response(e: BaseException) -> web.Response:
+    if isinstance(e, errors.Error):
+        status = next(code for cls, code in _STATUS if isinstance(e, cls))
+        body = {"error": type(e).__name__, "message": str(e)}
+    else:
+        status = 500
+        body = {"error": "DaemonError", "message": f"the daemon failed: {type(e).__name__}: {e}. See its log."}
+    return web.json_response(body, status=status)
+
+
+def make_app(mgr: Manager, gate=None) -> web.Application:
+    """The API's app. `gate` (listen.Gate) accepted the connections: every request must come through one
+    of its connections (Unix peers it checked; TCP requests carry its token), else it is refused."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler):
+        conn = gate.lookup(request.transport) if gate is not None else None
+        if conn is None:
+            resp = web.json_response({"error": "DaemonError", "message":
+                                      "this connection did not come through the daemon's listeners."}, status=403)
+            resp.force_close()
+            return resp
+        if not gate.authorize(conn, request.headers.get("Authorization")):
+            resp = web.json_response({"error": "DaemonError", "message":
+                                      "missing or wrong bearer token; send Authorization: Bearer <token> "
+                                      "(the SDK sends $HUTCH_TOKEN or the file $HUTCH_TOKEN_FILE)."}, status=401)
+            resp.force_close()
+            return resp
+        conn.begin()
+        try:
+            return await handler(request)
+        except web.HTTPException as e:
+            if e.status == 404:
+                return web.json_response({"error": "NotFoundError", "message":
+                                          f"no route {request.method} {request.path}; see GET /v1/openapi.json."},
+                                         status=404)
+            if e.status == 405:
+                return web.json_response({"error": "ConfigError", "message":
+                                          f"{request.method} is not allowed on {request.path}; see GET /v1/openapi.json."},
+                                         status=405)
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure becomes a JSON error body
+            return error_response(e)
+        finally:
+            conn.end()
+
+    app = web.Application(middlewares=[guard], client_max_size=1 << 30)
+    h = Handlers(mgr)
+    r = app.router
+    r.add_get("/v1/health", h.health)
+    r.add_get("/v1/openapi.json", h.openapi)
+    r.add_get("/v1/doctor", h.doctor)
+    r.add_post("/v1/sandboxes", h.create)
+    r.add_get("/v1/sandboxes", h.list)
+    r.add_get("/v1/sandboxes/{id}", h.info)
+    r.add_post("/v1/sandboxes/{id}/terminate", h.terminate)
+    r.add_post("/v1/sandboxes/{id}/wait", h.wait)
+    r.add_get("/v1/sandboxes/{id}/lease", h.lease)
+    r.add_post("/v1/sandboxes/{id}/exec", h.exec)
+    r.add_post("/v1/sandboxes/{id}/exec/{eid}/stdin", h.stdin)
+    r.add_post("/v1/sandboxes/{id}/exec/{eid}/kill", h.kill)
+    r.add_post("/v1/sandboxes/{id}/exec/{eid}/wait", h.exec_wait)
+    r.add_get("/v1/sandboxes/{id}/files/read", h.read)
+    r.add_put("/v1/sandboxes/{id}/files/write", h.write)
+    r.add_get("/v1/sandboxes/{id}/files/list", h.list_files)
+    r.add_get("/v1/sandboxes/{id}/files/stat", h.stat)
+    r.add_post("/v1/sandboxes/{id}/files/remove", h.remove)
+    r.add_post("/v1/sandboxes/{id}/files/mkdir", h.mkdir)
+    r.add_post("/v1/images/ensure", h.ensure_image)
+    r.add_get("/v1/images", h.images)
+    r.add_put("/v1/sandboxes/{id}/network", h.set_network)
+    r.add_get("/v1/sandboxes/{id}/network/log", h.network_log)
+    add_store_routes(r, mgr)   # snapshots, image store, volumes (store_routes.py)
+    return app
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    return request.query.get(name, "0").lower() in ("1", "true", "yes")
+
+
+def _path(request: web.Request) -> str:
+    path = request.query.get("path")
+    if not path:
+        raise ConfigError("the query parameter path= is required, e.g. ?path=/home/user/a.txt.")
+    return path
+
+
+class Handlers:
+    def __init__(self, mgr: Manager):
+        self.mgr = mgr
+
+    async def health(self, request):
+        body = {"version": hutch.__version__, "pid": os.getpid()}
+        why = self.mgr.unavailable()
+        if why:   # not healthy while it cannot start sandboxes
+            return web.json_response({**body, "error": "DaemonError", "message": why}, status=503)
+        return web.json_response(body)
+
+    async def doctor(self, request):
+        return web.json_response(await asyncio.to_thread(doctor_report, self.mgr))   # walks the image store
+
+    async def openapi(self, request):
+        return web.json_response(openapi_document(request.app))
+
+    async def create(self, request):
+        body = await json_body(request)
+        if not isinstance(body.get("spec"), dict):
+            raise ConfigError('the body must be {"spec": SandboxSpec.to_dict()}.')
+        spec = SandboxSpec.from_dict(body["spec"])
+        # Shielded: a client that hangs up mid-create must not leave a half-built sandbox; without
+        # its lease the sandbox is ended after the grace period.
+        sb = await asyncio.shield(self.mgr.create(spec))
+        return web.json_response(sb.info(), status=201)
+
+    async def list(self, request):
+        tags = {}
+        for t in request.query.getall("tag", []):
+            k, sep, v = t.partition(":")
+            if not sep:
+                raise ConfigError(f"tag={t!r} must be key:value.")
+            tags[k] = v
+        return web.json_response({"sandboxes": [sb.info() for sb in self.mgr.list(tags)]})
+
+    async def info(self, request):
+        return web.json_response(self.mgr.get(request.match_info["id"]).info())
+
+    async def terminate(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        await asyncio.shield(self.mgr.end(sb, "terminated"))
+        return web.json_response(sb.info())
+
+    async def wait(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        timeout = request.query.get("timeout")
+        try:
+            t = float(timeout) if timeout is not None else None
+        except ValueError as e:
+            raise ConfigError(f"timeout={timeout!r} must be a number of seconds.") from e
+        try:
+            await asyncio.wait_for(sb.gone.wait(), t)
+        except asyncio.TimeoutError:
+            pass
+        return web.json_response(sb.info())
+
+    async def lease(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        if not sb.active:
+            return web.json_response(sb.info())
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        self.mgr.lease_opened(sb)
+        try:
+            await resp.prepare(request)
+            await resp.write(b"\n")  # flushes the headers: the client may read that its lease is held
+            while not sb.gone.is_set():
+                tr = request.transport
+                if tr is None or tr.is_closing():
+                    break
+                try:
+                    await asyncio.wait_for(sb.gone.wait(), LEASE_POLL)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            self.mgr.lease_closed(sb)
+        return resp
+
+    # --- exec ---------------------------------------------------------------------------
+
+    async def exec(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        body = await json_body(request)
+        ex = await self.mgr.exec_start(sb, body.get("argv"), body.get("env"), body.get("workdir"),
+                                       body.get("timeout"), bool(body.get("stdin")), body.get("stdout", True),
+                                       body.get("stderr", True), body.get("max_output"), body.get("user", "root"))
+        out = _Output(asyncio.get_running_loop(), ex)
+        resp = None
+        task = asyncio.current_task()
+        self.mgr.streams.add(task)
+        try:
+            if ex.stdin_w is not None:  # the client needs the exec id (a header) to feed stdin: send it now
+                resp = await _prepare(request, ex, immediate=True)
+            deadline = None
+            while True:
+                if out.frames:
+                    data = out.take()
+                    if resp is None:  # headers leave together with the first output
+                        resp = await _prepare(request, ex, immediate=False)
+                    await resp.write(data)   # waits while the client is slow: backpressure on the pipes
+                    out.resume()
+                    continue
+                if ex.exited.done():
+                    if not out.open:
+                        break
+                    if deadline is None:  # a background child may hold the output open: drain briefly
+                        deadline = asyncio.get_running_loop().time() + DRAIN_AFTER_EXIT
+                    elif asyncio.get_running_loop().time() >= deadline:
+                        break
+                if resp is None and deadline is None:
+                    timeout = HEADERS_AFTER   # a silent command: send the headers soon anyway
+                else:
+                    timeout = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
+                woke = await out.wait(timeout)
+                if not woke and resp is None and not ex.exited.done():
+                    resp = await _prepare(request, ex, immediate=True)
+            status = self.mgr.exec_result(sb, ex)
+            if ex.max_output is not None:
+                status = {**status, "stdout_dropped": out.dropped[STDOUT], "stderr_dropped": out.dropped[STDERR]}
+            final = _frame(EXIT, json.dumps(status).encode())
+            if resp is None:  # a quick command: headers, output and exit status in one write
+                resp = await _prepare(request, ex, immediate=False)
+            await resp.write_eof(final)
+            return resp
+        finally:
+            self.mgr.streams.discard(task)
+            out.close()
+            ex.streaming = False
+            if not ex.exited.done():  # the client went away: the command goes with it
+                await self.mgr.exec_kill(sb, ex, signal.SIGKILL, "killed")
+            if ex.stdin_w is not None:
+                try:
+                    os.close(ex.stdin_w)
+                except OSError:
+                    pass
+                ex.stdin_w = None
+
+    async def stdin(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        ex = self.mgr.find_exec(sb, request.match_info["eid"])
+        data = await request.read()
+        if ex.stdin_w is None:
+            if data or not _flag(request, "eof"):
+                raise errors.StateError("this exec's stdin is closed or was not requested; pass stdin=True to exec.")
+            return web.Response(status=204)
+        fd = ex.stdin_w
+        view = memoryview(data)
+        os.set_blocking(fd, False)
+        loop = asyncio.get_running_loop()
+        try:
+            while view:
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:
+                    fut = loop.create_future()
+                    loop.add_writer(fd, fut.set_result, None)
+                    try:
+                        await fut
+                    finally:
+                        loop.remove_writer(fd)
+        except BrokenPipeError as e:
+            raise errors.StateError("the command closed its stdin or has exited.") from e
+        if _flag(request, "eof"):
+            ex.stdin_w = None
+            os.close(fd)
+        sb.touch()
+        return web.Response(status=204)
+
+    async def exec_wait(self, request):
+        """How a command ended, without its output: a client that has not read all of it (so the daemon
+        holds the rest back) still learns that the command exited, was killed or timed out."""
+        sb = self.mgr.get(request.match_info["id"])
+        ex = self.mgr.find_exec(sb, request.match_info["eid"])
+        timeout = request.query.get("timeout")
+        try:
+            t = float(timeout) if timeout is not None else None
+        except ValueError as e:
+            raise ConfigError(f"timeout={timeout!r} must be a number of seconds.") from e
+        try:
+            await asyncio.wait_for(asyncio.shield(ex.exited), t)
+        except asyncio.TimeoutError:
+            return web.json_response({"returncode": None, "reason": None})
+        return web.json_response(self.mgr.exec_result(sb, ex))
+
+    async def kill(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        ex = self.mgr.find_exec(sb, request.match_info["eid"])
+        body = await json_body(request, optional=True)
+        sig = body.get("signal", signal.SIGKILL)
+        if isinstance(sig, bool) or not isinstance(sig, int) or not 1 <= sig <= 64:
+            raise ConfigError(f"signal={sig!r} must be a signal number, like 9 or 15.")
+        await self.mgr.exec_kill(sb, ex, sig, "killed")
+        return web.Response(status=204)
+
+    # --- files --------------------------------------------------------------------------
+
+    async def read(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        reply, fds = await self.mgr.file_call(sb, "read", _path(request))
+        return await send_fd(request, fds[0], reply["size"])
+
+    async def write(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        path = _path(request)
+        try:
+            mode = int(request.query.get("mode", "0644"), 8)
+        except ValueError as e:
+            raise ConfigError(f"mode={request.query.get('mode')!r} must be octal, like 0644.") from e
+        if not 0 <= mode <= 0o7777:
+            raise ConfigError(f"mode={oct(mode)} is out of range; give permission bits like 0644.")
+        reply, fds = await self.mgr.file_call(sb, "write_open", path, mode=mode)
+        fd, tmp = fds[0], reply["tmp"]
+        try:
+            async for chunk in request.content.iter_chunked(CHUNK * 4):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+        except BaseException as e:
+            os.close(fd)
+            await self.mgr.file_call(sb, "write_abort", path, tmp=tmp)
+            if isinstance(e, OSError) and e.errno in (28, 122):  # ENOSPC, EDQUOT
+                raise errors.SandboxError(f"writing {path}: the sandbox's disk limit is reached; "
+                                          "create it with a larger disk= or remove files.") from e
+            raise
+        os.close(fd)
+        await self.mgr.file_call(sb, "write_commit", path, tmp=tmp)
+        return web.Response(status=204)
+
+    async def list_files(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        reply, _ = await self.mgr.file_call(sb, "list", _path(request))
+        return web.json_response({"entries": reply["entries"]})
+
+    async def stat(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        reply, _ = await self.mgr.file_call(sb, "stat", _path(request))
+        return web.json_response(reply["entry"])
+
+    async def remove(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        await self.mgr.file_call(sb, "remove", _path(request), recursive=_flag(request, "recursive"))
+        return web.Response(status=204)
+
+    async def mkdir(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        await self.mgr.file_call(sb, "mkdir", _path(request), parents=_flag(request, "parents"))
+        return web.Response(status=204)
+
+    # --- images -------------------------------------------------------------------------
+
+    async def ensure_image(self, request):
+        body = await json_body(request)
+        ref = body.get("ref")
+        if not isinstance(ref, str) or not ref:
+            raise ConfigError('the body must be {"ref": "<image reference>"}.')
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+
+        def progress(ev: dict) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+
+        job = loop.run_in_executor(None, images.ensure_image, ref, progress)
+        while True:
+            getter = asyncio.ensure_future(events.get())
+            done, _ = await asyncio.wait([getter, job], return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                await resp.write(json.dumps(getter.result()).encode() + b"\n")
+                continue
+            getter.cancel()
+            while not events.empty():
+                await resp.write(json.dumps(events.get_nowait()).encode() + b"\n")
+            try:
+                img = job.result()
+                last = {"done": True, "ref": img.ref, "id": img.id}
+            except errors.Error as e:
+                last = {"error": type(e).__name__, "message": str(e)}
+            except Exception as e:  # noqa: BLE001
+                last = {"error": "ImageError", "message": f"building image {ref!r} failed: {e}"}
+            await resp.write(json.dumps(last).encode() + b"\n")
+            await resp.write_eof()
+            return resp
+
+    async def images(self, request):
+        lister = getattr(images, "list_images", None) or _built_images
+        items = await asyncio.get_running_loop().run_in_executor(None, lister)
+        return web.json_response({"images": [i if isinstance(i, dict) else vars(i) for i in items]})
+
+    # --- network ------------------------------------------------------------------------
+
+    async def set_network(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        body = await json_body(request)
+        d = body.get("network")
+        if not isinstance(d, dict):
+            raise ConfigError('the body must be {"network": {...}} as Network makes it.')
+        net = Network.from_dict(d)   # validates like the named constructors; errors name the entry
+        if self.mgr.network is None:
+            raise NetworkPolicyError("this daemon runs no egress gateway, so a sandbox's network cannot change; "
+                                     "sandboxes here have Network.none().")
+        self.mgr._live(sb)
+        await self.mgr.network.update(sb.id, net)
+        return web.Response(status=204)
+
+    async def network_log(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        if self.mgr.network is None:
+            return web.json_response({"decisions": []})
+        return web.json_response(self.mgr.network.log(sb.id))
+
+
+def _built_images() -> list[dict]:
+    """The images built on this host: each images_dir()/<name>/image.json."""
+    out = []
+    base = images.images_dir() if hasattr(images, "images_dir") else None
+    for meta in sorted(base.glob("*/image.json")) if base and base.is_dir() else ():
+        try:
+            d = json.loads(meta.read_text())
+            out.append({k: d.get(k) for k in ("ref", "id", "size", "created_at")})
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+class _Coalesced(web.StreamResponse):
+    """Headers wait for the first body write and leave in the same packet (aiohttp >= 3.12 honours this)."""
+
+    _send_headers_immediately = False
+
+
+async def _prepare(request: web.Request, ex, *, immediate: bool) -> web.StreamResponse:
+    cls = web.StreamResponse if immediate else _Coalesced
+    resp = cls(headers={"Content-Type": FRAMES, "X-Hutch-Exec-Id": ex.eid})
+    await resp.prepare(request)
+    return resp
+
+
+class _Output:
+    """An exec's stdout and stderr pipes, read straight from the event loop into frames.
+
+    Lighter than a transport and a task per pipe (this is on every exec's path). Flow control: a
+    reader pauses while PAUSE_AT framed bytes wait for the client (and the handler waits for the
+    client to take each write), so the daemon holds at most a few MiB per exec and a slow client
+    slows the command. Past the exec's max_output a stream is no longer framed: it is drained into
+    /dev/null (spliced, never copied) and counted, so the command runs on at full speed.
+    """
+
+    PAUSE_AT = OUTPUT_CHUNK
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, ex) -> None:
+        self.loop = loop
+        self.fds = {fd: kind for fd, kind in ((ex.out_r, STDOUT), (ex.err_r, STDERR)) if fd is not None}
+        self.open = set(self.fds)
+        self.paused: set[int] = set()
+        self.frames: list[bytes] = []
+        self.size = 0
+        self.budget = {fd: ex.max_output for fd in self.fds}   # None: everything goes to the client
+        self.dropped = {STDOUT: 0, STDERR: 0}
+        self.waiter: asyncio.Future | None = None
+        self.exited = ex.exited
+        for fd in self.fds:
+            os.set_blocking(fd, False)
+            loop.add_reader(fd, self._readable, fd)
+
+    def _readable(self, fd: int) -> None:
+        budget = self.budget[fd]
+        try:
+            if budget == 0:
+                n = _discard(fd)
+                self.dropped[self.fds[fd]] += n
+                if n:
+                    return
+                data = b""
+            else:
+                data = os.read(fd, OUTPUT_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            if budget is not None and len(data) > budget:
+                self.dropped[self.fds[fd]] += len(data) - budget
+                data = data[:budget]
+            if budget is not None:
+                self.budget[fd] = budget - len(data)
+            self.frames.append(_frame(self.fds[fd], data))
+            self.size += len(data)
+            if self.size >= self.PAUSE_AT and self.budget[fd] != 0:
+                self.loop.remove_reader(fd)
+                self.paused.add(fd)
+        else:
+            self.loop.remove_reader(fd)
+            self.open.discard(fd)
+        self._wake()
+
+    def take(self) -> bytes:
+        data = b"".join(self.frames)
+        self.frames.clear()
+        self.size = 0
+        return data
+
+    def resume(self) -> None:
+        for fd in self.paused:
+            if fd in self.open:
+                self.loop.add_reader(fd, self._readable, fd)
+        self.paused.clear()
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Until output (or its end) arrives, the command exits, or `timeout`; False on the timeout."""
+        self.waiter = fut = self.loop.create_future()
+        watch = not self.exited.done()
+        if watch:
+            self.exited.add_done_callback(self._wake)
+        timer = self.loop.call_later(timeout, self._wake, None, False) if timeout is not None else None
+        try:
+            return await fut
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if watch:
+                self.exited.remove_done_callback(self._wake)
+            self.waiter = None
+
+    def _wake(self, _f=None, value: bool = True) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(value)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            if fd in self.open and fd not in self.paused:
+                self.loop.remove_reader(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.open.clear()
+
+
+_devnull = -1
+
+
+def _discard(fd: int) -> int:
+    """Move what the pipe `fd` holds into /dev/null; the number of bytes (0 at its end)."""
+    global _devnull
+    if _devnull < 0:
+        _devnull = os.open("/dev/null", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        return os.splice(fd, _devnull, OUTPUT_CHUNK, flags=os.SPLICE_F_NONBLOCK)
+    except BlockingIOError:
+        raise
+    except OSError as e:
+        if e.errno != errno.EINVAL:   # EINVAL: no splice here; a read does the same, with a copy
+            raise
+        return len(os.read(fd, OUTPUT_CHUNK))
+
+
+__all__ = ["error_response", "make_app"]

@@ -1,0 +1,269 @@
+"""HTTP routes of the layer store and the volumes (docs/api.md): snapshots, image nodes, rm/prune,
+export/import, volumes and their files. Added to the app by `add_routes`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+
+from aiohttp import web
+
+from hutch._core.errors import ConfigError, ImageError, StateError
+from hutch.sandbox._host import archive, images, layers, volumes
+from hutch.sandbox._host.daemon.execs import _error
+from hutch.sandbox._host.daemon.http import json_body, send_fd
+from hutch.sandbox._spec import check_volume_name
+
+CHUNK = 1 << 18
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    return request.query.get(name, "0").lower() in ("1", "true", "yes")
+
+
+def _str_or_none(body: dict, key: str) -> str | None:
+    v = body.get(key)
+    if v is not None and not isinstance(v, str):
+        raise ConfigError(f"{key}={v!r} must be a string.")
+    return v
+
+
+def _env(body: dict) -> dict:
+    env = body.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ConfigError("env must map strings to strings.")
+    return env
+
+
+async def _run(fn, *args, **kw):
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kw))
+
+
+class StoreRoutes:
+    def __init__(self, mgr):
+        self.mgr = mgr
+
+    # --- what running sandboxes use ------------------------------------------------------------
+
+    def _active(self):
+        return [sb for sb in self.mgr.sandboxes.values() if sb.active and sb.spec is not None]
+
+    def _in_use(self) -> tuple[set[str], set[str]]:
+        nodes, layer_ids = set(), set()
+        store = layers.layers_dir()
+        for sb in self._active():
+            img = sb.image
+            if img is None:
+                continue
+            if layers.node_id_of(img.ref):
+                nodes.add(img.id)
+            for d in img.lowerdirs:
+                if d.parent.parent == store:
+                    layer_ids.add(d.parent.name)
+        return nodes, layer_ids
+
+    # --- snapshots and image nodes -------------------------------------------------------------
+
+    async def snapshot(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        ch = self.mgr._live(sb)
+        body = await json_body(request, optional=True)
+        key, name = _str_or_none(body, "key"), _str_or_none(body, "name")
+        if key is not None and (len(key) != 64 or any(c not in "0123456789abcdef" for c in key)):
+            raise ConfigError(f"key={key!r} must be 64 hex digits (a build step's key).")
+        reply, fds = await ch.request({"op": "upper"})
+        if not reply["ok"] or not fds:
+            raise _error(reply)
+        sb.touch()
+        try:
+            node = await _run(self._commit, fds[0], sb, key, name, _env(body), _str_or_none(body, "workdir"),
+                              _str_or_none(body, "description") or "")
+        finally:
+            os.close(fds[0])
+        return web.json_response(node, status=201)
+
+    @staticmethod
+    def _commit(upper: int, sb, key, name, env, workdir, description) -> dict:
+        dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=upper)
+        try:
+            digest, meta = layers.commit_tree(dfd, sb.uid_base)  # back to the sandbox's own ids
+        finally:
+            os.close(dfd)
+        parent = sb.spec.image
+        node_id = key or layers.snapshot_id(parent, digest)
+        node = layers.put_node(node_id, parent, layer=digest, kind="step" if key else "snapshot", env=env,
+                                workdir=workdir, name=name, pinned=key is None,
+                                description=description or f"snapshot of sandbox {sb.id}")
+        return {**node, "size": meta["size"], "files": meta["files"]}
+
+    async def put_node(self, request):
+        """A node without a layer (an env or workdir step), or a name/pin for an existing image."""
+        body = await json_body(request, optional=True)
+        nid, parent = _str_or_none(body, "id"), _str_or_none(body, "parent")
+        if not nid or not parent:
+            raise ConfigError('the body must be {"id": <64 hex>, "parent": <image ref>, "env": {...}, "workdir": ...}.')
+        await _run(images.resolve_image, parent)   # the parent must exist (NotFoundError names the fix)
+        node = await _run(layers.put_node, nid, parent, layer=None, kind=body.get("kind") or "step",
+                          env=_env(body), workdir=_str_or_none(body, "workdir"), name=_str_or_none(body, "name"),
+                          description=_str_or_none(body, "description") or "", pinned=bool(body.get("pinned")))
+        return web.json_response(node, status=201)
+
+    async def get_node(self, request):
+        key = request.match_info["key"]
+        node = await _run(layers.find, key)
+        await _run(layers.chain, node["id"])   # every ancestor and layer present, else 404
+        return web.json_response({**node, "size": layers.layer_size(node.get("layer"))})
+
+    async def remove(self, request):
+        nodes, _ = self._in_use()
+        removed = await _run(layers.remove, request.match_info["key"], nodes, force=_flag(request, "force"))
+        return web.json_response({"removed": removed})
+
+    async def prune(self, request):
+        nodes, layer_ids = self._in_use()
+        return web.json_response(await _run(layers.prune, layer_ids, nodes))
+
+    async def export(self, request):
+        key = request.match_info["key"]
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-export-", dir=layers.layers_dir())
+        try:
+            with os.fdopen(fd, "wb") as f:
+                await _run(archive.export, key, f)
+            resp = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
+            resp.content_length = os.path.getsize(tmp)
+            await resp.prepare(request)
+            with open(tmp, "rb") as f:
+                while chunk := f.read(CHUNK * 4):
+                    await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+        finally:
+            os.unlink(tmp)
+
+    async def import_(self, request):
+        limits = archive.ImportLimits.from_env()
+        layers.private_dir(layers.layers_dir())
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-import-", dir=layers.layers_dir())
+        try:
+            with os.fdopen(fd, "wb") as f:
+                size = 0
+                async for chunk in request.content.iter_chunked(CHUNK):
+                    size += len(chunk)
+                    if size > limits.bytes:   # the spool is bounded too, not only what is extracted from it
+                        raise ImageError(f"the image archive is larger than {limits.bytes} bytes "
+                                         "(HUTCH_IMPORT_MAX_BYTES of the daemon); raise that limit if it is yours.")
+                    f.write(chunk)
+            with open(tmp, "rb") as f:
+                result = await _run(archive.import_, f, limits)
+            return web.json_response(result, status=201)
+        finally:
+            os.unlink(tmp)
+
+    # --- volumes -------------------------------------------------------------------------------
+
+    def _users(self, name: str) -> list[str]:
+        return [sb.id for sb in self._active()
+                if any(m.kind == "volume" and m.source == name for m in sb.spec.mounts)]
+
+    async def volumes(self, request):
+        vols = await _run(volumes.list_volumes)
+        return web.json_response({"volumes": [{**v, "in_use": self._users(v["name"])} for v in vols]})
+
+    async def volume(self, request):
+        body = await json_body(request, optional=True)
+        name = check_volume_name(body.get("name"))
+        fn = volumes.create if body.get("create") else volumes.info
+        return web.json_response({**await _run(fn, name), "in_use": self._users(name)})
+
+    async def remove_volume(self, request):
+        name = check_volume_name(request.match_info["name"])
+        users = self._users(name)
+        if users and not _flag(request, "force"):
+            raise StateError(f"volume {name!r} is mounted by running sandbox(es) {', '.join(users)}; terminate "
+                             "them first, or pass --force (force=1) to remove it anyway (they see it emptied).")
+        await _run(volumes.remove_volume, name)
+        return web.Response(status=204)
+
+    async def vol_list(self, request):
+        entries = await _run(volumes.list_dir, request.match_info["name"], request.query.get("path", "/"))
+        return web.json_response({"entries": entries})
+
+    async def vol_read(self, request):
+        fd, size = await _run(volumes.open_read, request.match_info["name"], _path(request))
+        return await send_fd(request, fd, size)
+
+    async def vol_write(self, request):
+        try:
+            mode = int(request.query.get("mode", "0644"), 8)
+        except ValueError as e:
+            raise ConfigError(f"mode={request.query.get('mode')!r} must be octal, like 0644.") from e
+        data = await request.read()   # a volume file call: bounded by client_max_size
+        await _run(volumes.write, request.match_info["name"], _path(request), [data], mode & 0o7777)
+        return web.Response(status=204)
+
+    async def vol_remove(self, request):
+        await _run(volumes.remove, request.match_info["name"], _path(request), recursive=_flag(request, "recursive"))
+        return web.Response(status=204)
+
+
+def _path(request: web.Request) -> str:
+    path = request.query.get("path")
+    if not path:
+        raise ConfigError("the query parameter path= is required, e.g. ?path=/data.csv.")
+    return path
+
+
+def add_routes(r: web.UrlDispatcher, mgr) -> None:
+    h = StoreRoutes(mgr)
+    r.add_post("/v1/sandboxes/{id}/snapshot", h.snapshot)
+    r.add_post("/v1/images/nodes", h.put_node)
+    r.add_post("/v1/images/prune", h.prune)
+    r.add_post("/v1/images/import", h.import_)
+    r.add_get("/v1/images/{key}", h.get_node)
+    r.add_delete("/v1/images/{key}", h.remove)
+    r.add_get("/v1/images/{key}/export", h.export)
+    r.add_get("/v1/volumes", h.volumes)
+    r.add_post("/v1/volumes", h.volume)
+    r.add_delete("/v1/volumes/{name}", h.remove_volume)
+    r.add_get("/v1/volumes/{name}/files/list", h.vol_list)
+    r.add_get("/v1/volumes/{name}/files/read", h.vol_read)
+    r.add_put("/v1/volumes/{name}/files/write", h.vol_write)
+    r.add_post("/v1/volumes/{name}/files/remove", h.vol_remove)
+
+
+__all__ = ["add_routes"]
+
+
+def _op(summary: str, code: str = "200", body: str | None = None, query: tuple = ()) -> dict:
+    op: dict = {"summary": summary, "responses": {code: {"description": "ok"}}}
+    if body == "json":
+        op["requestBody"] = {"required": False, "content": {"application/json": {"schema": {"type": "object"}}}}
+    elif body:
+        op["requestBody"] = {"required": True, "content": {body: {"schema": {"type": "string", "format": "binary"}}}}
+    if query:
+        op["parameters"] = [{"name": q, "in": "query", "required": q == "path", "schema": {"type": "string"}}
+                            for q in query]
+    return op
+
+
+#: The OpenAPI operations of these routes (merged into openapi.OPERATIONS).
+OPERATIONS = {
+    ("post", "/v1/sandboxes/{id}/snapshot"): _op("Freeze the sandbox's writable layer into an image", "201", "json"),
+    ("post", "/v1/images/nodes"): _op("Record an image without a layer (env, workdir) or name/pin one", "201", "json"),
+    ("post", "/v1/images/prune"): _op("Remove unpinned build cache and unused layers"),
+    ("post", "/v1/images/import"): _op("Import an image archive (tar)", "201", "application/x-tar"),
+    ("get", "/v1/images/{key}"): _op("One image (id, prefix or name), 404 unless every layer is present"),
+    ("delete", "/v1/images/{key}"): _op("Remove an image", query=("force",)),
+    ("get", "/v1/images/{key}/export"): _op("The image as a tar archive (its layers, not its base)"),
+    ("get", "/v1/volumes"): _op("List volumes and the sandboxes that mount them"),
+    ("post", "/v1/volumes"): _op("Look up (or with create: true, create) a volume", body="json"),
+    ("delete", "/v1/volumes/{name}"): _op("Remove a volume (refused while mounted unless force=1)", "204",
+                                          query=("force",)),
+    ("get", "/v1/volumes/{name}/files/list"): _op("List a directory of a volume", query=("path",)),
+    ("get", "/v1/volumes/{name}/files/read"): _op("Read a file of a volume", query=("path",)),
+    ("put", "/v1/volumes/{name}/files/write"): _op("Write a file of a volume (temp file + rename)", "204",
+                                                   "application/octet-stream", ("path", "mode")),
+    ("post", "/v1/volumes/{name}/files/remove"): _op("Remove a file or directory of a volume", "204",
+                                                     query=("path", "recursive")),
+}

@@ -1,0 +1,190 @@
+"""Per-sandbox cgroups: memory, pids and cpu limits; OOM counts; kill and removal.
+
+cgroup v1 (this host runs hybrid: v1 controllers, an empty v2 tree) puts each
+sandbox at /sys/fs/cgroup/<controller>/<parent>/<id>; pure cgroup v2 at
+/sys/fs/cgroup/<parent>/<id>. `parent` is `hutch` for the default daemon and
+`hutch-<hash>` for a daemon with its own run directory, so daemons never
+reap each other's sandboxes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from pathlib import Path
+
+from hutch._core.errors import SandboxError
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+V1_CONTROLLERS = ("memory", "pids", "cpu")
+CPU_PERIOD_US = 100_000
+ZYGOTE_LEAF = "_zygote"
+#: A daemon's sandboxes together hold at most 1 / HOST_PIDS_DIVISOR of the host's process ids.
+HOST_PIDS_DIVISOR = 2
+
+
+def _write(path, value) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, str(value).encode())
+    finally:
+        os.close(fd)
+
+
+def host_pids_share() -> int:
+    """How many processes and threads a daemon's sandboxes may hold together: half of what the host has."""
+    limits = []
+    for f in ("/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"):
+        try:
+            limits.append(int(Path(f).read_text()))
+        except (OSError, ValueError):
+            continue
+    return max(1024, min(limits, default=32768) // HOST_PIDS_DIVISOR)
+
+
+class Cgroups:
+    """The cgroup subtree of one daemon."""
+
+    def __init__(self, parent: str, root: Path = CGROUP_ROOT):
+        self.parent = parent
+        self.v2 = (root / "cgroup.controllers").exists()
+        if self.v2:
+            self.bases = [root / parent]
+        else:
+            missing = [c for c in V1_CONTROLLERS if not (root / c / "cgroup.procs").exists()]
+            if missing:
+                raise SandboxError(
+                    f"cgroup controllers {missing} are not mounted under {root}; mount the v1 memory, pids and cpu "
+                    "controllers, or boot with cgroup v2."
+                )
+            self.bases = [root / c / parent for c in V1_CONTROLLERS]
+        # plain strings: these paths are built on every create and teardown, pathlib costs more there
+        self._bases = [str(b) for b in self.bases]
+        self._memsw: bool | None = None   # the v1 memory controller accounts swap (looked up once)
+
+    def setup(self) -> None:
+        """Make (or remake: a restart after someone removed them) the parents and the zygote's leaf."""
+        for b in self.bases:
+            b.mkdir(exist_ok=True)
+        if self.v2:
+            # Controllers must be enabled on the way down; a v2 parent with controllers holds no processes.
+            _write(self.bases[0].parent / "cgroup.subtree_control", "+memory +pids +cpu")
+            _write(self.bases[0] / "cgroup.subtree_control", "+memory +pids +cpu")
+        # Process ids are a host-wide pool (kernel.pid_max, 32768 by default): 64 sandboxes filling their own
+        # pids limit (512) would leave the host none. All of this daemon's sandboxes together get at most a share.
+        _write(self.pids_dir() / "pids.max", host_pids_share())
+        for b in self.bases:
+            (b / ZYGOTE_LEAF).mkdir(exist_ok=True)
+
+    def lock_file(self) -> Path:
+        """A file of this cgroup tree's root, the same for every daemon whatever its mount namespace (it locks
+        byte ranges there: see idmap.UidRanges)."""
+        return self.bases[0].parent / "cgroup.procs" if self.v2 else self.pids_dir().parent / "cgroup.procs"
+
+    def pids_dir(self) -> Path:
+        """The daemon's own cgroup of the pids controller (its sandboxes' parent)."""
+        return self.bases[0] if self.v2 else self.bases[V1_CONTROLLERS.index("pids")]
+
+    def dirs(self, sid: str) -> list[Path]:
+        return [b / sid for b in self.bases]
+
+    def paths(self, sid: str) -> tuple[str, ...]:
+        """The sandbox's cgroup directories: a host process doing work for it (a memory view) joins them."""
+        return tuple(f"{b}/{sid}" for b in self._bases)
+
+    def procs_files(self, sid: str) -> list[str]:
+        return [f"{b}/{sid}/cgroup.procs" for b in self._bases]
+
+    def create(self, sid: str, memory: int | None = None, pids: int | None = None, cpu: float | None = None) -> None:
+        for b in self._bases:
+            os.mkdir(f"{b}/{sid}")
+        self.set_limits(sid, memory, pids, cpu)
+
+    def set_limits(self, sid: str, memory: int | None = None, pids: int | None = None, cpu: float | None = None) -> None:
+        if self.v2:
+            d = self.dirs(sid)[0]
+            if memory:
+                _write(d / "memory.max", memory)
+                _write(d / "memory.swap.max", 0) if (d / "memory.swap.max").exists() else None
+            if pids:
+                _write(d / "pids.max", pids)
+            if cpu:
+                _write(d / "cpu.max", f"{int(cpu * CPU_PERIOD_US)} {CPU_PERIOD_US}")
+            return
+        mem, pid, cpud = (f"{b}/{sid}" for b in self._bases)
+        if memory:
+            _write(f"{mem}/memory.limit_in_bytes", memory)
+            if self._memsw is None:
+                self._memsw = os.path.exists(f"{mem}/memory.memsw.limit_in_bytes")
+            if self._memsw:  # no swap beyond the limit
+                _write(f"{mem}/memory.memsw.limit_in_bytes", memory)
+        if pids:
+            _write(f"{pid}/pids.max", pids)
+        if cpu:
+            # the period is the kernel's default (100 ms) in a new cgroup: only the quota needs writing
+            if CPU_PERIOD_US != 100_000:
+                _write(f"{cpud}/cpu.cfs_period_us", CPU_PERIOD_US)
+            _write(f"{cpud}/cpu.cfs_quota_us", int(cpu * CPU_PERIOD_US))
+
+    def oom_kills(self, sid: str) -> int:
+        try:
+            fd = os.open(f"{self._bases[0]}/{sid}/{'memory.events' if self.v2 else 'memory.oom_control'}",
+                         os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return 0
+        try:
+            text = os.read(fd, 4096).decode()
+        except OSError:
+            return 0
+        finally:
+            os.close(fd)
+        for line in text.splitlines():
+            k, _, v = line.partition(" ")
+            if k == "oom_kill":
+                return int(v)
+        return 0
+
+    def pids(self, sid: str) -> set[int]:
+        out: set[int] = set()
+        for d in self.dirs(sid):
+            try:
+                out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except FileNotFoundError:
+                pass
+        return out
+
+    def remove(self, sid: str, deadline: float = 2.0) -> bool:
+        """Kill whatever is left in the sandbox's cgroups and remove them; True when all are gone."""
+        end = time.monotonic() + deadline
+        pending = [f"{b}/{sid}" for b in self._bases]
+        delay = 0.0005
+        while pending:
+            for d in list(pending):
+                try:
+                    os.rmdir(d)
+                    pending.remove(d)
+                except FileNotFoundError:
+                    pending.remove(d)
+                except OSError as e:
+                    if e.errno != errno.EBUSY:
+                        raise
+                    for pid in self.pids(sid):  # only processes of this sandbox's own cgroup
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+            if pending:
+                if time.monotonic() > end:
+                    return False
+                time.sleep(delay)
+                delay = min(delay * 2, 0.02)
+        return True
+
+    def children(self) -> list[str]:
+        names: set[str] = set()
+        for b in self.bases:
+            if b.is_dir():
+                names.update(p.name for p in b.iterdir() if p.is_dir())
+        return sorted(names)

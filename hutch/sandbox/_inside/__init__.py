@@ -1,0 +1,1 @@
+"""Code that runs inside a sandbox, sent there as source (see docs/architecture.md)."""

@@ -1,0 +1,135 @@
+"""Who may import whom (docs/architecture.md, the map at the top), checked on the source.
+
+The sandbox wing is cut by the process its code runs in:
+  hutch/sandbox/*.py          the caller's process (the SDK), plus the contract both sides share (_spec, _api)
+  hutch/sandbox/_host/        the host as root: the daemon and its children (zygote, inits, egress gateway)
+  hutch/sandbox/_inside/      inside a sandbox (the interpreter's bridge, sent as source)
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SANDBOX = ROOT / "hutch" / "sandbox"
+CONTRACT = {"hutch.sandbox._spec", "hutch.sandbox._api"}
+#: what the zygote and each init run (`python -I -S`): these modules and the packages above them
+ZYGOTE = ["hutch.sandbox._host.native.zygote", "hutch.sandbox._host.native.init",
+          "hutch.sandbox._host.native.initwire", "hutch.sandbox._host.native.linux"]
+STDLIB_ONLY = ZYGOTE + ["hutch.sandbox._host.native.seccomp"]
+BRIDGE = "hutch.sandbox._inside.bridge"
+BRIDGE_THIRD_PARTY = {"jupyter_client", "zmq"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def path_of(module: str) -> Path:
+    p = ROOT.joinpath(*module.split("."))
+    return p / "__init__.py" if p.is_dir() else p.with_suffix(".py")
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """Every module an `import` or `from ... import` names, at any depth of the file (lazy imports too);
+    `from pkg import name` counts as pkg.name when that is a module of hutch."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                pytest.fail(f"{path}: relative import on line {node.lineno}; hutch imports absolutely")
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.append((node.lineno, sub if node.module.startswith("hutch") and path_of(sub).exists()
+                            else node.module))
+    return out
+
+
+def under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def caller_side() -> list[Path]:
+    return sorted(p for p in SANDBOX.glob("*.py") if module_name(p) not in CONTRACT)
+
+
+@pytest.mark.parametrize("path", caller_side(), ids=lambda p: p.name)
+def test_the_caller_side_never_imports_the_host_side(path):
+    bad = [f"line {n}: {m}" for n, m in imports(path)
+           if under(m, "hutch.sandbox._host") or under(m, "hutch.sandbox._inside") and m != BRIDGE]
+    assert bad == [], f"{path.relative_to(ROOT)} runs in the caller's process: {bad}"
+
+
+@pytest.mark.parametrize("path", sorted(SANDBOX.glob("_host/**/*.py")), ids=lambda p: module_name(p)[14:])
+def test_the_host_side_imports_only_itself_the_contract_and_core(path):
+    bad = []
+    for n, m in imports(path):
+        if not under(m, "hutch") or m == "hutch":   # third party, stdlib; `import hutch` reads __version__/__file__
+            continue
+        if under(m, "hutch._core") or under(m, "hutch.sandbox._host") or m in CONTRACT:
+            continue
+        bad.append(f"line {n}: {m}")
+    assert bad == [], f"{path.relative_to(ROOT)} runs on the host: {bad}"
+
+
+@pytest.mark.parametrize("module", sorted(CONTRACT))
+def test_the_contract_imports_only_core(module):
+    bad = [f"line {n}: {m}" for n, m in imports(path_of(module)) if under(m, "hutch") and not under(m, "hutch._core")]
+    assert bad == [], f"{module} is shared by both sides: {bad}"
+
+
+def stdlib(name: str) -> bool:
+    return name.split(".")[0] in sys.stdlib_module_names
+
+
+@pytest.mark.parametrize("module", STDLIB_ONLY)
+def test_the_zygotes_modules_import_only_the_standard_library(module):
+    bad = [f"line {n}: {m}" for n, m in imports(path_of(module))
+           if not stdlib(m) and m not in STDLIB_ONLY]
+    assert bad == [], f"{module} runs in the zygote or an init (python -I -S): {bad}"
+
+
+def test_the_bridge_imports_only_the_standard_library_and_jupyter():
+    bad = [f"line {n}: {m}" for n, m in imports(path_of(BRIDGE))
+           if not stdlib(m) and m.split(".")[0] not in BRIDGE_THIRD_PARTY]
+    assert bad == [], f"{BRIDGE} runs inside a sandbox, sent as source: {bad}"
+
+
+def test_the_zygote_loads_nothing_but_the_standard_library():
+    """What `python -I -S` really loads for the zygote and the init: the packages above them run too."""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+            + "; ".join(f"import {m}" for m in ZYGOTE)
+            + "; print('\\n'.join(sorted(sys.modules)))")
+    loaded = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True,
+                            check=True).stdout.split()
+    ours = {"__main__", "hutch", "hutch._core", "hutch._core.errors", "hutch.sandbox", "hutch.sandbox._host",
+            "hutch.sandbox._host.native", *ZYGOTE}
+    bad = [m for m in loaded if not stdlib(m) and m not in ours]
+    assert bad == [], f"the zygote would load {bad}"
+    assert set(ZYGOTE) <= set(loaded)
+
+
+def test_the_checks_see_what_they_forbid(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import os\nfrom hutch.sandbox._host import volumes\ndef g():\n    from hutch.sandbox import _spec\n")
+    assert imports(f) == [(1, "os"), (2, "hutch.sandbox._host.volumes"), (4, "hutch.sandbox._spec")]
+
+
+def test_test_helpers_are_importable_whatever_directories_one_run_collects():
+    """Each test directory is on sys.path under its own conftest; a helper imported by name must be unique."""
+    tests = ROOT / "tests"
+    seen: dict[str, Path] = {}
+    for p in sorted(tests.rglob("*.py")):
+        for n, m in imports(p):
+            assert m.split(".")[0] != "conftest", f"{p.relative_to(ROOT)} line {n}: move the helper into a support module"
+        if p.name != "conftest.py" and not p.name.startswith("test_") and p.parent != tests:
+            assert p.stem not in seen, f"{p.relative_to(ROOT)} and {seen[p.stem].relative_to(ROOT)} share a name"
+            seen[p.stem] = p
