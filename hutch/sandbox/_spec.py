@@ -89,6 +89,9 @@ def check_volume_name(name) -> str:
     return name
 
 
+_MOUNT_FIELDS = {"kind", "target", "source", "readonly", "size", "owner"}
+
+
 @dataclass(frozen=True)
 class Mount:
     """A filesystem mounted into a sandbox. Build with `Mount.bind`, `Mount.tmpfs` or `Mount.volume`.
@@ -138,6 +141,38 @@ class Mount:
         if not isinstance(name, str) or not VOLUME_NAME_RE.match(name):
             raise InvalidSpecError(f"Mount.volume volume={volume!r} is not a volume name; use hutch.Volume.from_name(...).")
         return cls("volume", _abs_path(target, "Mount.volume target"), name, bool(readonly))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if self.owner is None:   # only when said: a daemon of an earlier version knows no owner
+            del d["owner"]
+        return d
+
+    @classmethod
+    def from_dict(cls, d) -> "Mount":
+        """Rebuild from `to_dict()` output through the constructor of its kind, so it is checked as that
+        constructor checks (a bind's source must exist here); a field its kind cannot have is refused."""
+        if not isinstance(d, dict) or d.get("kind") not in ("bind", "tmpfs", "volume") or set(d) - _MOUNT_FIELDS:
+            raise InvalidSpecError(f"mount {d!r} is malformed; build mounts with hutch.Mount.bind/tmpfs/volume.")
+        kind, target = d["kind"], d.get("target")
+        owner = d.get("owner")
+        if kind == "bind" and not (isinstance(d.get("source"), str) and d["source"].startswith("/")):
+            raise InvalidSpecError(f"mount {d!r}: a bind's source must be an absolute host path.")
+        if kind == "bind":
+            m = cls.bind(d.get("source"), target, readonly=d.get("readonly", True),
+                         owner=list(owner) if isinstance(owner, (list, tuple)) else owner)
+            given = {"size": None}
+        elif kind == "tmpfs":
+            m = cls.tmpfs(target, size=d.get("size", "64M"))
+            given = {"source": None, "readonly": False, "owner": None}
+        else:
+            m = cls.volume(d.get("source"), target, readonly=d.get("readonly", False))
+            given = {"size": None, "owner": None}
+        wrong = sorted(k for k, v in given.items() if k in d and d[k] != v)
+        if wrong:
+            raise InvalidSpecError(f"mount {d!r}: a {kind} mount takes no {', '.join(wrong)}; "
+                                   f"build it with hutch.Mount.{kind}(...).")
+        return m
 
 
 _DOMAIN_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -328,32 +363,40 @@ class SandboxSpec:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for m in d["mounts"]:   # only when said: a daemon of an earlier version knows no owner
-            if m["owner"] is None:
-                del m["owner"]
+        d["mounts"] = [m.to_dict() for m in self.mounts]
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SandboxSpec":
-        try:
-            return cls(
-                command=tuple(d.get("command", ())),
-                image=d.get("image", DEFAULT_IMAGE),
-                mounts=tuple(Mount(**{**m, "owner": tuple(m["owner"]) if m.get("owner") is not None else None})
-                             for m in d.get("mounts", ())),
-                network=Network.from_dict(d.get("network", {"mode": "none"})),
-                limits=Limits(**d.get("limits", {})),
-                timeout=d.get("timeout", DEFAULT_TIMEOUT),
-                idle_timeout=d.get("idle_timeout"),
-                workdir=d.get("workdir", DEFAULT_WORKDIR),
-                env=tuple(tuple(p) for p in d.get("env", ())),
-                tags=tuple(tuple(p) for p in d.get("tags", ())),
-                name=d.get("name"),
-                detach=bool(d.get("detach", False)),
-                capabilities=tuple(d.get("capabilities", ())),
-            )
-        except TypeError as e:
-            raise InvalidSpecError(f"sandbox spec is malformed: {e}. Send the JSON that SandboxSpec.to_dict() makes.") from e
+    def from_dict(cls, d) -> "SandboxSpec":
+        """Rebuild from `to_dict()` output (JSON), validating it exactly as `build` does: the daemon builds
+        every spec it runs here, so a spec is valid wherever it was made. Fields it does not know are ignored."""
+        if not isinstance(d, dict):
+            raise InvalidSpecError(f"sandbox spec {d!r} is not an object; send the JSON that SandboxSpec.to_dict() makes.")
+        limits = d.get("limits") or {}
+        if not isinstance(limits, dict):
+            raise InvalidSpecError(f"limits={limits!r} must be an object of memory, cpu, pids and disk.")
+        command, mounts = d.get("command") or [], d.get("mounts") or []
+        for what, v in (("command", command), ("mounts", mounts)):
+            if not isinstance(v, (list, tuple)):
+                raise InvalidSpecError(f"{what}={v!r} must be a list; send the JSON that SandboxSpec.to_dict() makes.")
+        return cls.build(
+            command, image=d.get("image", DEFAULT_IMAGE), mounts=[Mount.from_dict(m) for m in mounts],
+            network=Network.from_dict(d.get("network", {"mode": "none"})),
+            memory=limits.get("memory", DEFAULT_MEMORY), cpu=limits.get("cpu", DEFAULT_CPU),
+            pids=limits.get("pids", DEFAULT_PIDS), disk=limits.get("disk", DEFAULT_DISK),
+            timeout=d.get("timeout", DEFAULT_TIMEOUT), idle_timeout=d.get("idle_timeout"),
+            workdir=d.get("workdir", DEFAULT_WORKDIR), env=_pairs_dict(d.get("env"), "env"),
+            tags=_pairs_dict(d.get("tags"), "tags"), name=d.get("name"), detach=bool(d.get("detach", False)),
+            capabilities=d.get("capabilities") or ())
+
+
+def _pairs_dict(value, what: str) -> dict | None:
+    """to_dict's sorted [key, value] pairs -> the dict `build` takes (which checks the strings)."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
+        raise InvalidSpecError(f"{what}={value!r} must be a list of [name, value] pairs, as SandboxSpec.to_dict() makes.")
+    return dict(value)
 
 
 def _str_pairs(value, what: str) -> tuple[tuple[str, str], ...]:

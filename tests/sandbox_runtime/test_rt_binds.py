@@ -238,7 +238,7 @@ def test_owner_is_validated(bapi, image, shared_dir, tmp_path):
 
 def test_swap_maps_map_every_id_once_each_way():
     """The helper namespaces' maps (pure): a and b swapped, every other id itself, no id twice either side."""
-    from hutch.sandbox._host.native.runtime import MAX_ID, swap_map
+    from hutch.sandbox._host.native.plan import MAX_ID, swap_map
 
     for a, b, n in ((VOLUME_ID_BASE, 1_000_000_000, ID_COUNT), (1000, 1_000_065_536, 1), (0, 1_000_000_000, 1),
                     (1_000_000_000, 0, ID_COUNT), (7, 7, 1)):

@@ -155,3 +155,85 @@ def test_image_progress_reports_and_fails(capsys):
         q.line(json.dumps({"error": "NotFoundError", "message": "image 'nope' is unknown; use it."}))
     with pytest.raises(hutch.ImageError):
         ImageProgress("x", io.StringIO()).finish()
+
+
+# --- one spec, valid wherever it is built: from_dict checks as build does ---------------------------------
+
+def _valid(tmp_path):
+    return dict(
+        command=["sh", "-c", "true"], image="debian-slim", network=hutch.Network.allow(domains=["example.com"]),
+        mounts=[hutch.Mount.bind(str(tmp_path), "/data", readonly=False, owner=1000), hutch.Mount.tmpfs("/scratch"),
+                hutch.Mount.volume("vol-1", "/vol", readonly=True)],
+        memory="256M", cpu=0.5, pids=100, disk="2G", timeout=30, idle_timeout=5, workdir="/work",
+        env={"A": "1"}, tags={"t": "x"}, name="sb-1", detach=True, capabilities=["CHOWN"])
+
+
+def test_a_spec_survives_its_json(tmp_path):
+    from hutch.sandbox._spec import SandboxSpec
+
+    kw = _valid(tmp_path)
+    s = SandboxSpec.build(kw.pop("command"), **kw)
+    assert SandboxSpec.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    assert SandboxSpec.from_dict({}) == SandboxSpec.build()
+
+
+BAD = [   # (field of the JSON, its value, the build() keyword and value that make the same mistake)
+    ("command", ["ls", 3], "command", ["ls", 3]),
+    ("env", [["A=B", "1"]], "env", {"A=B": "1"}),
+    ("tags", [["t", 3]], "tags", {"t": 3}),
+    ("capabilities", ["SYS_ADMIN"], "capabilities", ["SYS_ADMIN"]),
+    ("name", "no spaces", "name", "no spaces"),
+    ("workdir", "relative", "workdir", "relative"),
+    ("timeout", -1, "timeout", -1),
+    ("idle_timeout", "soon", "idle_timeout", "soon"),
+    ("image", "", "image", ""),
+    ("limits", {"memory": 0}, "memory", 0),
+    ("limits", {"cpu": 0}, "cpu", 0),
+    ("limits", {"pids": 0}, "pids", 0),
+    ("limits", {"disk": "lots"}, "disk", "lots"),
+]
+
+
+@pytest.mark.parametrize("field,value,kw,kwvalue", BAD, ids=[f"{b[0]}={b[1]!r}" for b in BAD])
+def test_from_dict_refuses_what_build_refuses_with_the_same_words(field, value, kw, kwvalue):
+    from hutch.sandbox._spec import SandboxSpec
+
+    with pytest.raises(hutch.InvalidSpecError) as built:
+        if kw == "command":
+            SandboxSpec.build(kwvalue)
+        else:
+            SandboxSpec.build(**{kw: kwvalue})
+    with pytest.raises(hutch.InvalidSpecError) as sent:
+        SandboxSpec.from_dict({field: value})
+    assert str(sent.value) == str(built.value)
+
+
+@pytest.mark.parametrize("mount,words", [
+    ({"kind": "tmpfs", "target": "/t", "size": 0}, "must be positive"),
+    ({"kind": "tmpfs", "target": "t", "size": 1024}, "absolute path"),
+    ({"kind": "tmpfs", "target": "/t", "size": 1024, "readonly": True}, "takes no readonly"),
+    ({"kind": "bind", "source": "/nonexistent-hutch", "target": "/b"}, "does not exist"),
+    ({"kind": "bind", "source": "relative", "target": "/b"}, "absolute host path"),
+    ({"kind": "bind", "source": "/", "target": "/b", "readonly": True, "owner": [1000, 1000]}, "needs readonly=False"),
+    ({"kind": "bind", "source": "/", "target": "/b", "readonly": False, "owner": [-1, 0]}, "host uid"),
+    ({"kind": "volume", "source": "../etc", "target": "/v"}, "not a volume name"),
+    ({"kind": "overlay", "target": "/o"}, "malformed"),
+    ({"kind": "tmpfs", "target": "/t", "size": 1024, "propagation": "shared"}, "malformed"),
+    ("/data", "malformed"),
+])
+def test_from_dict_checks_each_mount_as_its_constructor_does(mount, words):
+    from hutch.sandbox._spec import SandboxSpec
+
+    with pytest.raises(hutch.InvalidSpecError, match=words):
+        SandboxSpec.from_dict({"mounts": [mount]})
+
+
+def test_from_dict_refuses_two_mounts_on_one_target_and_shapes_it_cannot_read():
+    from hutch.sandbox._spec import SandboxSpec
+
+    t = {"kind": "tmpfs", "target": "/t", "size": 1024}
+    with pytest.raises(hutch.InvalidSpecError, match="share a target"):
+        SandboxSpec.from_dict({"mounts": [t, t]})
+    for bad in ({"command": "ls -l"}, {"limits": 5}, {"env": {"A": "1"}}, {"mounts": {"a": 1}}, []):
+        with pytest.raises(hutch.InvalidSpecError):
+            SandboxSpec.from_dict(bad)

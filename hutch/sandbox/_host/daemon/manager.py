@@ -31,15 +31,8 @@ from hutch.sandbox._host.daemon.execs import Calls, Exec, _error
 from hutch.sandbox._host.daemon.network import NetworkAttacher
 from hutch.sandbox._host.native.cgroups import ZYGOTE_LEAF, Cgroups
 from hutch.sandbox._host.native.idmap import IdMapper, UidRanges, write_maps
-from hutch.sandbox._host.native.runtime import (
-    Channel,
-    Zygote,
-    bind_maps,
-    bind_trees,
-    build_plan,
-    exec_env,
-    needs_write_range,
-)
+from hutch.sandbox._host.native.plan import Plan, build_plan, needs_write_range, with_bind_maps
+from hutch.sandbox._host.native.runtime import Channel, Zygote, bind_trees, exec_env
 from hutch.sandbox._spec import DEFAULT_DISK, DEFAULT_WORKDIR, SandboxSpec
 
 # The default: root in each sandbox is an unprivileged host uid of a range of its own (see _host/native/idmap.py).
@@ -322,7 +315,6 @@ class Manager(Calls):
             )
         if spec.name and any(s.spec.name == spec.name and s.active for s in self.sandboxes.values()):
             raise ConfigError(f"a running sandbox is already named {spec.name!r}; pick another name or terminate it.")
-        spec = _revalidate(spec)
         if spec.limits.memory < 8 * 1024**2:
             raise InvalidSpecError(f"memory={spec.limits.memory} bytes is too small; give at least '8M'.")
         image = images.resolve_image(spec.image)
@@ -330,7 +322,7 @@ class Manager(Calls):
             spec = dataclasses.replace(spec, image=image.ref)
         if spec.workdir == DEFAULT_WORKDIR and image.workdir and image.workdir != spec.workdir:
             spec = dataclasses.replace(spec, workdir=image.workdir)   # the image's workdir, unless one was given
-        build_plan(spec, image, sid="check", scratch=str(self.scratch), cgroup_procs=[])  # bad mounts fail here
+        plan = build_plan(spec, image, scratch=str(self.scratch))   # before an init is taken: bad mounts fail here
         # without one if idmapping is off, or a layer is on a filesystem that cannot idmap
         userns = self.idmap.userns_fd >= 0 and all(self.idmap.can_idmap(str(d)) for d in image.lowerdirs)
         sb = self.pool.pop(0) if self.pool and userns == self.pool[0].userns else None
@@ -350,9 +342,7 @@ class Manager(Calls):
         self._prune()
         try:
             self.cgroups.set_limits(sb.id, spec.limits.memory, spec.limits.pids, spec.limits.cpu)
-            plan = build_plan(spec, image, sid=sb.id, scratch=str(self.scratch), cgroup_procs=[])
-            plan["userns"] = sb.userns
-            await self._start(sb, plan)
+            await self._start(sb, dataclasses.replace(plan, hostname=sb.hostname, userns=sb.userns))
         except BaseException as e:
             await self.end(sb, "failed")
             if isinstance(e, (SandboxError, ConfigError, NotFoundError, StateError, DaemonError)):
@@ -428,24 +418,27 @@ class Manager(Calls):
             self.warm_tasks.add(task)
             task.add_done_callback(self.warm_tasks.discard)
 
-    async def _bind_helpers(self, sb: LiveSandbox, plan: dict) -> dict:
-        """The user namespaces the binds of `plan` are idmapped through (see runtime.bind_maps), as fds."""
+    async def _bind_helpers(self, sb: LiveSandbox, plan: Plan) -> tuple[Plan, dict]:
+        """`plan` with the id mapping of each bind decided (plan.bind_map), and the user namespaces (fds) of the
+        helpers those maps go through."""
         if not sb.userns and needs_write_range(plan):
             sb.write_base = self.ranges.take()
-        bind_maps(plan, sb.uid_base, sb.userns, sb.write_base)
+        plan = with_bind_maps(plan, sb.uid_base, sb.userns, sb.write_base)
         helpers: dict = {}
+        mounts = []
         try:
-            for m in plan["mounts"]:
-                key = tuple(m["map"]) if isinstance(m.get("map"), list) else None
+            for m in plan.mounts:
+                mounts.append(m)
+                key = m.map if isinstance(m.map, tuple) else None
                 if key is None or key in helpers:
                     continue
                 try:
                     helpers[key] = await self.zygote.userns(*key)
                 except SandboxError:
-                    if m.get("owner") or sb.userns:
+                    if m.owner or sb.userns:
                         raise
                     # no user namespaces on this host: a plain bind, nosuid (docs/architecture.md, HUTCH_USERNS=0)
-                    m["map"] = None
+                    mounts[-1] = dataclasses.replace(m, map=None)
                     if not self.warned_plain_binds:
                         self.warned_plain_binds = True
                         print("hutch daemon: user namespaces are unavailable, so what sandboxes write through "
@@ -455,24 +448,24 @@ class Manager(Calls):
             for fd in helpers.values():
                 os.close(fd)
             raise
-        return helpers
+        return dataclasses.replace(plan, mounts=tuple(mounts)), helpers
 
-    async def _start(self, sb: LiveSandbox, plan: dict) -> None:
+    async def _start(self, sb: LiveSandbox, plan: Plan) -> None:
         loop = asyncio.get_running_loop()
         if sb.layers is not None and sb.layers.layers is not None:   # its writable layer, made as it warmed
-            await sb.layers.layers.ensure_room(plan["disk"])
-            if plan["disk"] != DEFAULT_DISK:
-                sb.layers.layers.limit(sb.id, plan["disk"])
-            plan["layer"] = sb.id
-        helpers = await self._bind_helpers(sb, plan)
+            await sb.layers.layers.ensure_room(plan.disk)
+            if plan.disk != DEFAULT_DISK:
+                sb.layers.layers.limit(sb.id, plan.disk)
+            plan = dataclasses.replace(plan, layer=sb.id)
+        plan, helpers = await self._bind_helpers(sb, plan)
         userns_fd = os.open(f"/proc/{sb.init_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC) if sb.userns else -1
         try:   # layers and binds idmapped through the sandbox's own user namespace, or a helper
-            fds = bind_trees(plan, userns_fd, helpers)
+            plan, fds = bind_trees(plan, userns_fd, helpers)
         finally:
             for fd in list(helpers.values()) + ([userns_fd] if userns_fd >= 0 else []):
                 os.close(fd)
         try:
-            await sb.channel.notify({"op": "plan", "plan": plan}, fds)
+            await sb.channel.notify({"op": "plan", "plan": plan.to_wire()}, fds)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -629,29 +622,5 @@ class Manager(Calls):
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"id": sb.id, "created_at": sb.created_at, "daemon_pid": os.getpid()}))
         os.replace(tmp, path)
-
-def _revalidate(spec: SandboxSpec) -> SandboxSpec:
-    """A spec that arrived as JSON has skipped the constructors' checks: run them here."""
-    from hutch.sandbox._spec import _abs_path, parse_owner
-
-    from hutch.sandbox._spec import Network
-
-    if not isinstance(spec.network, Network) or spec.network.mode not in ("none", "allow", "open"):
-        raise NetworkPolicyError(f"network={spec.network!r} is not a policy; use hutch.Network.none(), .allow() or .open().")
-    for m in spec.mounts:
-        _abs_path(m.target, "mount target")
-        if m.kind not in ("bind", "tmpfs", "volume") or (m.kind == "bind" and not isinstance(m.source, str)):
-            raise InvalidSpecError(f"mount {m!r} is malformed; build mounts with hutch.Mount.bind/tmpfs/volume.")
-        if m.kind == "tmpfs" and (not isinstance(m.size, int) or m.size <= 0):
-            raise InvalidSpecError(f"tmpfs mount at {m.target!r} needs a positive size; use hutch.Mount.tmpfs(..., size='64M').")
-        if m.owner is not None and (m.kind != "bind" or parse_owner(m.owner, bool(m.readonly)) != m.owner):
-            raise InvalidSpecError(f"mount {m!r}: owner is for writable binds, as [uid, gid]; "
-                                   "build it with hutch.Mount.bind(..., readonly=False, owner=...).")
-    return SandboxSpec.build(
-        spec.command, image=spec.image, mounts=spec.mounts, network=spec.network, memory=spec.limits.memory,
-        cpu=spec.limits.cpu, pids=spec.limits.pids, disk=spec.limits.disk, timeout=spec.timeout,
-        idle_timeout=spec.idle_timeout, workdir=spec.workdir, env=dict(spec.env), tags=dict(spec.tags),
-        name=spec.name, detach=spec.detach, capabilities=spec.capabilities)
-
 
 __all__ = ["ENDED", "LiveSandbox", "Manager"]

@@ -8,6 +8,7 @@ Layout (the zygote and each init run only the modules marked *, which import onl
   seccomp.py    the seccomp filter, hand-assembled classic BPF, built once per daemon (stdlib only too)
   cgroups.py    cgroup v1 (hybrid) and v2 limits, kill and removal, done by the daemon
   disk.py       the store of writable layers (btrfs, a quota per sandbox), done by the daemon
+  plan.py       a sandbox's run plan (a frozen value the init gets as a dict), id maps of its binds
   idmap.py      the user namespace (default): a host id range per sandbox, id maps, the idmap probe
   runtime.py    the daemon side: spawns the zygote, starts sandboxes, talks to their inits
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import os
 import socket
@@ -17,15 +18,10 @@ from hutch._core import paths
 from hutch._core.errors import DaemonError, InvalidSpecError, SandboxError, StateError
 from hutch.sandbox._host.native import initwire
 from hutch.sandbox._host.native.disk import LayerStore
-from hutch.sandbox._host.native.idmap import HUTCH_IDS, ID_COUNT, VOLUME_ID_BASE
+from hutch.sandbox._host.native.plan import Plan
 from hutch.sandbox._host.native.seccomp import build_filter
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: Capability numbers (linux/capability.h) of the names SandboxSpec.capabilities may hold.
-CAPABILITIES = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6, "SETUID": 7,
-                "NET_BIND_SERVICE": 10}
-SHM_SIZE = 64 * 1024**2
-MAX_ID = 4294967294   # (uid_t)-1 means "no id"
 # Where writable layers live: "disk" (the default: a btrfs store with a quota per sandbox, disk.py), or
 # "tmpfs" (memory: what a sandbox writes counts against its memory=). HUTCH_LAYERS in the daemon's environment.
 LAYERS = os.environ.get("HUTCH_LAYERS", "disk")
@@ -301,105 +297,15 @@ class Zygote:
         proc.wait()
 
 
-def build_plan(spec, image, *, sid: str, scratch: str, cgroup_procs: list[str]) -> dict:
-    """Spec + resolved image -> what the init needs to build the sandbox (pure apart from path checks)."""
-    lowerdirs = [str(p) for p in image.lowerdirs]
-    for d in lowerdirs:
-        if any(c in d for c in ":,\\\n") or not os.path.isdir(d):
-            raise InvalidSpecError(f"image layer {d!r} is not a usable directory (no ':' ',' or '\\' in its path).")
-    mounts = []
-    for m in spec.mounts:
-        if m.kind == "bind":
-            if not os.path.exists(m.source):
-                raise InvalidSpecError(
-                    f"bind mount source {m.source!r} does not exist on the host; create it or fix the path.")
-            owner = getattr(m, "owner", None)
-            if owner is not None and any(i in HUTCH_IDS for i in owner):
-                raise InvalidSpecError(f"Mount.bind owner={tuple(owner)} lies in the host ids hutch gives sandboxes "
-                                       f"({HUTCH_IDS.start}..{HUTCH_IDS.stop - 1}); give a host user's uid.")
-            mounts.append({"kind": "bind", "source": m.source, "target": m.target, "readonly": m.readonly,
-                           "owner": list(owner) if owner is not None else None})
-        elif m.kind == "tmpfs":
-            mounts.append({"kind": "tmpfs", "target": m.target, "size": m.size})
-        elif m.kind == "volume":   # a named volume is a bind of its directory (NotFoundError names the fix)
-            from hutch.sandbox._host.volumes import data_dir
-
-            mounts.append({"kind": "bind", "source": str(data_dir(m.source)), "target": m.target,
-                           "readonly": m.readonly, "owner": None, "volume": True})
-        else:
-            raise InvalidSpecError(f"mount kind {m.kind!r} is not supported by the native runtime yet; "
-                                   "use Mount.bind or Mount.tmpfs.")
-    return {
-        "scratch": scratch,
-        "disk": spec.limits.disk,
-        "shm": min(SHM_SIZE, spec.limits.memory),
-        "lowerdirs": lowerdirs,
-        "mounts": mounts,
-        "hostname": spec.name or f"hutch-{sid}",
-        "workdir": spec.workdir,
-        "cgroup_procs": cgroup_procs,
-        "caps": [CAPABILITIES[c] for c in spec.capabilities],
-    }
-
-
-def swap_map(a: int, b: int, n: int) -> str:
-    """uid_map lines that swap host ids a.. and b.. (n each, apart) and map every other id to itself.
-
-    Through an idmapped mount with this map, a file owned by a+k on disk belongs to b+k and b+k's writes
-    land as a+k, while every other owner stays valid (a write to a file of an unmapped owner is refused
-    whatever its mode) and keeps its id."""
-    if a == b:
-        return f"0 0 {MAX_ID + 1}\n"
-    lo, hi = sorted((a, b))
-    lines = [(0, 0, lo), (lo, hi, n), (lo + n, lo + n, hi - lo - n), (hi, lo, n), (hi + n, hi + n, MAX_ID + 1 - hi - n)]
-    return "".join(f"{x} {y} {c}\n" for x, y, c in lines if c > 0)
-
-
-def bind_maps(plan: dict, root: int, userns: bool, write_base: int = 0) -> None:
-    """Decide the id mapping of each bind of `plan` (its "map"), for a sandbox whose root is host id `root`.
-
-    What root inside writes through a bind never lands as host root unless the operator asked for it:
-    - read-only binds: through the sandbox's own user namespace ("sandbox": host root's files are root's
-      inside); plain without one;
-    - writable binds: plain with a user namespace, so writes land as the sandbox's own host ids and host
-      files keep their owners (strangers to the sandbox: writable only where their mode lets others write);
-      without one, through a swap of the ids 0.. with `write_base`.. (a host id range taken for the
-      sandbox), to the same effect;
-    - with `owner` (uid, gid): host `owner` and root inside swap: root's writes land as `owner`, and the
-      files `owner` has are root's;
-    - volumes: the ids of root inside.. swap with VOLUME_ID_BASE.., one range for every sandbox.
-    A map is a pair of uid_map / gid_map texts for a helper user namespace (Zygote.userns).
-    """
-    for m in plan["mounts"]:
-        if m["kind"] != "bind":
-            continue
-        if m.get("volume"):
-            m["map"] = [swap_map(VOLUME_ID_BASE, root, ID_COUNT)] * 2
-        elif m["readonly"]:
-            m["map"] = "sandbox" if userns else None
-        elif m.get("owner"):
-            uid, gid = m["owner"]
-            m["map"] = [swap_map(uid, root, 1), swap_map(gid, root, 1)]
-        elif userns:
-            m["map"] = None
-        else:
-            m["map"] = [swap_map(write_base, 0, ID_COUNT)] * 2
-
-
-def needs_write_range(plan: dict) -> bool:
-    """Whether a sandbox without a user namespace needs a host id range for its writable binds."""
-    return any(m["kind"] == "bind" and not m["readonly"] and not m.get("volume") and not m.get("owner")
-               for m in plan["mounts"])
-
-
-def bind_trees(plan: dict, userns_fd: int = -1, helpers: dict | None = None) -> list[int]:
-    """Open each bind source of `plan` as a detached mount, nosuid and nodev (in the daemon's mount namespace),
-    and note its index in the plan ("tree"): a warm init unshared its namespace before the plan existed, so a
-    mount made on the host since then (a memory store's FUSE view) is not in its copy; the fd carries it there.
+def bind_trees(plan: Plan, userns_fd: int = -1, helpers: dict | None = None) -> tuple[Plan, list[int]]:
+    """Open each bind source of `plan` as a detached mount, nosuid and nodev (in the daemon's mount namespace);
+    returns the plan with each bind's index among the fds ("tree"), and the fds: a warm init unshared its
+    namespace before the plan existed, so a mount made on the host since then (a memory store's FUSE view)
+    is not in its copy; the fd carries it there.
 
     With `userns_fd` (the sandbox's user namespace) the image's layers come as trees too ("lower_trees"),
-    idmapped through it. Each bind goes through the mapping bind_maps chose: the sandbox's namespace, or
-    `helpers[tuple(map)]`, a user namespace fd with that map. A source whose filesystem cannot idmap (a FUSE
+    idmapped through it. Each bind goes through the mapping with_bind_maps chose: the sandbox's namespace, or
+    `helpers[map]`, a user namespace fd with that map. A source whose filesystem cannot idmap (a FUSE
     view, served with allow_other) is passed plain, unless the operator named its `owner`."""
     from hutch.sandbox._host.native import linux
 
@@ -407,30 +313,30 @@ def bind_trees(plan: dict, userns_fd: int = -1, helpers: dict | None = None) -> 
     fds: list[int] = []
     try:
         if userns_fd >= 0:
-            plan["lower_trees"] = []
-            for d in plan["lowerdirs"]:
+            for d in plan.lowerdirs:
                 fds.append(linux.idmapped_tree(d, userns_fd, readonly=True))
-                plan["lower_trees"].append(len(fds) - 1)
-        for m in plan["mounts"]:
-            if m["kind"] != "bind":
+            plan = dataclasses.replace(plan, lower_trees=tuple(range(len(fds))))
+        mounts = []
+        for m in plan.mounts:
+            if m.kind != "bind":
+                mounts.append(m)
                 continue
-            how = m.get("map")
-            ns = userns_fd if how == "sandbox" else helpers[tuple(how)] if how else -1
+            ns = userns_fd if m.map == "sandbox" else helpers[m.map] if m.map else -1
             tree = -1
             if ns >= 0:
                 try:
-                    tree = linux.detached_tree(m["source"], ns, m["readonly"])
+                    tree = linux.detached_tree(m.source, ns, m.readonly)
                 except OSError as e:
-                    if m.get("owner"):
+                    if m.owner:
                         raise InvalidSpecError(
-                            f"Mount.bind owner= needs an idmapped mount, which the filesystem of {m['source']!r} "
+                            f"Mount.bind owner= needs an idmapped mount, which the filesystem of {m.source!r} "
                             f"does not allow ({e}); bind it without owner=.") from None
-            fds.append(tree if tree >= 0 else linux.detached_tree(m["source"], readonly=m["readonly"]))
-            m["tree"] = len(fds) - 1
+            fds.append(tree if tree >= 0 else linux.detached_tree(m.source, readonly=m.readonly))
+            mounts.append(dataclasses.replace(m, tree=len(fds) - 1))
     except BaseException:
         _close_all(fds)
         raise
-    return fds
+    return dataclasses.replace(plan, mounts=tuple(mounts)), fds
 
 
 def exec_env(spec, image, hostname: str, extra: dict | None = None) -> dict:
