@@ -133,3 +133,39 @@ def test_test_helpers_are_importable_whatever_directories_one_run_collects():
         if p.name != "conftest.py" and not p.name.startswith("test_") and p.parent != tests:
             assert p.stem not in seen, f"{p.relative_to(ROOT)} and {seen[p.stem].relative_to(ROOT)} share a name"
             seen[p.stem] = p
+
+
+def private_imports(path: Path) -> list[str]:
+    """`from m import _x` where m._x is not a module, and `m._x` where m is a hutch module this file imported."""
+    tree = ast.parse(path.read_text(), str(path))
+    modules, out = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for a in node.names:
+                if node.module.startswith("hutch") and path_of(f"{node.module}.{a.name}").exists():
+                    modules.add(a.asname or a.name)
+                elif a.name.startswith("_"):
+                    out.append(f"line {node.lineno}: from {node.module} import {a.name}")
+        elif isinstance(node, ast.Import):
+            modules.update(a.asname for a in node.names if a.asname and a.name.startswith("hutch"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                and isinstance(node.value, ast.Name) and node.value.id in modules:
+            out.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+WINGS_PRIVATE_CHECKED = [p for pkg in ("sandbox", "cli", "mcp") for p in sorted((ROOT / "hutch" / pkg).rglob("*.py"))]
+
+
+@pytest.mark.parametrize("path", WINGS_PRIVATE_CHECKED, ids=lambda p: str(p.relative_to(ROOT / "hutch")))
+def test_no_module_imports_another_modules_private_names(path):
+    assert private_imports(path) == [], f"{path.relative_to(ROOT)}: make the name public where it is defined"
+
+
+def test_the_private_name_check_sees_what_it_forbids(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import os\nfrom hutch.sandbox._spec import _MOUNT_FIELDS, Mount\nfrom hutch.sandbox import _client\n"
+                 "from hutch.sandbox._host.egress import netns as n\nos._exit\n_client._UDS_BASE\nn._x\n_client.Client\n")
+    assert private_imports(f) == ["line 2: from hutch.sandbox._spec import _MOUNT_FIELDS",
+                                  "line 6: _client._UDS_BASE", "line 7: n._x"]

@@ -14,7 +14,7 @@ import sys
 
 import click
 
-from hutch.cli._sandbox import _create_kwargs, _sandbox_options
+from hutch.cli._sandbox import create_kwargs, sandbox_options
 
 PS1, PS2 = ">>> ", "... "
 SESSION_TIMEOUT = 3600.0   # seconds a repl's sandbox lives unless --timeout says otherwise
@@ -92,7 +92,7 @@ def _read_cell(interactive: bool) -> str | None:
 
 
 @click.command()
-@_sandbox_options
+@sandbox_options
 @click.option("--images", type=click.Path(file_okay=False, writable=True),
               help="Save each chart a cell shows into this directory (hutch-repl-N.png).")
 def repl(images, **opts):
@@ -112,7 +112,7 @@ def repl(images, **opts):
 
     if click.get_current_context().get_parameter_source("timeout") == click.core.ParameterSource.DEFAULT:
         opts["timeout"] = SESSION_TIMEOUT   # a session, not a command: --timeout's default would end it in 5 minutes
-    kw = _create_kwargs(**opts)
+    kw = create_kwargs(**opts)
     shown = opts["image"] or "the code-interpreter image"
     if kw["image"] is None:
         kw["image"] = hutch.Image.code_interpreter()

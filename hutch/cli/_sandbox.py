@@ -59,7 +59,7 @@ def _network(domains, cidrs):
     return hutch.Network.allow(domains=list(domains), cidrs=list(cidrs))
 
 
-def _sandbox_options(f):
+def sandbox_options(f):
     opts = [
         click.option("--image", help="Image: 'debian-slim' (default), an image reference, or a root directory."),
         click.option("--memory", default="512M", show_default=True, help="Memory limit, like 512M or 2G."),
@@ -79,7 +79,7 @@ def _sandbox_options(f):
     return f
 
 
-def _create_kwargs(image, memory, cpu, timeout, env, mount, allow_domain, allow_cidr, workdir) -> dict:
+def create_kwargs(image, memory, cpu, timeout, env, mount, allow_domain, allow_cidr, workdir) -> dict:
     return dict(image=_image(image), memory=memory, cpu=cpu, timeout=timeout, env=_pairs(env, "--env"),
                 mounts=_mounts(mount), network=_network(allow_domain, allow_cidr), workdir=workdir)
 
@@ -131,7 +131,7 @@ def _sandbox_ended(sb) -> int:
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
-@_sandbox_options
+@sandbox_options
 @click.argument("command", nargs=-1, required=True)
 def run(command, **opts):
     """Run COMMAND in a fresh sandbox, stream its output, and exit with its exit code.
@@ -149,7 +149,7 @@ def run(command, **opts):
     """
     import hutch
 
-    with hutch.Sandbox.create(**_create_kwargs(**opts)) as sb:
+    with hutch.Sandbox.create(**create_kwargs(**opts)) as sb:
         rc = _command_ended(_stream(sb.exec(*command, stdin=True, text=False)), sb)
     sys.exit(rc)
 
@@ -168,7 +168,7 @@ def sandbox():
 
 
 @sandbox.command("create")
-@_sandbox_options
+@sandbox_options
 @click.option("--name", help="A unique name to find the sandbox by.")
 @click.option("--tag", "-t", multiple=True, metavar="K=V", help="A tag (repeatable); `ls --tag` filters by them.")
 @click.option("--idle-timeout", type=float, help="End the sandbox after this many seconds without activity.")
@@ -188,7 +188,7 @@ def create(command, name, tag, idle_timeout, detach, **opts):
     import hutch
 
     sb = hutch.Sandbox.create(*command, name=name, tags=_pairs(tag, "--tag"), idle_timeout=idle_timeout,
-                              detach=detach, **_create_kwargs(**opts))
+                              detach=detach, **create_kwargs(**opts))
     click.echo(sb.id)
     if detach:
         return

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from hutch._core.errors import ImageError, InvalidSpecError, NotFoundError
-from hutch.sandbox import _client
+from hutch.sandbox import _client, _ensure
 from hutch.sandbox._spec import BUILD_CAPABILITIES, DEFAULT_IMAGE, Network, SandboxSpec
 
 #: Names an apt step may reach. Env: HUTCH_APT_HOSTS (comma-separated).
@@ -135,16 +135,7 @@ def _base_key(client, ref: str, progress: Progress) -> str:
         return ref
     if ref.startswith("dir:"):
         return f"{ref}\0{_dir_fingerprint(ref[4:])}" if os.path.isdir(ref[4:]) else ref
-    from hutch.sandbox.sandbox import ImageProgress
-
-    shown = ImageProgress(ref)
-    resp = client.request("POST", "/v1/images/ensure", json={"ref": ref}, stream=True)
-    try:
-        for line in resp.iter_lines():
-            shown.line(line)
-    finally:
-        resp.close()
-    return f"{ref}\0{shown.finish()['id']}"
+    return f"{ref}\0{_ensure.ensure_image(client, ref, remember=False)['id']}"   # the base as it is now
 
 
 # --- building -----------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ class FileInfo:
                    int(d.get("gid") or 0))
 
 
-def _data(data) -> bytes:
+def file_data(data) -> bytes:
     if isinstance(data, str):
         return data.encode()
     if isinstance(data, (bytes, bytearray, memoryview)):
@@ -40,7 +40,7 @@ def _data(data) -> bytes:
     raise InvalidSpecError(f"files.write data must be bytes or str, not {type(data).__name__}.")
 
 
-def _mode(mode) -> str:
+def file_mode(mode) -> str:
     if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
         raise InvalidSpecError(f"mode={mode!r} must be a permission number like 0o644.")
     return format(mode, "04o")
@@ -59,8 +59,8 @@ class Files:
 
     def write(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
         """Create or replace the file at `path` with `data` (str is written as UTF-8)."""
-        self._c.request("PUT", f"{self._base}/write", params={"path": check_path(path), "mode": _mode(mode)},
-                        content=_data(data))
+        self._c.request("PUT", f"{self._base}/write", params={"path": check_path(path), "mode": file_mode(mode)},
+                        content=file_data(data))
 
     def list(self, path: str = "/home/user") -> list[FileInfo]:
         """The entries of the directory at `path`."""
@@ -93,8 +93,8 @@ class AsyncFiles:
 
     async def write(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
         """Create or replace the file at `path` with `data` (str is written as UTF-8)."""
-        await self._c.request("PUT", f"{self._base}/write", params={"path": check_path(path), "mode": _mode(mode)},
-                              content=_data(data))
+        await self._c.request("PUT", f"{self._base}/write", params={"path": check_path(path), "mode": file_mode(mode)},
+                              content=file_data(data))
 
     async def list(self, path: str = "/home/user") -> list[FileInfo]:
         """The entries of the directory at `path`."""

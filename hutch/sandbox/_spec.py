@@ -50,7 +50,7 @@ def parse_size(value: int | str, what: str) -> int:
     return n
 
 
-def _abs_path(path: str, what: str) -> str:
+def abs_path(path: str, what: str) -> str:
     if not isinstance(path, str) or not path.startswith("/"):
         raise InvalidSpecError(f"{what}={path!r} must be an absolute path inside the sandbox, like '/data'.")
     p = PurePosixPath(path)
@@ -126,13 +126,13 @@ class Mount:
             raise InvalidSpecError(
                 f"Mount.bind source {src!r} does not exist on the host; create it first or fix the path."
             )
-        return cls("bind", _abs_path(target, "Mount.bind target"), src, bool(readonly),
+        return cls("bind", abs_path(target, "Mount.bind target"), src, bool(readonly),
                    owner=parse_owner(owner, bool(readonly)))
 
     @classmethod
     def tmpfs(cls, target: str, *, size: int | str = "64M") -> "Mount":
         """An empty, writable, memory-backed directory that vanishes with the sandbox."""
-        return cls("tmpfs", _abs_path(target, "Mount.tmpfs target"), None, False, parse_size(size, "Mount.tmpfs size"))
+        return cls("tmpfs", abs_path(target, "Mount.tmpfs target"), None, False, parse_size(size, "Mount.tmpfs size"))
 
     @classmethod
     def volume(cls, volume: Any, target: str, *, readonly: bool = False) -> "Mount":
@@ -140,7 +140,7 @@ class Mount:
         name = getattr(volume, "name", volume)
         if not isinstance(name, str) or not VOLUME_NAME_RE.match(name):
             raise InvalidSpecError(f"Mount.volume volume={volume!r} is not a volume name; use hutch.Volume.from_name(...).")
-        return cls("volume", _abs_path(target, "Mount.volume target"), name, bool(readonly))
+        return cls("volume", abs_path(target, "Mount.volume target"), name, bool(readonly))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -357,7 +357,7 @@ class SandboxSpec:
             command=argv, image=image, mounts=ms, network=network,
             limits=Limits.of(memory=memory, cpu=cpu, pids=pids, disk=disk),
             timeout=_timeout(timeout, "timeout"), idle_timeout=_timeout(idle_timeout, "idle_timeout"),
-            workdir=_abs_path(workdir, "workdir"), env=envs, tags=tgs, name=name, detach=bool(detach),
+            workdir=abs_path(workdir, "workdir"), env=envs, tags=tgs, name=name, detach=bool(detach),
             capabilities=caps,
         )
 

@@ -17,7 +17,7 @@ import asyncio
 import time
 
 from hutch._core.errors import InvalidSpecError, NotFoundError
-from hutch.sandbox import _build, _client, _provided
+from hutch.sandbox import _build, _client, _ensure, _provided
 from hutch.sandbox._files import AsyncFiles
 from hutch.sandbox._interp import AsyncInterpreter
 from hutch.sandbox._process import AsyncProcess
@@ -28,7 +28,7 @@ from hutch.sandbox._api import (
 )
 from hutch.sandbox.image import Image
 from hutch.sandbox.interpreter import CodeContext, Execution
-from hutch.sandbox.sandbox import ImageProgress, _ensured, _ensured_lock, _image_key, build_spec
+from hutch.sandbox.sandbox import build_spec
 
 
 class AsyncSandbox(SandboxState):
@@ -59,7 +59,7 @@ class AsyncSandbox(SandboxState):
                               timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags,
                               name=name, network=network, detach=detach)
             client = _client.default_async_client()
-            await cls._ensure_image(client, spec.image)
+            await _ensure.aensure_image(client, spec.image)
             resp = await client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict()})
             sb = cls(client, resp.json())
             try:
@@ -73,22 +73,6 @@ class AsyncSandbox(SandboxState):
                 await sb.terminate()
                 raise
         return sb
-
-    @staticmethod
-    async def _ensure_image(client, ref: str) -> None:
-        key = _image_key(client, ref)
-        if key in _ensured:
-            return
-        progress = ImageProgress(ref)
-        resp = await client.request("POST", "/v1/images/ensure", json={"ref": ref}, stream=True)
-        try:
-            async for line in resp.aiter_lines():
-                progress.line(line)
-        finally:
-            await resp.aclose()
-        progress.finish()
-        with _ensured_lock:
-            _ensured.add(key)
 
     @classmethod
     async def from_id(cls, sandbox_id: str) -> "AsyncSandbox":

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from hutch._core.errors import InvalidSpecError, NotFoundError
-from hutch.sandbox._spec import DEFAULT_IMAGE, Network, _abs_path
+from hutch.sandbox._spec import DEFAULT_IMAGE, Network, abs_path
 
 #: What `Image.code_interpreter()` adds to the default image (which has python3, pip and venv).
 CODE_INTERPRETER_PIP = ("ipykernel>=7,<8", "jupyter_client>=8,<9", "numpy>=2,<3", "pandas>=2,<4",
@@ -190,7 +190,7 @@ class Image:
         src = os.path.abspath(os.fspath(local_path))
         if not os.path.isfile(src):
             raise NotFoundError(f"copy_local_file: {src} is not a file on this host; fix the path.")
-        return self._then(_step("copy", local=src, remote=_abs_path(remote_path, "copy_local_file remote_path"),
+        return self._then(_step("copy", local=src, remote=abs_path(remote_path, "copy_local_file remote_path"),
                                 dir=False))
 
     def copy_local_dir(self, local_path: str | os.PathLike, remote_path: str) -> "Image":
@@ -198,7 +198,7 @@ class Image:
         src = os.path.abspath(os.fspath(local_path))
         if not os.path.isdir(src):
             raise NotFoundError(f"copy_local_dir: {src} is not a directory on this host; fix the path.")
-        return self._then(_step("copy", local=src, remote=_abs_path(remote_path, "copy_local_dir remote_path"),
+        return self._then(_step("copy", local=src, remote=abs_path(remote_path, "copy_local_dir remote_path"),
                                 dir=True))
 
     def env(self, variables: dict) -> "Image":
@@ -210,7 +210,7 @@ class Image:
 
     def workdir(self, path: str) -> "Image":
         """The working directory of the later steps and of sandboxes made from the image (made if missing)."""
-        return self._then(_step("workdir", workdir=_abs_path(path, "workdir")))
+        return self._then(_step("workdir", workdir=abs_path(path, "workdir")))
 
     # --- building and moving ----------------------------------------------------------------------
 

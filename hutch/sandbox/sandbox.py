@@ -14,13 +14,10 @@ is the same surface, awaitable.
 
 from __future__ import annotations
 
-import json
-import sys
-import threading
 import time
 
 from hutch._core.errors import InvalidSpecError, NotFoundError
-from hutch.sandbox import _build, _client, _provided
+from hutch.sandbox import _build, _client, _ensure, _provided
 from hutch.sandbox._files import Files
 from hutch.sandbox._interp import Interpreter
 from hutch.sandbox._process import Process
@@ -29,7 +26,7 @@ from hutch.sandbox._spec import (
     DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, SandboxSpec,
 )
 from hutch.sandbox._api import (
-    DEFAULT_MAX_OUTPUT, ENDED, WAIT_POLL, ExecResult, NetworkLog, SandboxState, check_max_output, error_from_answer,
+    DEFAULT_MAX_OUTPUT, ENDED, WAIT_POLL, ExecResult, NetworkLog, SandboxState, check_max_output,
     exec_body, stdin_payload, tag_params, terminated_error,
 )
 from hutch.sandbox.image import Image
@@ -44,55 +41,6 @@ def build_spec(command, *, image, mounts, cpu, memory, pids, disk, timeout, idle
         disk=disk, timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags, name=name,
         detach=detach,
     )
-
-
-class ImageProgress:
-    """Consumes the NDJSON events of POST /v1/images/ensure and shows build progress on stderr."""
-
-    def __init__(self, ref: str, stream=None, quiet_for: float = 0.5) -> None:
-        self.ref, self.stream = ref, stream if stream is not None else sys.stderr
-        self._last_phase, self._last_time, self._shown = None, 0.0, False
-        # an image that is ready answers at once: say nothing unless a build is really under way
-        self._quiet_until = time.monotonic() + quiet_for
-        self.result: dict | None = None
-
-    def line(self, raw: str | bytes) -> None:
-        if not raw.strip():
-            return
-        ev = json.loads(raw)
-        if ev.get("done"):
-            self.result = ev
-            if self._shown:
-                self._show(f"image {self.ref} ready")
-        elif "error" in ev:
-            raise error_from_answer(500, json.dumps(ev).encode())
-        else:
-            now = time.monotonic()
-            phase = ev.get("phase")
-            if now >= self._quiet_until and (phase != self._last_phase or now - self._last_time >= 2.0):
-                self._last_phase, self._last_time = phase, now
-                mb = (ev.get("bytes") or 0) / 1e6
-                self._show(f"building image {self.ref}: {phase}: {ev.get('message', '')} "
-                           f"({mb:.0f} MB, {ev.get('elapsed', 0):.0f} s)")
-
-    def _show(self, text: str) -> None:
-        self._shown = True
-        print(f"hutch: {text}", file=self.stream, flush=True)
-
-    def finish(self) -> dict:
-        if self.result is None:
-            raise error_from_answer(500, b'{"error": "ImageError", "message": "the daemon ended the image build '
-                                    b'without a result; see its log and try again."}')
-        return self.result
-
-
-# (endpoint, ref) pairs this process has ensured: the daemon is asked once per image.
-_ensured: set[tuple] = set()
-_ensured_lock = threading.Lock()
-
-
-def _image_key(client, ref: str) -> tuple:
-    return (client.ep.describe(), ref)
 
 
 class Sandbox(SandboxState):
@@ -131,7 +79,7 @@ class Sandbox(SandboxState):
                               timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags,
                               name=name, network=network, detach=detach)
             client = _client.default_client()
-            cls._ensure_image(client, spec.image)
+            _ensure.ensure_image(client, spec.image)
             resp = client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict()})
             sb = cls(client, resp.json())
             try:
@@ -142,22 +90,6 @@ class Sandbox(SandboxState):
                 sb.terminate()
                 raise
         return sb
-
-    @staticmethod
-    def _ensure_image(client, ref: str) -> None:
-        key = _image_key(client, ref)
-        if key in _ensured:
-            return
-        progress = ImageProgress(ref)
-        resp = client.request("POST", "/v1/images/ensure", json={"ref": ref}, stream=True)
-        try:
-            for line in resp.iter_lines():
-                progress.line(line)
-        finally:
-            resp.close()
-        progress.finish()
-        with _ensured_lock:
-            _ensured.add(key)
 
     @classmethod
     def from_id(cls, sandbox_id: str) -> "Sandbox":

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from hutch._core.errors import InvalidSpecError
 from hutch.sandbox import _client
-from hutch.sandbox._files import FileInfo, _data, _mode
+from hutch.sandbox._files import FileInfo, file_data, file_mode
 from hutch.sandbox._spec import check_volume_name
 
 
@@ -67,8 +67,8 @@ class Volume:
 
     def write(self, path: str, data: "bytes | str", *, mode: int = 0o644) -> None:
         """Create or replace a file (parents made as needed): a temp file renamed into place."""
-        _client.default_client().request("PUT", f"{self._base}/write", params={"path": _path(path), "mode": _mode(mode)},
-                                         content=_data(data))
+        _client.default_client().request("PUT", f"{self._base}/write", params={"path": _path(path), "mode": file_mode(mode)},
+                                         content=file_data(data))
 
     def remove(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file or empty directory; `recursive=True` removes a whole tree."""

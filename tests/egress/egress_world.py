@@ -156,7 +156,7 @@ class GatewayThread:
     def _run(self):
         fd = os.open(f"/run/netns/{self._host_netns}", os.O_RDONLY)
         try:
-            _netns._setns(fd)
+            _netns.setns(fd)
         finally:
             os.close(fd)
         asyncio.set_event_loop(self.loop)

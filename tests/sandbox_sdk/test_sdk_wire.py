@@ -7,7 +7,8 @@ import pytest
 import hutch
 from hutch.sandbox import _api
 from hutch.sandbox._process import _Output
-from hutch.sandbox.sandbox import ImageProgress, build_spec
+from hutch.sandbox._ensure import ImageProgress
+from hutch.sandbox.sandbox import build_spec
 
 
 def _frames(*pairs):
@@ -237,3 +238,25 @@ def test_from_dict_refuses_two_mounts_on_one_target_and_shapes_it_cannot_read():
     for bad in ({"command": "ls -l"}, {"limits": 5}, {"env": {"A": "1"}}, {"mounts": {"a": 1}}, []):
         with pytest.raises(hutch.InvalidSpecError):
             SandboxSpec.from_dict(bad)
+
+
+def test_an_image_is_ensured_once_per_daemon_unless_told_not_to_remember(tmp_path):
+    from hutch.sandbox._client import Endpoint
+    from hutch.sandbox._ensure import Ensure
+
+    here, there = Endpoint(socket_path=str(tmp_path / "a.sock")), Endpoint(socket_path=str(tmp_path / "b.sock"))
+    first = Ensure(here, "img-x")
+    assert first.needed and first.body == {"ref": "img-x"}
+    first.feed(b'{"phase": "pull", "message": "x"}')
+    first.feed(b'{"done": true, "ref": "img-x", "id": "abc"}')
+    assert first.done()["id"] == "abc"
+    assert not Ensure(here, "img-x").needed and Ensure(there, "img-x").needed and Ensure(here, "img-y").needed
+    assert Ensure(here, "img-x", remember=False).needed   # the builder asks for the base's id every time
+    unremembered = Ensure(there, "img-z", remember=False)
+    unremembered.feed('{"done": true, "ref": "img-z", "id": "z"}')
+    unremembered.done()
+    assert Ensure(there, "img-z").needed
+    failed = Ensure(there, "img-w")
+    with pytest.raises(hutch.ImageError):
+        failed.feed('{"error": "ImageError", "message": "no"}')
+    assert Ensure(there, "img-w").needed

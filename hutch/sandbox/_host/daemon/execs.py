@@ -1,4 +1,9 @@
-"""Exec and file calls into a running sandbox (a part of the Manager, kept apart for size)."""
+"""Exec and file calls into a running sandbox: `Execs`, the part of the daemon that runs commands in
+sandboxes and tracks them until they end (the Manager holds one and tells it of the init's exit events).
+
+A command's record (`Exec`) lives in its sandbox's record (`LiveSandbox.exec_records`) as long as that does, so
+a client may still ask how a command ended after its sandbox has.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hutch._core import errors
 from hutch._core.errors import ConfigError, NotFoundError, SandboxError, StateError
 from hutch.sandbox._host.native.runtime import Channel, exec_env
 from hutch.sandbox._spec import EXEC_USERS, SANDBOX_USER_ID
@@ -36,20 +42,26 @@ class Exec:
     result: dict | None = None         # how it ended, worked out once (the OOM check reads a counter)
 
 
+def live_channel(sb: LiveSandbox) -> Channel:
+    """The channel to a running sandbox's init; StateError once it runs nothing more."""
+    if sb.status != "running" or sb.channel is None or sb.channel.closed:
+        raise StateError(f"sandbox {sb.id} is {sb.status}, so it runs nothing more; create a new sandbox.")
+    return sb.channel
 
-class Calls:
-    """Mixed into Manager: needs self.cgroups."""
+
+class Execs:
+    """Starts, signals and reports the commands of running sandboxes, and does their file calls.
+
+    `cgroups` (native/cgroups.Cgroups) tells an OOM kill from another SIGKILL."""
+
+    def __init__(self, cgroups):
+        self.cgroups = cgroups
 
     # --- exec -----------------------------------------------------------------------------
 
-    def _live(self, sb: LiveSandbox) -> Channel:
-        if sb.status != "running" or sb.channel is None or sb.channel.closed:
-            raise StateError(f"sandbox {sb.id} is {sb.status}, so it runs nothing more; create a new sandbox.")
-        return sb.channel
-
-    async def exec_start(self, sb: LiveSandbox, argv, env=None, workdir=None, timeout=None, stdin=False,
-                         stdout=True, stderr=True, max_output=None, user="root") -> Exec:
-        ch = self._live(sb)
+    async def start(self, sb: LiveSandbox, argv, env=None, workdir=None, timeout=None, stdin=False,
+                    stdout=True, stderr=True, max_output=None, user="root") -> Exec:
+        ch = live_channel(sb)
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise ConfigError(f"argv={argv!r} must be a non-empty list of strings, like ['python3', '-c', 'print(1)'].")
         if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
@@ -77,7 +89,7 @@ class Calls:
         eid = secrets.token_hex(6)
         loop = asyncio.get_running_loop()
         ex = Exec(eid, argv, out_r, err_r, in_w, self.cgroups.oom_kills(sb.id), loop.create_future(), max_output)
-        sb.execs[eid] = ex  # before the request: its exit may arrive right behind the reply
+        sb.exec_records[eid] = ex  # before the request: its exit may arrive right behind the reply
         fds = [fd for fd in (in_r, out_w, err_w) if fd is not None]
         try:
             reply, _ = await ch.request({"op": "exec", "eid": eid, "argv": argv,
@@ -85,24 +97,24 @@ class Calls:
                                          "cwd": cwd, "streams": [bool(stdin), stdout, stderr],
                                          "uid": SANDBOX_USER_ID if user == "user" else 0}, fds)
         except BaseException:
-            sb.execs.pop(eid, None)
+            sb.exec_records.pop(eid, None)
             _close(out_r, err_r, in_w)
             raise
         finally:
             _close(out_w, err_w, in_r)
         if not reply["ok"]:
-            sb.execs.pop(eid, None)
+            sb.exec_records.pop(eid, None)
             _close(out_r, err_r, in_w)
-            raise _error(reply)
+            raise error_from_reply(reply)
         if timeout:
-            ex.timer = loop.call_later(timeout, lambda: loop.create_task(self.exec_kill(sb, ex, signal.SIGKILL, "timeout")))
+            ex.timer = loop.call_later(timeout, lambda: loop.create_task(self.kill(sb, ex, signal.SIGKILL, "timeout")))
         ex.exited.add_done_callback(lambda _f: (ex.timer and ex.timer.cancel(), sb.touch()))
-        if len(sb.execs) > 256:  # forget finished execs, keep the recent ones for kill/stdin races
-            for k in [k for k, e in sb.execs.items() if e.exited.done() and not e.streaming][:128]:
-                del sb.execs[k]
+        if len(sb.exec_records) > 256:  # forget finished execs, keep the recent ones for kill/stdin races
+            for k in [k for k, e in sb.exec_records.items() if e.exited.done() and not e.streaming][:128]:
+                del sb.exec_records[k]
         return ex
 
-    async def exec_kill(self, sb: LiveSandbox, ex: Exec, sig: int, reason: str = "killed") -> None:
+    async def kill(self, sb: LiveSandbox, ex: Exec, sig: int, reason: str = "killed") -> None:
         if ex.exited.done() or sb.channel is None or sb.channel.closed:
             return
         ex.reason = ex.reason or reason
@@ -111,12 +123,13 @@ class Calls:
         except StateError:
             pass
 
-    def exec_result(self, sb: LiveSandbox, ex: Exec) -> dict:
+    def result(self, sb: LiveSandbox, ex: Exec) -> dict:
+        """How an ended command ended: {"returncode", "reason"}, worked out once."""
         if ex.result is None:
-            ex.result = self._exec_result(sb, ex)
+            ex.result = self._result(sb, ex)
         return ex.result
 
-    def _exec_result(self, sb: LiveSandbox, ex: Exec) -> dict:
+    def _result(self, sb: LiveSandbox, ex: Exec) -> dict:
         st = ex.exited.result()
         code = os.waitstatus_to_exitcode(st)
         if ex.reason:
@@ -129,16 +142,34 @@ class Calls:
             reason = "exited"
         return {"returncode": code, "reason": reason}
 
-    def find_exec(self, sb: LiveSandbox, eid: str) -> Exec:
-        ex = sb.execs.get(eid)
+    def find(self, sb: LiveSandbox, eid: str) -> Exec:
+        ex = sb.exec_records.get(eid)
         if ex is None:
             raise NotFoundError(f"no exec {eid!r} in sandbox {sb.id}; use the X-Hutch-Exec-Id of a running exec.")
         return ex
 
+    def exited(self, sb: LiveSandbox, eid: str, status: int) -> None:
+        """The init reports that command `eid` ended with wait status `status`."""
+        ex = sb.exec_records.get(eid)
+        if ex is not None and not ex.exited.done():
+            ex.exited.set_result(status)
+        sb.touch()
+
+    def busy(self, sb: LiveSandbox) -> bool:
+        """Whether a command of `sb` still runs (an idle timeout waits for it)."""
+        return any(not ex.exited.done() for ex in sb.exec_records.values())
+
+    def sandbox_ended(self, sb: LiveSandbox) -> None:
+        """`sb` is gone: every command still running ended with it (killed, reason sandbox_ended)."""
+        for ex in sb.exec_records.values():
+            if not ex.exited.done():
+                ex.reason = ex.reason or "sandbox_ended"
+                ex.exited.set_result(signal.SIGKILL)  # a wait status: killed by SIGKILL
+
     # --- files ----------------------------------------------------------------------------
 
     async def file_call(self, sb: LiveSandbox, op: str, path: str, **kw) -> tuple[dict, list[int]]:
-        ch = self._live(sb)
+        ch = live_channel(sb)
         if not isinstance(path, str) or not path or "\0" in path:
             raise ConfigError(f"path={path!r} must be a path inside the sandbox, like '/home/user/a.txt'.")
         if not path.startswith("/"):
@@ -147,10 +178,8 @@ class Calls:
         reply, fds = await ch.request({"op": op, "path": path, **kw})
         if not reply["ok"]:
             _close(*fds)
-            raise _error(reply)
+            raise error_from_reply(reply)
         return reply, fds
-
-
 
 
 def _output_pipe() -> tuple[int, int]:
@@ -171,13 +200,12 @@ def _close(*fds) -> None:
                 pass
 
 
-def _error(reply: dict) -> Exception:
-    from hutch._core import errors
-
+def error_from_reply(reply: dict) -> Exception:
+    """The error an init's {"ok": false, "error", "message"} reply stands for (SandboxError if unknown)."""
     cls = getattr(errors, reply.get("error", ""), None)
     if not (isinstance(cls, type) and issubclass(cls, errors.Error)):
         cls = SandboxError
     return cls(reply.get("message") or "the sandbox refused the call.")
 
 
-__all__ = ["Calls", "Exec"]
+__all__ = ["Exec", "Execs", "error_from_reply", "live_channel"]

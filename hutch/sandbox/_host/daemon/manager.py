@@ -27,7 +27,7 @@ from hutch._core.errors import (
     StateError,
 )
 from hutch.sandbox._host import images
-from hutch.sandbox._host.daemon.execs import Calls, Exec, _error
+from hutch.sandbox._host.daemon.execs import Exec, Execs, error_from_reply
 from hutch.sandbox._host.daemon.network import NetworkAttacher
 from hutch.sandbox._host.native.cgroups import ZYGOTE_LEAF, Cgroups
 from hutch.sandbox._host.native.idmap import IdMapper, UidRanges, write_maps
@@ -62,7 +62,7 @@ class LiveSandbox:
     init_pid: int = 0
     pidfd: int = -1
     channel: Channel | None = None
-    execs: dict[str, Exec] = field(default_factory=dict)
+    exec_records: dict[str, Exec] = field(default_factory=dict)   # its commands (Execs), kept after they end
     last_activity: float = field(default_factory=time.monotonic)
     leases: int = 0
     lease_seen: bool = False
@@ -92,13 +92,14 @@ class LiveSandbox:
         self.last_activity = time.monotonic()
 
 
-class Manager(Calls):
+class Manager:
     def __init__(self, run_dir: Path, cgroup_parent: str, network: NetworkAttacher | None = None):
         self.run_dir = run_dir
         self.records = run_dir / "sandboxes"
         self.scratch = run_dir / "mnt"
         self.layers_at = run_dir / "disk"   # where the zygote mounts its store of writable layers (_host/native/disk.py)
         self.cgroups = Cgroups(cgroup_parent)
+        self.execs = Execs(self.cgroups)   # commands and file calls in running sandboxes
         self.network = network
         self.sandboxes: dict[str, LiveSandbox] = {}
         self.by_pid: dict[int, LiveSandbox] = {}
@@ -482,7 +483,7 @@ class Manager(Calls):
                 "env": exec_env(sb.spec, sb.image, sb.hostname), "cwd": sb.spec.workdir,
                 "streams": [False, False, False]})
             if not reply["ok"]:
-                raise _error(reply)
+                raise error_from_reply(reply)
         if sb.status == "starting":  # a command may have been quicker than this line
             sb.status = "running"
         sb.touch()
@@ -505,10 +506,7 @@ class Manager(Calls):
                 if fut and not fut.done():
                     fut.set_result(msg)
         elif op == "exec_exit":
-            ex = sb.execs.get(msg["eid"])
-            if ex is not None and not ex.exited.done():
-                ex.exited.set_result(msg["status"])
-            sb.touch()
+            self.execs.exited(sb, msg["eid"], msg["status"])
         elif op == "main_exit":
             st = msg["status"]
             if sb.active:
@@ -530,7 +528,7 @@ class Manager(Calls):
         if not sb.active:
             return
         idle = sb.spec.idle_timeout
-        busy = any(not ex.exited.done() for ex in sb.execs.values())
+        busy = self.execs.busy(sb)
         left = idle - (time.monotonic() - sb.last_activity)
         if not busy and left <= 0:
             self._expire(sb, "idle_timeout")
@@ -582,10 +580,7 @@ class Manager(Calls):
             os.close(sb.pidfd)
             sb.pidfd = -1
         self.by_pid.pop(sb.init_pid, None)
-        for ex in sb.execs.values():
-            if not ex.exited.done():
-                ex.reason = ex.reason or "sandbox_ended"
-                ex.exited.set_result(signal.SIGKILL)  # a wait status: killed by SIGKILL
+        self.execs.sandbox_ended(sb)
         delay = 0.0005
         deadline = time.monotonic() + 5
         while not (removed := self.cgroups.remove(sb.id, deadline=0)):

@@ -16,6 +16,7 @@ from hutch._core import errors
 from hutch._core.errors import ConfigError, NetworkPolicyError
 from hutch.sandbox._host import images
 from hutch.sandbox._host.daemon.doctor import report as doctor_report
+from hutch.sandbox._host.daemon.execs import live_channel
 from hutch.sandbox._host.daemon.http import json_body, send_fd
 from hutch.sandbox._host.daemon.manager import Manager
 from hutch.sandbox._host.daemon.openapi import openapi_document
@@ -212,7 +213,7 @@ class Handlers:
     async def exec(self, request):
         sb = self.mgr.get(request.match_info["id"])
         body = await json_body(request)
-        ex = await self.mgr.exec_start(sb, body.get("argv"), body.get("env"), body.get("workdir"),
+        ex = await self.mgr.execs.start(sb, body.get("argv"), body.get("env"), body.get("workdir"),
                                        body.get("timeout"), bool(body.get("stdin")), body.get("stdout", True),
                                        body.get("stderr", True), body.get("max_output"), body.get("user", "root"))
         out = _Output(asyncio.get_running_loop(), ex)
@@ -245,7 +246,7 @@ class Handlers:
                 woke = await out.wait(timeout)
                 if not woke and resp is None and not ex.exited.done():
                     resp = await _prepare(request, ex, immediate=True)
-            status = self.mgr.exec_result(sb, ex)
+            status = self.mgr.execs.result(sb, ex)
             if ex.max_output is not None:
                 status = {**status, "stdout_dropped": out.dropped[STDOUT], "stderr_dropped": out.dropped[STDERR]}
             final = _frame(EXIT, json.dumps(status).encode())
@@ -258,7 +259,7 @@ class Handlers:
             out.close()
             ex.streaming = False
             if not ex.exited.done():  # the client went away: the command goes with it
-                await self.mgr.exec_kill(sb, ex, signal.SIGKILL, "killed")
+                await self.mgr.execs.kill(sb, ex, signal.SIGKILL, "killed")
             if ex.stdin_w is not None:
                 try:
                     os.close(ex.stdin_w)
@@ -268,7 +269,7 @@ class Handlers:
 
     async def stdin(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        ex = self.mgr.find_exec(sb, request.match_info["eid"])
+        ex = self.mgr.execs.find(sb, request.match_info["eid"])
         data = await request.read()
         if ex.stdin_w is None:
             if data or not _flag(request, "eof"):
@@ -301,7 +302,7 @@ class Handlers:
         """How a command ended, without its output: a client that has not read all of it (so the daemon
         holds the rest back) still learns that the command exited, was killed or timed out."""
         sb = self.mgr.get(request.match_info["id"])
-        ex = self.mgr.find_exec(sb, request.match_info["eid"])
+        ex = self.mgr.execs.find(sb, request.match_info["eid"])
         timeout = request.query.get("timeout")
         try:
             t = float(timeout) if timeout is not None else None
@@ -311,23 +312,23 @@ class Handlers:
             await asyncio.wait_for(asyncio.shield(ex.exited), t)
         except asyncio.TimeoutError:
             return web.json_response({"returncode": None, "reason": None})
-        return web.json_response(self.mgr.exec_result(sb, ex))
+        return web.json_response(self.mgr.execs.result(sb, ex))
 
     async def kill(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        ex = self.mgr.find_exec(sb, request.match_info["eid"])
+        ex = self.mgr.execs.find(sb, request.match_info["eid"])
         body = await json_body(request, optional=True)
         sig = body.get("signal", signal.SIGKILL)
         if isinstance(sig, bool) or not isinstance(sig, int) or not 1 <= sig <= 64:
             raise ConfigError(f"signal={sig!r} must be a signal number, like 9 or 15.")
-        await self.mgr.exec_kill(sb, ex, sig, "killed")
+        await self.mgr.execs.kill(sb, ex, sig, "killed")
         return web.Response(status=204)
 
     # --- files --------------------------------------------------------------------------
 
     async def read(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        reply, fds = await self.mgr.file_call(sb, "read", _path(request))
+        reply, fds = await self.mgr.execs.file_call(sb, "read", _path(request))
         return await send_fd(request, fds[0], reply["size"])
 
     async def write(self, request):
@@ -339,7 +340,7 @@ class Handlers:
             raise ConfigError(f"mode={request.query.get('mode')!r} must be octal, like 0644.") from e
         if not 0 <= mode <= 0o7777:
             raise ConfigError(f"mode={oct(mode)} is out of range; give permission bits like 0644.")
-        reply, fds = await self.mgr.file_call(sb, "write_open", path, mode=mode)
+        reply, fds = await self.mgr.execs.file_call(sb, "write_open", path, mode=mode)
         fd, tmp = fds[0], reply["tmp"]
         try:
             async for chunk in request.content.iter_chunked(CHUNK * 4):
@@ -348,33 +349,33 @@ class Handlers:
                     view = view[os.write(fd, view):]
         except BaseException as e:
             os.close(fd)
-            await self.mgr.file_call(sb, "write_abort", path, tmp=tmp)
+            await self.mgr.execs.file_call(sb, "write_abort", path, tmp=tmp)
             if isinstance(e, OSError) and e.errno in (28, 122):  # ENOSPC, EDQUOT
                 raise errors.SandboxError(f"writing {path}: the sandbox's disk limit is reached; "
                                           "create it with a larger disk= or remove files.") from e
             raise
         os.close(fd)
-        await self.mgr.file_call(sb, "write_commit", path, tmp=tmp)
+        await self.mgr.execs.file_call(sb, "write_commit", path, tmp=tmp)
         return web.Response(status=204)
 
     async def list_files(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        reply, _ = await self.mgr.file_call(sb, "list", _path(request))
+        reply, _ = await self.mgr.execs.file_call(sb, "list", _path(request))
         return web.json_response({"entries": reply["entries"]})
 
     async def stat(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        reply, _ = await self.mgr.file_call(sb, "stat", _path(request))
+        reply, _ = await self.mgr.execs.file_call(sb, "stat", _path(request))
         return web.json_response(reply["entry"])
 
     async def remove(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        await self.mgr.file_call(sb, "remove", _path(request), recursive=_flag(request, "recursive"))
+        await self.mgr.execs.file_call(sb, "remove", _path(request), recursive=_flag(request, "recursive"))
         return web.Response(status=204)
 
     async def mkdir(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        await self.mgr.file_call(sb, "mkdir", _path(request), parents=_flag(request, "parents"))
+        await self.mgr.execs.file_call(sb, "mkdir", _path(request), parents=_flag(request, "parents"))
         return web.Response(status=204)
 
     # --- images -------------------------------------------------------------------------
@@ -430,7 +431,7 @@ class Handlers:
         if self.mgr.network is None:
             raise NetworkPolicyError("this daemon runs no egress gateway, so a sandbox's network cannot change; "
                                      "sandboxes here have Network.none().")
-        self.mgr._live(sb)
+        live_channel(sb)
         await self.mgr.network.update(sb.id, net)
         return web.Response(status=204)
 

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from hutch._core.errors import ConfigError, ImageError, StateError
 from hutch.sandbox._host import archive, images, layers, volumes
-from hutch.sandbox._host.daemon.execs import _error
+from hutch.sandbox._host.daemon.execs import error_from_reply, live_channel
 from hutch.sandbox._host.daemon.http import json_body, send_fd
 from hutch.sandbox._spec import check_volume_name
 
@@ -67,14 +67,14 @@ class StoreRoutes:
 
     async def snapshot(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        ch = self.mgr._live(sb)
+        ch = live_channel(sb)
         body = await json_body(request, optional=True)
         key, name = _str_or_none(body, "key"), _str_or_none(body, "name")
         if key is not None and (len(key) != 64 or any(c not in "0123456789abcdef" for c in key)):
             raise ConfigError(f"key={key!r} must be 64 hex digits (a build step's key).")
         reply, fds = await ch.request({"op": "upper"})
         if not reply["ok"] or not fds:
-            raise _error(reply)
+            raise error_from_reply(reply)
         sb.touch()
         try:
             node = await _run(self._commit, fds[0], sb, key, name, _env(body), _str_or_none(body, "workdir"),

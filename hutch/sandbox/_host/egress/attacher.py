@@ -97,11 +97,11 @@ class DaemonAttacher:
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
         async with self._start_lock:
-            if not self.gateway._started:
+            if not self.gateway.started:
                 await self.gateway.start()
 
     async def stop(self) -> None:
-        if self.gateway._started:
+        if self.gateway.started:
             await self.gateway.stop()
 
     async def attach(self, sandbox_id: str, init_pid: int, network) -> None:
@@ -124,7 +124,7 @@ class DaemonAttacher:
 
     async def detach(self, sandbox_id: str) -> None:
         self._pids.pop(sandbox_id, None)
-        if self.gateway._started:
+        if self.gateway.started:
             await self.gateway.detach(sandbox_id, wait=False)   # kernel cleanup in the background
 
     def log(self, sandbox_id: str) -> dict:

@@ -210,9 +210,9 @@ class Gateway:
         # one thread does all plumbing: setns moves only that thread, and netlink/nft
         # sockets stay bound to the namespace they were opened in
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hutch-egress",
-                                        initializer=_netns._setns, initargs=(host_fd,))
+                                        initializer=_netns.setns, initargs=(host_fd,))
         self._cleanup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hutch-egress-cleanup",
-                                           initializer=_netns._setns, initargs=(host_fd,))
+                                           initializer=_netns.setns, initargs=(host_fd,))
         dns_socks, proxy_sock = (), None
         try:
             proxy_sock = await self._claim_subnet()
@@ -390,6 +390,11 @@ class Gateway:
                 sb.release()
 
     # --- internals ---------------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        """Between start() and stop()."""
+        return self._started
 
     def _require_started(self):
         if not self._started:

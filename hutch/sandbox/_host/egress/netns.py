@@ -39,7 +39,7 @@ SANDBOX_TABLE = "hutch"
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _setns(fd: int) -> None:
+def setns(fd: int) -> None:
     if _libc.setns(fd, CLONE_NEWNET) != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"setns into a network namespace failed: {os.strerror(e)}")
@@ -201,7 +201,7 @@ class Plumber:
     def setup(self, host_fd: int) -> list[str]:
         """Install the host table, reaping links a crashed predecessor left. Returns reaped names."""
         self.host_fd = host_fd
-        _setns(host_fd)
+        setns(host_fd)
         reaped = self.reap()
         self.nft.run(host_ruleset(self.table, self.gw, self.subnet, self.dns_port, self.proxy_port))
         self._installed = True
@@ -247,11 +247,11 @@ class Plumber:
 
     @contextmanager
     def _in_netns(self, fd: int):
-        _setns(fd)
+        setns(fd)
         try:
             yield
         finally:
-            _setns(self.host_fd)
+            setns(self.host_fd)
 
     def add(self, name: str, addr: str, netns_fd: int) -> None:
         """Create veth `name` (host) <-> eth0 (sandbox), addresses, routes, and both rule sets."""
