@@ -110,7 +110,7 @@ def memory_in_sandbox_demo() -> None:
         mem = hutch.Memory(root / "agent-memory")
         mem.put("orgs", "Acme", body="Acme worries about customer churn: clients cancel after onboarding.")
         mem.put("topics", "Churn", body="Why customers leave.\n")
-        with hutch.Sandbox.create(memory=hutch.MemoryMount(mem, "/memory", writable=True), tags={"demo": "1"}) as sb:
+        with hutch.Sandbox.create(mounts=[hutch.MemoryMount(mem, "/memory", writable=True)], tags={"demo": "1"}) as sb:
             r = sb.run("sh", "-c", "ls '/memory/search/customer churn/' && "
                                    "echo '- onboarding is the main cause' >> /memory/topics/churn.md", check=True)
             print("  in the sandbox, ls '/memory/search/customer churn/':", r.stdout.split())

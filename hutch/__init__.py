@@ -45,8 +45,10 @@ _LAZY = {
     "AsyncProcess": "hutch.sandbox._process",
     "AsyncSandbox": "hutch.sandbox.aio",
     "AsyncSandboxPool": "hutch.sandbox.pool",
+    "CheckIssue": "hutch.memory._entity",
     "CheckReport": "hutch.memory._entity",
     "CodeContext": "hutch.sandbox.interpreter",
+    "EmbeddingProvider": "hutch.memory._index._embed",
     "Entity": "hutch.memory._entity",
     "ExecResult": "hutch.sandbox._api",
     "Execution": "hutch.sandbox.interpreter",
@@ -57,35 +59,41 @@ _LAZY = {
     "IndexReport": "hutch.memory._index._search",
     "Logs": "hutch.sandbox.interpreter",
     "Memory": "hutch.memory._store",
-    "MiniLMProvider": "hutch.memory._index._embed",
     "MemoryMount": "hutch.fuse._sandbox",
+    "MiniLMProvider": "hutch.memory._index._embed",
     "Mount": "hutch.sandbox._spec",
+    "Neighbor": "hutch.memory._entity",
     "Network": "hutch.sandbox._spec",
     "NetworkLog": "hutch.sandbox._api",
     "OpenAIEmbeddings": "hutch.memory._index._embed",
+    "OpenAIExtractor": "hutch.memory._extract",
     "OpenAIReasoner": "hutch.memory._index._reason",
     "Process": "hutch.sandbox._process",
     "Result": "hutch.sandbox.interpreter",
     "Sandbox": "hutch.sandbox.sandbox",
     "SandboxPool": "hutch.sandbox.pool",
+    "Version": "hutch.memory._entity",
     "Volume": "hutch.sandbox.volume",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hutch.memory._entity import CheckReport, Entity
     from hutch.fuse._sandbox import MemoryMount
+    from hutch.memory._entity import CheckIssue, CheckReport, Entity, Neighbor, Version
+    from hutch.memory._extract import OpenAIExtractor
+    from hutch.memory._index._embed import EmbeddingProvider, MiniLMProvider, OpenAIEmbeddings
+    from hutch.memory._index._reason import OpenAIReasoner
+    from hutch.memory._index._search import Hit, IndexReport
     from hutch.memory._store import Memory
+    from hutch.sandbox._api import ExecResult, NetworkLog
     from hutch.sandbox._files import FileInfo
     from hutch.sandbox._process import AsyncProcess, Process
     from hutch.sandbox._spec import Mount, Network
-    from hutch.sandbox._api import ExecResult, NetworkLog
     from hutch.sandbox.aio import AsyncSandbox
     from hutch.sandbox.image import Image
-    from hutch.sandbox.pool import AsyncSandboxPool, SandboxPool
     from hutch.sandbox.interpreter import CodeContext, Execution, ExecutionError, Logs, Result
+    from hutch.sandbox.pool import AsyncSandboxPool, SandboxPool
     from hutch.sandbox.sandbox import Sandbox
     from hutch.sandbox.volume import Volume
-
 
 def __getattr__(name: str):
     module = _LAZY.get(name)

@@ -1,6 +1,6 @@
 """`hutch.MemoryMount`: a memory store's FUSE view inside a sandbox.
 
-    sb = hutch.Sandbox.create(memory=hutch.MemoryMount(mem, "/memory", writable=True))
+    sb = hutch.Sandbox.create(mounts=[hutch.MemoryMount(mem, "/memory", writable=True)])
     sb.run("sh", "-c", "ls '/memory/search/customer churn/' && echo note >> /memory/topics/churn.md")
     mem.history("topics/churn")[0].source        # 'sandbox:<sb.id>'
 
@@ -42,7 +42,7 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 class MemoryMount:
     """A memory store mounted into a sandbox at `target` (read-only unless `writable=True`).
 
-    Pass it as `hutch.Sandbox.create(memory=MemoryMount(...))` or in `mounts=[...]`.
+    Pass it in `hutch.Sandbox.create(mounts=[MemoryMount(...)])`, beside any Mount.
     Inside, `ls '/memory/search/<query>/'` lists the hits best first, `cat` reads them,
     and (when writable) each file written becomes a commit whose source is `sandbox:<id>`.
     """

@@ -2,7 +2,8 @@
 
 `Memory` (the store), `Entity`, `Neighbor`, `Version`, `CheckReport` and
 `CheckIssue` are defined in private modules and re-exported here and from
-`hutch`. The on-disk format is specified in docs/smf-format.md.
+`hutch` (with the search index's and the extractor's public names: docs/python-api.md
+lists them all). The on-disk format is specified in docs/smf-format.md.
 """
 
 from hutch.memory._entity import CheckIssue, CheckReport, Entity, Neighbor, Version

@@ -1,8 +1,8 @@
 """Mounts that another part of hutch provides (a memory store's view): the sandbox wing's side of the seam.
 
-The sandbox wing knows nothing of memory. A value passed in `mounts=` (or as
-`memory=`, instead of a size) that is not a `Mount` but has a
-`prepare_mount()` method is a provider: before the sandbox starts, its
+The sandbox wing knows nothing of memory. A value passed in `mounts=` that is
+not a `Mount` but has a `prepare_mount()` method is a provider (`memory=` is
+only ever the RAM limit): before the sandbox starts, its
 `prepare_mount()` returns a lease whose `.mount` is a plain `Mount` (a bind of
 a host path); once the sandbox runs, `lease.started(Started(...))` is called;
 if creating the sandbox fails, or `started` raises, `lease.abort()` (and the
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hutch._core.errors import InvalidSpecError
-from hutch.sandbox._spec import DEFAULT_MEMORY, Mount
+from hutch.sandbox._spec import Mount
 
 
 @dataclass(frozen=True)
@@ -70,18 +70,16 @@ class Provided:
             self.abort()
 
 
-def prepare(memory, mounts) -> tuple[object, tuple, Provided]:
-    """(memory limit, mounts with every provider replaced by its Mount, the leases)."""
-    items = list(mounts or ())
+def prepare(memory, mounts) -> tuple[tuple, Provided]:
+    """(mounts with every provider replaced by its Mount, the leases); `memory` is only checked not to be a
+    provider, as it was once taken for one."""
     if _is_provider(memory):
-        items.append(memory)
-        memory = DEFAULT_MEMORY
-    elif memory is not None and not isinstance(memory, (int, str)):
         raise InvalidSpecError(
-            f"memory={memory!r} is neither a size ('512M') nor a memory mount (hutch.MemoryMount(mem, '/memory')).")
+            f"memory={memory!r}: memory= is the sandbox's RAM limit (a size like '512M'); a memory store's mount "
+            "goes in mounts=, e.g. hutch.Sandbox.create(mounts=[hutch.MemoryMount(mem, '/memory')]).")
     out, leases = [], []
     try:
-        for m in items:
+        for m in mounts or ():
             if _is_provider(m):
                 lease = m.prepare_mount()
                 leases.append(lease)
@@ -91,4 +89,4 @@ def prepare(memory, mounts) -> tuple[object, tuple, Provided]:
     except BaseException:
         Provided(leases).abort()
         raise
-    return memory, tuple(out), Provided(leases)
+    return tuple(out), Provided(leases)

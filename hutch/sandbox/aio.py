@@ -53,7 +53,7 @@ class AsyncSandbox(SandboxState):
         image = Image.of(image)
         if image.steps:   # an Image defined in Python: build what is not cached yet (with progress)
             image = await asyncio.to_thread(_build.build, image, say_cached=False)
-        memory, mounts, provided = _provided.prepare(memory, mounts)  # e.g. hutch.MemoryMount
+        mounts, provided = _provided.prepare(memory, mounts)  # e.g. hutch.MemoryMount
         with provided:
             spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
                               timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags,

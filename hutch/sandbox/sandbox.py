@@ -64,7 +64,8 @@ class Sandbox(SandboxState):
         """Start a sandbox and return it once it runs.
 
         With `command`, the sandbox lives as long as that command; without one it waits for
-        `exec` calls until terminated or timed out. `mounts` are `hutch.Mount` values, `network`
+        `exec` calls until terminated or timed out. `mounts` are `hutch.Mount` values (and mounts other
+        parts provide, such as `hutch.MemoryMount`), `memory` the RAM limit, `network`
         a `hutch.Network` (default: none), `image` a `hutch.Image` (default: Debian with python3).
         Unless `detach=True`, the sandbox ends when this Python process ends.
 
@@ -73,7 +74,7 @@ class Sandbox(SandboxState):
         image = Image.of(image)
         if image.steps:   # an Image defined in Python: build what is not cached yet (with progress)
             image = _build.build(image, say_cached=False)
-        memory, mounts, provided = _provided.prepare(memory, mounts)  # e.g. hutch.MemoryMount
+        mounts, provided = _provided.prepare(memory, mounts)  # e.g. hutch.MemoryMount
         with provided:
             spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
                               timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags,

@@ -125,7 +125,7 @@ def test_sandbox_code_cannot_escape_a_writable_mount(daemon, image, planted):
     mem, outside = planted
     canary = outside / "canary.txt"
     before = _state(mem, outside)
-    with hutch.Sandbox.create(image=image, memory=hutch.MemoryMount(mem, "/memory", writable=True)) as sb:
+    with hutch.Sandbox.create(image=image, mounts=[hutch.MemoryMount(mem, "/memory", writable=True)]) as sb:
         r = sb.run("sh", "-c", f"CANARY={canary}\ncat > /tmp/bomb.md <<'EOF'\n{_bomb()}EOF\n" + _script(ATTACKS + SHOULD_WORK)
                    + "\ncat /tmp/out; grep ' /memory ' /proc/mounts", timeout=120)
         rcs = dict(line.split() for line in r.stdout.splitlines() if line.count(" ") == 1 and line.split()[1].isdigit())
@@ -172,7 +172,7 @@ def test_a_read_only_mount_refuses_every_write(daemon, image, planted):
         ("remount", "mount -o remount,rw /memory"),
         ("search", "echo x > /memory/search/pricing/.explain"),
     ]
-    with hutch.Sandbox.create(image=image, memory=hutch.MemoryMount(mem, "/memory")) as sb:
+    with hutch.Sandbox.create(image=image, mounts=[hutch.MemoryMount(mem, "/memory")]) as sb:
         r = sb.run("sh", "-c", _script(attacks) + "\ncat /tmp/err; cat /memory/orgs/acme.md")
         rcs = dict(line.split() for line in r.stdout.splitlines() if line.count(" ") == 1 and line.split()[1].isdigit())
         assert [n for n, _ in attacks if rcs.get(n) == "0"] == [], r.stdout
@@ -185,7 +185,7 @@ def test_a_read_only_mount_refuses_every_write(daemon, image, planted):
 def test_concurrent_writers_in_a_sandbox_leave_a_valid_store(daemon, image, planted):
     mem, _ = planted
     n0 = int(mem.git.run("rev-list", "--count", "HEAD"))
-    with hutch.Sandbox.create(image=image, memory=hutch.MemoryMount(mem, "/memory", writable=True)) as sb:
+    with hutch.Sandbox.create(image=image, mounts=[hutch.MemoryMount(mem, "/memory", writable=True)]) as sb:
         r = sb.run("sh", "-c",
                    "for w in 1 2 3 4; do (for i in 1 2 3 4 5; do echo \"- w$w line $i\" >> /memory/orgs/acme.md; "
                    "printf 'note %s\\n' $w$i > /memory/topics/n$w.md; done) & done; "

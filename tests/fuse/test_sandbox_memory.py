@@ -15,7 +15,7 @@ from sandbox_support import views_alive, views_settled
 
 
 def test_writable_memory_mount_commits_as_the_sandbox(daemon, image, store):
-    with hutch.Sandbox.create(image=image, memory=hutch.MemoryMount(store, "/memory", writable=True)) as sb:
+    with hutch.Sandbox.create(image=image, mounts=[hutch.MemoryMount(store, "/memory", writable=True)]) as sb:
         r = sb.run("sh", "-c", "ls '/memory/search/customer churn/' && "
                                "echo '- churn is highest in month two' >> /memory/orgs/acme.md && "
                                "cat /memory/profile.md", check=True)
@@ -36,7 +36,7 @@ def test_concurrent_appends_in_a_sandbox_land_exactly_once(daemon, image, store)
     once (two shells of 5 lines each used to give 15 lines, four of 10 gave 91)."""
     from collections import Counter
 
-    with hutch.Sandbox.create(image=image, memory=hutch.MemoryMount(store, "/memory", writable=True)) as sb:
+    with hutch.Sandbox.create(image=image, mounts=[hutch.MemoryMount(store, "/memory", writable=True)]) as sb:
         for rnd, (shells, lines) in enumerate([(2, 5), (4, 10), (4, 10), (3, 8)]):
             script = (f'for s in $(seq {shells}); do (for i in $(seq {lines}); do '
                       f'echo "w$s line $i" >> /memory/topics/log-{rnd}.md; done) & done; wait; '
@@ -69,7 +69,7 @@ def test_read_only_memory_mount_refuses_even_root(daemon, image, store):
 
 def test_a_failed_create_leaves_no_view(daemon, store):
     with pytest.raises(hutch.Error):
-        hutch.Sandbox.create(image="dir:/nonexistent-hutch-root", memory=hutch.MemoryMount(store, "/memory"))
+        hutch.Sandbox.create(image="dir:/nonexistent-hutch-root", mounts=[hutch.MemoryMount(store, "/memory")])
     assert views_settled() == []
 
 
@@ -80,9 +80,11 @@ def test_memory_mount_validates(store, tmp_path, monkeypatch):
         hutch.MemoryMount(store, "memory")
     with pytest.raises(ConfigError):
         hutch.Sandbox.create(memory=object())
+    with pytest.raises(hutch.InvalidSpecError, match=r"RAM limit.*mounts=\[hutch.MemoryMount"):
+        hutch.Sandbox.create(memory=hutch.MemoryMount(store, "/memory"))   # memory= is a size only
     monkeypatch.setenv("HUTCH_URL", "http://127.0.0.1:9")
     with pytest.raises(ConfigError, match="on this host"):
-        hutch.Sandbox.create(memory=hutch.MemoryMount(store, "/memory"))
+        hutch.Sandbox.create(mounts=[hutch.MemoryMount(store, "/memory")])
 
 
 def test_async_sandbox_takes_a_memory_mount(daemon, image, store):
@@ -108,7 +110,7 @@ def test_memory_mount_in_a_user_namespace_sandbox(daemon, image, store):
     served with allow_other) still serves it, and a read-only mount still refuses, even root."""
     if os.environ.get("HUTCH_USERNS") == "0":
         pytest.skip("HUTCH_USERNS=0: this run opted out of user namespaces")
-    with hutch.Sandbox.create(image=image, memory=hutch.MemoryMount(store, "/memory", writable=True)) as sb:
+    with hutch.Sandbox.create(image=image, mounts=[hutch.MemoryMount(store, "/memory", writable=True)]) as sb:
         r = sb.run("sh", "-c", "cat /proc/self/uid_map; id -u; ls '/memory/search/customer churn/' && "
                                "echo '- from a user namespace' >> /memory/orgs/acme.md")
         inside, host = r.stdout.split()[:2]
@@ -116,7 +118,7 @@ def test_memory_mount_in_a_user_namespace_sandbox(daemon, image, store):
         assert r.returncode == 0, r.stderr
         assert r.stdout.split()[3] == "0" and "01-orgs-acme.md" in r.stdout
         assert store.history("orgs/acme")[0].source == f"sandbox:{sb.id}"
-    with hutch.Sandbox.create(image=image, memory=hutch.MemoryMount(store, "/memory")) as sb:
+    with hutch.Sandbox.create(image=image, mounts=[hutch.MemoryMount(store, "/memory")]) as sb:
         r = sb.run("sh", "-c", "echo x >> /memory/orgs/acme.md")
         assert r.returncode != 0 and "Read-only file system" in r.stderr
     assert views_settled() == []

@@ -1,6 +1,6 @@
 """The derived search index of an SMF store: SQLite (FTS5 BM25, vectors, links, time) under <store>/.hutch/.
 
-Public names are re-exported from hutch.memory: `Hit`, `IndexReport`,
+Public names are exported from `hutch` (not from hutch.memory): `Hit`, `IndexReport`,
 `EmbeddingProvider`, `MiniLMProvider`, `OpenAIEmbeddings`, `OpenAIReasoner`. The method and
 its measurements are in docs/retrieval.md.
 """
