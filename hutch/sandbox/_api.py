@@ -1,8 +1,8 @@
-"""I/O-free pieces of the SDK's side of the daemon protocol (docs/api.md).
+"""The HTTP wire format (docs/api.md), I/O-free: the contract of the SDK and the daemon.
 
-The sync and async shells (sandbox.py, aio.py) share everything here: frame
-decoding of exec output, error mapping, turning daemon answers into values,
-and incremental text decoding of output streams.
+The daemon frames exec output with these kinds and this header and reports these statuses; the SDK's sync
+and async shells (sandbox.py, aio.py) share the rest: frame decoding, error mapping, turning daemon
+answers into values, and incremental text decoding of output streams.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class FrameDecoder:
 
 
 def encode_frame(kind: int, payload: bytes) -> bytes:
-    """One frame (used by tests and by anything that speaks the protocol)."""
+    """One frame of exec output: kind (STDOUT, STDERR, EXIT), length, payload."""
     return _HEADER.pack(kind, len(payload)) + payload
 
 

@@ -44,7 +44,6 @@ LEASE_GRACE = 5.0        # seconds a non-detached sandbox may wait for its creat
 START_TIMEOUT = 10.0     # seconds for an init to report ready
 KEEP_ENDED = 1000        # ended sandboxes remembered for info/wait
 RESTART_BACKOFF = (0.05, 5.0)   # seconds before the first retry of a failed zygote start, and the cap
-ENDED = frozenset({"exited", "terminated", "timeout", "idle_timeout", "oom", "failed"})
 
 
 @dataclass
@@ -618,4 +617,4 @@ class Manager:
         tmp.write_text(json.dumps({"id": sb.id, "created_at": sb.created_at, "daemon_pid": os.getpid()}))
         os.replace(tmp, path)
 
-__all__ = ["ENDED", "LiveSandbox", "Manager"]
+__all__ = ["LiveSandbox", "Manager"]

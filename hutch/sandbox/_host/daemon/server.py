@@ -7,7 +7,6 @@ import errno
 import json
 import os
 import signal
-import struct
 
 from aiohttp import web
 
@@ -21,10 +20,9 @@ from hutch.sandbox._host.daemon.http import json_body, send_fd
 from hutch.sandbox._host.daemon.manager import Manager
 from hutch.sandbox._host.daemon.openapi import openapi_document
 from hutch.sandbox._host.daemon.store_routes import add_routes as add_store_routes
+from hutch.sandbox._api import EXIT, FRAMES_CONTENT_TYPE, STDERR, STDOUT, encode_frame
 from hutch.sandbox._spec import Network, SandboxSpec
 
-FRAMES = "application/x-hutch-frames"
-STDOUT, STDERR, EXIT = 1, 2, 3
 DRAIN_AFTER_EXIT = 0.2   # seconds to keep reading output a background child may still hold open
 LEASE_POLL = 1.0         # fallback check of a lease's connection (disconnects also cancel the handler)
 CHUNK = 1 << 16
@@ -35,10 +33,6 @@ _STATUS = [
     (errors.NotFoundError, 404), (errors.ConfigError, 400), (errors.StateError, 409),
     (errors.DaemonError, 503), (errors.SandboxTimeout, 504), (errors.Error, 500),
 ]
-
-
-def _frame(kind: int, payload: bytes) -> bytes:
-    return struct.pack(">BI", kind, len(payload)) + payload
 
 
 def error_response(e: BaseException) -> web.Response:
@@ -249,7 +243,7 @@ class Handlers:
             status = self.mgr.execs.result(sb, ex)
             if ex.max_output is not None:
                 status = {**status, "stdout_dropped": out.dropped[STDOUT], "stderr_dropped": out.dropped[STDERR]}
-            final = _frame(EXIT, json.dumps(status).encode())
+            final = encode_frame(EXIT, json.dumps(status).encode())
             if resp is None:  # a quick command: headers, output and exit status in one write
                 resp = await _prepare(request, ex, immediate=False)
             await resp.write_eof(final)
@@ -463,7 +457,7 @@ class _Coalesced(web.StreamResponse):
 
 async def _prepare(request: web.Request, ex, *, immediate: bool) -> web.StreamResponse:
     cls = web.StreamResponse if immediate else _Coalesced
-    resp = cls(headers={"Content-Type": FRAMES, "X-Hutch-Exec-Id": ex.eid})
+    resp = cls(headers={"Content-Type": FRAMES_CONTENT_TYPE, "X-Hutch-Exec-Id": ex.eid})
     await resp.prepare(request)
     return resp
 
@@ -516,7 +510,7 @@ class _Output:
                 data = data[:budget]
             if budget is not None:
                 self.budget[fd] = budget - len(data)
-            self.frames.append(_frame(self.fds[fd], data))
+            self.frames.append(encode_frame(self.fds[fd], data))
             self.size += len(data)
             if self.size >= self.PAUSE_AT and self.budget[fd] != 0:
                 self.loop.remove_reader(fd)

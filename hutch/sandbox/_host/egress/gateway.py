@@ -57,7 +57,9 @@ class Attachment:
 
 
 @dataclass(eq=False)
-class _Sandbox:
+class _SandboxNet:
+    """A sandbox as the gateway knows it: its policy, network namespace, link, connections and logs."""
+
     id: str
     policy: Network
     netns_fd: int
@@ -147,8 +149,8 @@ class Gateway:
         self._upstream = Upstream(self._resolvers)
         self._resolver = Resolver(self._dns_decide, self._lane_of)
         self._proxy = Proxy(self)
-        self._sandboxes: dict[str, _Sandbox] = {}
-        self._by_addr: dict[str, _Sandbox] = {}
+        self._sandboxes: dict[str, _SandboxNet] = {}
+        self._by_addr: dict[str, _SandboxNet] = {}
         self._free_next = 2
         self._used: set[int] = set()
         self._pool: ThreadPoolExecutor | None = None      # attach: creates links and rules
@@ -316,7 +318,7 @@ class Gateway:
         if sandbox_id in self._sandboxes:
             raise StateError(f"sandbox {sandbox_id} is already attached to the gateway; detach it first.")
         fd = _netns.open_netns(netns)
-        sb = _Sandbox(sandbox_id, policy, fd)
+        sb = _SandboxNet(sandbox_id, policy, fd)
         sb.dns.note = lambda reason, sb=sb: self._record(sb, None, None, 53, "dns", "deny", reason, metered=False)
         self._sandboxes[sandbox_id] = sb
         try:
@@ -400,7 +402,7 @@ class Gateway:
         if not self._started:
             raise StateError("the egress gateway is not running; call `await gateway.start()` first.")
 
-    def _get(self, sandbox_id: str) -> _Sandbox:
+    def _get(self, sandbox_id: str) -> _SandboxNet:
         sb = self._sandboxes.get(sandbox_id)
         if sb is None:
             raise NotFoundError(f"sandbox {sandbox_id} is not attached to the egress gateway.")
@@ -416,7 +418,7 @@ class Gateway:
                 return i
         raise SandboxError(f"the egress subnet {self._subnet} has no free address; give the gateway a larger one.")
 
-    async def _plumb(self, sb: _Sandbox) -> None:
+    async def _plumb(self, sb: _SandboxNet) -> None:
         i = self._alloc()
         addr = str(self._subnet.network_address + i)
         link = _netns.link_name(self._prefix, addr)
@@ -431,7 +433,7 @@ class Gateway:
             self._by_addr[addr] = sb
             self._resolver.open_lane(sb.dns, link)
 
-    async def _unplumb(self, sb: _Sandbox, wait: bool = True) -> None:
+    async def _unplumb(self, sb: _SandboxNet, wait: bool = True) -> None:
         for conn in list(sb.conns):
             conn.close(reset=True)
         self._resolver.close_lane(sb.dns)
@@ -451,7 +453,7 @@ class Gateway:
         if wait:
             await asyncio.shield(fut)
 
-    def _record(self, sb: _Sandbox, name, address, port, protocol, verdict, reason, *, metered=True) -> None:
+    def _record(self, sb: _SandboxNet, name, address, port, protocol, verdict, reason, *, metered=True) -> None:
         sb.log.record(time.time(), time.monotonic(), name, address, port, protocol, verdict, reason, metered=metered)
 
     def _lane_of(self, src: str) -> Lane | None:
