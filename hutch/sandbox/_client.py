@@ -28,7 +28,7 @@ from urllib.parse import quote
 import httpx
 
 from hutch._core import paths
-from hutch._core.errors import DaemonError
+from hutch._core.errors import DaemonError, NotFoundError
 from hutch.sandbox._remote import ENV_URL, Remote
 from hutch.sandbox._remote import unverified_hint, verification_failure
 from hutch.sandbox._api import error_from_answer
@@ -166,6 +166,17 @@ def ensure_daemon(ep: Endpoint) -> None:
             f"started `hutch serve` for {sock} but it did not answer within {AUTOSTART_TIMEOUT:.0f} s; "
             f"see its log {log}, or start it yourself with `hutch serve`."
         )
+
+
+def _no_autostart_for(ep: Endpoint, path: str) -> None:
+    """A call about one sandbox, with no daemon on the local socket, starts none: a new daemon would not know that
+    sandbox, and the one that ran it took it along when it ended (the zygote dies with the daemon, every init with
+    the zygote: PDEATHSIG). So the sandbox is gone, which is what the caller learns."""
+    rest = path[len("/v1/sandboxes/"):] if path.startswith("/v1/sandboxes/") else ""
+    if rest:
+        sid = rest.split("/", 1)[0]
+        raise NotFoundError(f"sandbox {sid} is gone: no hutch daemon answers on {ep.socket}, and the daemon that ran "
+                            "it ended its sandboxes when it stopped (create a new one; `hutch serve` starts a daemon).")
 
 
 def _denied(e: BaseException) -> bool:
@@ -421,6 +432,7 @@ class Client:
             except httpx.ConnectError as e:
                 if attempt or self.ep.url or _denied(e):
                     raise _unreachable(self.ep, e) from e
+                _no_autostart_for(self.ep, path)
                 ensure_daemon(self.ep)
             except httpx.TransportError as e:
                 raise _unreachable(self.ep, e) from e
@@ -456,6 +468,7 @@ class AsyncClient:
             except httpx.ConnectError as e:
                 if attempt or self.ep.url or _denied(e):
                     raise _unreachable(self.ep, e) from e
+                _no_autostart_for(self.ep, path)
                 await asyncio.to_thread(ensure_daemon, self.ep)
             except httpx.TransportError as e:
                 raise _unreachable(self.ep, e) from e

@@ -337,3 +337,47 @@ def test_autostart_failure_says_why(daemon, tmp_path, monkeypatch):
     with pytest.raises(hutch.DaemonError, match="exited saying: .*another hutch daemon"):
         hutch.Sandbox.list()
     assert time.monotonic() - t0 < 15
+
+
+def test_a_call_about_a_sandbox_whose_daemon_stopped_starts_no_daemon(busybox_root, tmp_path):
+    """The daemon stopped (its sandboxes with it): terminate() is harmless, exec says the sandbox is gone, and
+    neither starts a new daemon (one that would not know the sandbox and would outlive the caller's cleanup)."""
+    import signal as _signal
+
+    from hutch_testing import sdk_pointed_at, start_daemon, stop_daemon
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    proc = start_daemon(run_dir)
+    stopped = False
+    try:
+        with sdk_pointed_at(run_dir):
+            sb = hutch.Sandbox.create("sleep", "600", image=f"dir:{busybox_root}")
+            proc.send_signal(_signal.SIGTERM)
+            proc.wait(20)
+            stopped = True
+            sb.terminate()
+            with pytest.raises(hutch.NotFoundError, match=f"sandbox {sb.id} is gone: no hutch daemon answers"):
+                sb.exec("true")
+            assert not (run_dir / "hutch.sock").exists() or not _is_live_socket(run_dir / "hutch.sock")
+            assert not [p for p in os.listdir("/proc") if p.isdigit() and _is_serve_for(int(p), run_dir)]
+            assert hutch.Sandbox.list() == []   # a call about no one sandbox still starts the daemon it needs
+    finally:
+        for p in os.listdir("/proc"):
+            if p.isdigit() and int(p) != proc.pid and _is_serve_for(int(p), run_dir):
+                os.kill(int(p), _signal.SIGTERM)
+        if not stopped:
+            stop_daemon(proc)
+
+
+def _is_live_socket(path) -> bool:
+    import socket as _socket
+
+    s = _socket.socket(_socket.AF_UNIX)
+    try:
+        s.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
