@@ -168,6 +168,65 @@ def training(pools, qs, idx):
     return X, y.astype(float), g
 
 
+def build(files: list[str], where: str) -> tuple[list[tuple[str, "hutch.Memory"]], dict]:
+    """One store per conversation under `where` (a store already there is reused: its index, vectors included,
+    is brought up to date, not rebuilt), with the ingest and index times of the stores made here."""
+    stores, cost = [], {"ingest_s": 0.0, "index_s": 0.0, "entities": 0, "units": 0}
+    for f in files:
+        root = os.path.join(where, Path(f).stem)
+        fresh = not os.path.isdir(root)
+        mem = hutch.Memory(root)
+        t0 = time.perf_counter()
+        if fresh:
+            mem.ingest_conversation(f)
+        t1 = time.perf_counter()
+        rep = mem.reindex()
+        t2 = time.perf_counter()
+        if fresh:
+            cost["ingest_s"] += t1 - t0
+            cost["index_s"] += t2 - t1
+            cost["entities"] += rep.entities
+            cost["units"] += rep.units
+        stores.append((f, mem))
+    return stores, cost
+
+
+def ask(stores, fusion: str = "learned", now_rule: str = "rule", reasoner: bool = True) -> dict:
+    """Every question of every store, asked as shipped (bench settings and API defaults), as the first stage
+    alone with the second stage's pool and features (both settings), and by the BM25 peer."""
+    r: dict = {k: [] for k in ("ranked", "peer", "qs", "lat", "convs", "defaults", "first_b", "first_d",
+                               "pools_b", "pools_d", "reasoned")}
+    for f, mem in stores:
+        now = (last_session_time(f) if now_rule == "last-session" else
+               datetime.now(timezone.utc).isoformat() if now_rule == "clock" else None)
+        smart = (hutch.Memory(mem.root, reasoner=hutch.OpenAIReasoner(
+            os.environ["HUTCH_REASONER_URL"], os.environ.get("HUTCH_REASONER_MODEL", "gpt-4o-mini")))
+            if reasoner and os.environ.get("HUTCH_REASONER_URL") else None)
+        for q in questions(f):
+            if smart is not None:
+                r["reasoned"].append([h.anchor for h in smart.search(q["q"], k=20, classes=["interactions"],
+                                                                      now=now)])
+            t = time.perf_counter()
+            hits = mem.search(q["q"], k=20, classes=["interactions"], fusion=fusion, now=now)
+            r["lat"].append(1000 * (time.perf_counter() - t))
+            r["ranked"].append([h.anchor for h in hits])
+            # the API's defaults: no classes, no now, k=10
+            r["defaults"].append([h.anchor for h in mem.search(q["q"], k=10)])
+            # the first stage alone, with the second stage's pool and features (for leave-one-out)
+            for kw, first, pools in (({"classes": ["interactions"], "now": now}, "first_b", "pools_b"),
+                                     ({}, "first_d", "pools_d")):
+                got: dict = {}
+                hits = mem.index.search(q["q"], k=20, fusion="weighted", collect=got, **kw)
+                r[first].append([h.anchor for h in hits])
+                r[pools].append(got or {"X": np.zeros((0, 1)), "anchors": []})
+            r["peer"].append(bm25_peer(mem, q["q"], 20))
+            r["qs"].append(q)
+            r["convs"].append(Path(f).stem)
+        if smart is not None:
+            smart.index.close()
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(DEFAULT_DATA))
@@ -183,56 +242,25 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--pools", help="write the questions, first-stage lists and second-stage pools (pickle) here: "
                                     "fit and score variants offline in seconds")
+    ap.add_argument("--stores", help="keep the conversations' stores in this directory and reuse them on the next "
+                                     "run (no ingest, no embedding; the build figures are then not measured)")
     args = ap.parse_args()
     files = sorted(glob.glob(os.path.join(args.data, "*.json")))
     if not files:
         sys.exit(f"no LoCoMo JSON files in {args.data}")
-    ranked, peer, qs, lat, convs = [], [], [], [], []
-    defaults, first_b, first_d, pools_b, pools_d, reasoned = [], [], [], [], [], []
-    ingest_s = index_s = 0.0
-    n_entities = n_units = 0
-    tmp = tempfile.mkdtemp(prefix="hutch-locomo-")
+    tmp = args.stores or tempfile.mkdtemp(prefix="hutch-locomo-")
     try:
-        for f in files:
-            mem = hutch.Memory(os.path.join(tmp, Path(f).stem))
-            t0 = time.perf_counter()
-            mem.ingest_conversation(f)
-            t1 = time.perf_counter()
-            rep = mem.reindex()
-            t2 = time.perf_counter()
-            ingest_s += t1 - t0
-            index_s += t2 - t1
-            n_entities += rep.entities
-            n_units += rep.units
-            now = (last_session_time(f) if args.now == "last-session" else
-                   datetime.now(timezone.utc).isoformat() if args.now == "clock" else None)
-            smart = (hutch.Memory(mem.root, reasoner=hutch.OpenAIReasoner(
-                os.environ["HUTCH_REASONER_URL"], os.environ.get("HUTCH_REASONER_MODEL", "gpt-4o-mini")))
-                if os.environ.get("HUTCH_REASONER_URL") else None)
-            for q in questions(f):
-                if smart is not None:
-                    reasoned.append([h.anchor for h in smart.search(q["q"], k=20, classes=["interactions"], now=now)])
-                t = time.perf_counter()
-                hits = mem.search(q["q"], k=20, classes=["interactions"], fusion=args.fusion, now=now)
-                lat.append(1000 * (time.perf_counter() - t))
-                ranked.append([h.anchor for h in hits])
-                # the API's defaults: no classes, no now, k=10
-                defaults.append([h.anchor for h in mem.search(q["q"], k=10)])
-                # the first stage alone, with the second stage's pool and features (for leave-one-out)
-                for kw, first, pools in (({"classes": ["interactions"], "now": now}, first_b, pools_b),
-                                         ({}, first_d, pools_d)):
-                    got: dict = {}
-                    hits = mem.index.search(q["q"], k=20, fusion="weighted", collect=got, **kw)
-                    first.append([h.anchor for h in hits])
-                    pools.append(got or {"X": np.zeros((0, 1)), "anchors": []})
-                peer.append(bm25_peer(mem, q["q"], 20))
-                qs.append(q)
-                convs.append(Path(f).stem)
+        stores, cost = build(files, tmp)
+        r = ask(stores, args.fusion, args.now)
+        for _, mem in stores:
             mem.index.close()
-            if smart is not None:
-                smart.index.close()
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not args.stores:
+            shutil.rmtree(tmp, ignore_errors=True)
+    ranked, peer, qs, lat, convs = r["ranked"], r["peer"], r["qs"], r["lat"], r["convs"]
+    defaults, first_b, first_d, pools_b, pools_d, reasoned = (r[k] for k in (
+        "defaults", "first_b", "first_d", "pools_b", "pools_d", "reasoned"))
+    ingest_s, index_s, n_entities, n_units = cost["ingest_s"], cost["index_s"], cost["entities"], cost["units"]
     if args.pools:
         import pickle
 
@@ -258,8 +286,11 @@ def main() -> None:
     else:
         print("reasoner: none configured (set HUTCH_REASONER_URL, HUTCH_REASONER_MODEL and OPENAI_API_KEY for an "
               "OpenAI-compatible endpoint to report with and without it)")
-    print(f"index: {n_entities} entities ({n_units} units) ingested in {ingest_s:.2f} s, indexed in {index_s:.2f} s "
-          f"= {n_entities / index_s:.0f} entities/s, {n_units / index_s:.0f} units/s")
+    if index_s:
+        print(f"index: {n_entities} entities ({n_units} units) ingested in {ingest_s:.2f} s, indexed in {index_s:.2f} "
+              f"s = {n_entities / index_s:.0f} entities/s, {n_units / index_s:.0f} units/s")
+    else:
+        print("index: the stores were reused (--stores): no build figures")
     print(f"query latency (incl. freshness check and query embedding): p50 {statistics.median(lat):.1f} ms, "
           f"p99 {pct(lat, 99):.1f} ms")
 

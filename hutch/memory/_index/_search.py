@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from hutch._core.errors import ConfigError, MalformedEntityWarning, SearchIndexError
-from hutch.memory._index import _channels, _lexicon, _query, _rank, _reason, _rerank, _units
+from hutch.memory._index import _anchor, _channels, _lexicon, _query, _rank, _reason, _rerank, _units
 from hutch.memory._index._db import IndexDB, SyncStats, file_digest
 from hutch.memory._index._embed import default_provider
 
@@ -338,10 +338,11 @@ class SearchIndex:
         s = self.snap
         if s.n == 0:
             return []
-        mask = self._mask(classes, since_t, until_t, as_of_t)
+        db = self.idx.db
+        # in a store of turns, a person, a day or an event linked to a session is searched through its turns
+        mask = _anchor.turn_side(s, db, self._mask(classes, since_t, until_t, as_of_t))
         if not mask.any():
             return []
-        db = self.idx.db
         reading = _query.read(query, db, self._reference(mask) if ref is None else ref)
         trip = _channels.Trip(s, db, mask, self.provider, self.idx.model_known and s.dense_ready(), self._counts,
                               self._sense_vecs)
