@@ -441,90 +441,145 @@ def _part(start: date, end: date, which: int) -> tuple[date, date]:
     return cuts[which], cuts[which + 1]
 
 
+def _between(text: str, i: int, ref: date | None):
+    """between X and Y, from X to Y; the first end may lack its year ("between March and May 2023")."""
+    m = _BETWEEN.match(text, i)
+    if not m:
+        return None
+    a = _base_at(text, m.end(), ref or _FAR)
+    m2 = _AND.match(text, a[0]) if a else None
+    b = _base_at(text, m2.end(), ref) if m2 else None
+    if a and b and a[4] == "yearless":
+        a = _base_at(text, m.end(), b[2] - timedelta(days=1))
+        a = a and (*a[:3], b[3], b[4])
+    elif a and ref is None and a[3]:
+        a = None
+    if a and b and b[2] > a[1]:
+        return b[0], a[1], b[2], a[3] or b[3], "date"
+    return None
+
+
+def _open(text: str, i: int, ref: date | None):
+    """since / after / before / until X: open-ended."""
+    m = _OPEN.match(text, i)
+    if not m:
+        return None
+    a = _expr_at_inner(text, m.end(), ref)
+    if not a:
+        return None
+    op = " ".join(m.group("op").lower().split())
+    if op == "since":
+        return a[0], a[1], None, a[3], "open"
+    if op == "after":
+        return a[0], a[2], None, a[3], "open"
+    if op in ("until", "till", "up to"):
+        return a[0], None, a[2], a[3], "open"
+    return a[0], None, a[1], a[3], "open"
+
+
+def _shift(text: str, i: int, ref: date | None):
+    """(N) days / weeks / months / years before / after X."""
+    m = _SHIFT.match(text, i)
+    if not (m and (m.group("num") or m.group("loose") or text[i:m.start("unit")].strip() == "")):
+        return None
+    q = _qty(m) if (m.group("num") or m.group("loose")) else (1, 1)
+    a = _base_at(text, m.end(), ref)
+    if not (a and q and q[0] >= 1):
+        return None
+    unit = _unit(m.group("unit"))
+    lo, hi = q
+    if m.group("dir").lower().startswith(("before", "earlier", "prior")):
+        return a[0], _add(a[1], unit, -hi), _add(a[1], unit, -(lo - 1)), a[3], "date"
+    return a[0], _add(a[2], unit, lo - 1), _add(a[2], unit, hi), a[3], "date"
+
+
+def _around(text: str, i: int, ref: date | None):
+    """the weekend / the Friday before / after X."""
+    m = _ANCHOR.match(text, i)
+    if not m:
+        return None
+    a = _base_at(text, m.end(), ref)
+    if not a:
+        return None
+    after = m.group("dir").lower() == "after"
+    if m.group("wknd"):
+        if after:
+            sat = a[2] + timedelta(days=(5 - a[2].weekday()) % 7)
+        else:
+            sat = a[1] - timedelta(days=(a[1].weekday() - 5) % 7 or 7)
+            if sat + timedelta(days=2) > a[1]:
+                sat -= timedelta(days=7)
+        return a[0], sat, sat + timedelta(days=2), a[3], "date"
+    wd = _WEEKDAYS[m.group("wd").lower()]
+    if after:
+        day = a[2] + timedelta(days=(wd - a[2].weekday()) % 7)
+    else:
+        day = a[1] - timedelta(days=(a[1].weekday() - wd) % 7 or 7)
+    return a[0], day, day + timedelta(days=1), a[3], "date"
+
+
+def _narrowed(text: str, i: int, ref: date | None):
+    """early / mid / late X, the beginning / middle / end of X."""
+    m = _PART.match(text, i)
+    if not m:
+        return None
+    a = _base_at(text, m.end(), ref)
+    if a is None:  # "early 2023": a bare year after early / mid / late
+        y = re.match(r"(\d{4})\b", text[m.end():])
+        if y and _year_ok(int(y.group(1))):
+            yy = int(y.group(1))
+            a = (m.end() + 4, date(yy, 1, 1), date(yy + 1, 1, 1), False, "date")
+    if not a:
+        return None
+    words = m.group("part").lower().split()
+    word = words[1] if words[0] == "the" else words[0]
+    s, e = _part(a[1], a[2], _PART_OF[word])
+    return a[0], s, e, a[3], a[4]
+
+
+def _reanchored(text: str, i: int, ref: date | None, a):
+    """A relative expression re-anchored on a date that follows it ("last weekend before April 10, 2023")."""
+    m = _REANCHOR.match(text, a[0])
+    if not m:
+        return None
+    b = _base_at(text, m.end(), ref)
+    if b and not b[3]:
+        again = _base_at(text, i, b[1])
+        if again and again[0] == a[0]:
+            return b[0], again[1], again[2], False, again[4]
+    return None
+
+
+#: The combinations tried before a base expression, in order (each: text, position, reference -> a reading or None).
+_COMBOS = [_between, _open, _shift, _around]
+#: Tried on the base expression's place, before it.
+_NARROW = [_narrowed]
+#: Tried after a relative base expression (with it as the last argument).
+_AFTER = [_reanchored]
+
+
 def _expr_at(text: str, i: int, ref: date | None):
     """The expression (combinations first, then a base one) starting at i:
     (end, start day | None, end day | None, relative, kind) or None."""
-    m = _BETWEEN.match(text, i)
-    if m:
-        # the first end may lack its year ("between March and May 2023"): it takes the second's
-        a = _base_at(text, m.end(), ref or _FAR)
-        m2 = _AND.match(text, a[0]) if a else None
-        b = _base_at(text, m2.end(), ref) if m2 else None
-        if a and b and a[4] == "yearless":
-            a = _base_at(text, m.end(), b[2] - timedelta(days=1))
-            a = a and (*a[:3], b[3], b[4])
-        elif a and ref is None and a[3]:
-            a = None
-        if a and b and b[2] > a[1]:
-            return b[0], a[1], b[2], a[3] or b[3], "date"
-    m = _OPEN.match(text, i)
-    if m:
-        a = _expr_at_inner(text, m.end(), ref)
-        if a:
-            op = " ".join(m.group("op").lower().split())
-            if op == "since":
-                return a[0], a[1], None, a[3], "open"
-            if op == "after":
-                return a[0], a[2], None, a[3], "open"
-            if op in ("until", "till", "up to"):
-                return a[0], None, a[2], a[3], "open"
-            return a[0], None, a[1], a[3], "open"
-    m = _SHIFT.match(text, i)
-    if m and (m.group("num") or m.group("loose") or text[i:m.start("unit")].strip() == ""):
-        q = _qty(m) if (m.group("num") or m.group("loose")) else (1, 1)
-        a = _base_at(text, m.end(), ref)
-        if a and q and q[0] >= 1:
-            unit = _unit(m.group("unit"))
-            lo, hi = q
-            if m.group("dir").lower().startswith(("before", "earlier", "prior")):
-                return a[0], _add(a[1], unit, -hi), _add(a[1], unit, -(lo - 1)), a[3], "date"
-            return a[0], _add(a[2], unit, lo - 1), _add(a[2], unit, hi), a[3], "date"
-    m = _ANCHOR.match(text, i)
-    if m:
-        a = _base_at(text, m.end(), ref)
-        if a:
-            after = m.group("dir").lower() == "after"
-            if m.group("wknd"):
-                if after:
-                    sat = a[2] + timedelta(days=(5 - a[2].weekday()) % 7)
-                else:
-                    sat = a[1] - timedelta(days=(a[1].weekday() - 5) % 7 or 7)
-                    if sat + timedelta(days=2) > a[1]:
-                        sat -= timedelta(days=7)
-                return a[0], sat, sat + timedelta(days=2), a[3], "date"
-            wd = _WEEKDAYS[m.group("wd").lower()]
-            if after:
-                day = a[2] + timedelta(days=(wd - a[2].weekday()) % 7)
-            else:
-                day = a[1] - timedelta(days=(a[1].weekday() - wd) % 7 or 7)
-            return a[0], day, day + timedelta(days=1), a[3], "date"
+    for combo in _COMBOS:
+        got = combo(text, i, ref)
+        if got:
+            return got
     return _expr_at_inner(text, i, ref)
 
 
 def _expr_at_inner(text: str, i: int, ref: date | None):
     """A base expression, possibly narrowed (early / mid / late) or re-anchored ("last weekend before May 8")."""
-    m = _PART.match(text, i)
-    if m:
-        a = _base_at(text, m.end(), ref)
-        if a is None:  # "early 2023": a bare year after early / mid / late
-            y = re.match(r"(\d{4})\b", text[m.end():])
-            if y and _year_ok(int(y.group(1))):
-                yy = int(y.group(1))
-                a = (m.end() + 4, date(yy, 1, 1), date(yy + 1, 1, 1), False, "date")
-        if a:
-            words = m.group("part").lower().split()
-            word = words[1] if words[0] == "the" else words[0]
-            s, e = _part(a[1], a[2], _PART_OF[word])
-            return a[0], s, e, a[3], a[4]
+    for narrow in _NARROW:
+        got = narrow(text, i, ref)
+        if got:
+            return got
     a = _base_at(text, i, ref)
     if a and a[3]:
-        m = _REANCHOR.match(text, a[0])
-        if m:
-            b = _base_at(text, m.end(), ref)
-            if b and not b[3]:
-                again = _base_at(text, i, b[1])
-                if again and again[0] == a[0]:
-                    return b[0], again[1], again[2], False, again[4]
+        for after in _AFTER:
+            got = after(text, i, ref, a)
+            if got:
+                return got
     return a
 
 
