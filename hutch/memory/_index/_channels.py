@@ -153,19 +153,24 @@ def mention(q: Reading, t: Trip) -> Channel | None:
 
 
 def in_time(q: Reading, t: Trip) -> Channel | None:
-    """1 for the units whose time (their entity's valid_from, else recorded_at, else created) is inside the span
-    the question names, or whose event time (a turn's "yesterday", read against its session) overlaps it. Only
-    when that separates some candidates from the others."""
+    """How surely a unit's time is inside the span the question names: 1 when its time (its entity's valid_from,
+    else recorded_at, else created) is; else the share of its event time (a turn's "yesterday", "last year", read
+    against its session) inside the span: the chance that what it speaks of fell there, if it was anywhere in its
+    event time alike (a turn's "last year" is 1 for a question about that year and 31/365 for one about a month of
+    it). Only when that separates some candidates from the others; not rescaled (`unit_scale`)."""
     span = q.span
     if span is None:
         return None
     s, n = t.snap, t.snap.n
     tr = s.t_rec[:s.ne][s.epos[:n]]
+    ef, et = s.ev_from[:n], s.ev_to[:n]
     with np.errstate(invalid="ignore"):  # NaN (no time) compares False
         inside = (tr >= span.start) & (tr < span.end)
-        tin = inside | ((s.ev_from[:n] < span.end) & (s.ev_to[:n] > span.start))
+        share = np.nan_to_num((np.minimum(et, span.end) - np.maximum(ef, span.start)) / (et - ef), nan=0.0)
+    val = np.where(inside, 1.0, np.clip(share, 0.0, 1.0))
+    tin = val > 0
     if 0 < (tin & t.mask).sum() < t.mask.sum():
-        return Channel("time", tin.astype(np.float64), tin)
+        return Channel("time", val, tin, unit_scale=True)
     return None
 
 

@@ -447,6 +447,7 @@ class Channel:
     present: np.ndarray  # bool: the channel found the unit at all
     zero_based: bool = True  # 0 means "nothing": scale by the maximum; else min-max (cosines)
     moments: tuple[float, float] | None = None  # (mean, sd) for dist_norm when known (approximate dense)
+    unit_scale: bool = False  # the scores are already on 0..1 as meant (time: a share): added as they are
     parts: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)  # for the channels after it
 
     def ranks(self, mask: np.ndarray, positions: list[int]) -> list[int]:
@@ -472,6 +473,11 @@ def fuse(channels: list[Channel], mask: np.ndarray, fusion: str, scales: dict | 
             r = np.empty(len(mask))
             r[order] = np.arange(1, len(mask) + 1)
             total += np.where(cand, 1.0 / (RRF_K + r), 0.0)
+            continue
+        if ch.unit_scale:
+            total += np.where(cand, ch.scores, 0.0)
+            if scales is not None:
+                scales[ch.name] = (0.0, 1.0)
             continue
         count = int(np.count_nonzero(cand))
         if ch.zero_based and count <= len(mask) // 8:

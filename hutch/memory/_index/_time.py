@@ -67,7 +67,8 @@ _NUMBERS = {w: i for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve".split())}
 _NUMBERS.update({"a": 1, "an": 1, "the": 1, "fifteen": 15, "twenty": 20, "thirty": 30})
 # loose quantities: (fewest, most) units
-_LOOSE = {"a couple of": (2, 3), "couple of": (2, 3), "a couple": (2, 3), "a few": (2, 5), "few": (2, 5),
+_LOOSE = {"a couple of": (2, 3), "couple of": (2, 3), "a couple": (2, 3), "couple": (2, 3), "a few": (2, 5),
+          "few": (2, 5),
           "several": (3, 7)}
 
 
@@ -87,7 +88,7 @@ _ORD = r"(?:st|nd|rd|th)?"
 # "the 2023 plan", "May I ask" and "March on" are not dates.
 _YEAR_LEAD = {"in", "during", "of", "throughout", "since", "before", "after", "until", "till", "from", "between",
               "and", "to", "early", "mid", "late", "by", "through", "summer", "winter", "spring", "autumn", "fall"}
-_MONTH_LEAD = _YEAR_LEAD | {"on", "last", "this", "next", "of", "around", "mid-"}
+_MONTH_LEAD = _YEAR_LEAD | {"on", "last", "this", "next", "of", "around", "mid-", "over"}
 
 
 def _rx(p: str) -> re.Pattern:
@@ -238,7 +239,8 @@ def _day_word(m, text, ref):
     if ref is None:
         return None
     w = " ".join(m.group(0).lower().split())
-    shift = {"yesterday": -1, "the day before yesterday": -2, "the day after tomorrow": 2, "tomorrow": 1}.get(w, 0)
+    shift = {"yesterday": -1, "last night": -1, "the day before yesterday": -2, "the day after tomorrow": 2,
+             "tomorrow": 1}.get(w, 0)
     day = ref + timedelta(days=shift)
     return day, day + timedelta(days=1), True, "date"
 
@@ -288,7 +290,8 @@ def _season(m, text, ref):
             start = date(start.year - 1, first, 1)
     elif which == "next":
         start = date(start.year + 1, first, 1)
-    return start, _month_start(start.year, first, 3), True, "date"
+    # "in (the) summer" names no year, like "in June": as likely a habit or a plan as a memory
+    return start, _month_start(start.year, first, 3), True, "date" if which else "yearless"
 
 
 def _rel_month(m, text, ref):
@@ -381,7 +384,7 @@ _BASE = [
     (_rx(r"(?P<mon>" + _MONF + r")\b"), _month),
     (_rx(r"(\d{3}0)'?s\b"), _decade),
     (_rx(r"(\d{4})\b(?!-\d|[.,:]\d|%)"), _year),
-    (_rx(r"(?:the\s+day\s+(?:before\s+yesterday|after\s+tomorrow)|yesterday|today|tonight|tomorrow"
+    (_rx(r"(?:the\s+day\s+(?:before\s+yesterday|after\s+tomorrow)|yesterday|last\s+night|today|tonight|tomorrow"
          r"|this\s+(?:morning|afternoon|evening))\b"), _day_word),
     (_rx(r"(?:(?:in|over|during|within)\s+)?(?:the\s+)?(?:last|past)\s+(?:" + _QTY + r")\s+" + _UNIT + r"\b"),
      _past_n),
@@ -389,10 +392,10 @@ _BASE = [
      _past_n_one),
     (_rx(r"(?P<which>this\s+past|this\s+coming|last|past|previous|this|next|coming)\s+"
          r"(?P<u>weekend|week|month|year|fortnight)\b"), _this_last_next),
-    (_rx(r"(?:(?P<which>last|this|next|past|previous)\s+)?(?P<season>spring|summer|autumn|fall|winter)"
+    (_rx(r"(?:(?P<which>last|this|next|past|previous)\s+|the\s+)?(?P<season>spring|summer|autumn|fall|winter)"
          r"(?:\s+(?:of\s+)?(?P<y>\d{4}))?\b"), _season),
     (_rx(r"(?:(?P<which>last|this|next|coming|past)\s+)?(?P<wd>" + _WD + r")\.?(?!\w)"), _weekday),
-    (_rx(r"(?:" + _QTY + r")\s+" + _UNIT + r"\s+ago\b"), _ago),
+    (_rx(r"(?:" + _QTY + r")\s+" + _UNIT + r"\s+(?:ago|back)\b"), _ago),
     (_rx(r"(?P<el>earlier|later)\s+this\s+(?P<u>week|month|year)\b"), _earlier_later),
 ]
 
@@ -586,7 +589,7 @@ def _expr_at_inner(text: str, i: int, ref: date | None):
 # ------------------------------------------------------------------ scanning
 
 _START = re.compile(r"(?<![\w-])(?=\w)")
-_TRIGGER = _rx(r"\d{4}|\b(?:" + "|".join([_MON, _WD, "yesterday|today|tonight|tomorrow|morning|afternoon|evening",
+_TRIGGER = _rx(r"\d{4}|\b(?:" + "|".join([_MON, _WD, "yesterday|today|tonight|tomorrow|morning|afternoon|evening|night",
                                           "day|days|week|weeks|weekend|fortnight|month|months|year|years|decades?",
                                           "spring|summer|autumn|fall|winter"]) + r")\b")
 
@@ -663,19 +666,21 @@ def find_all(text: str, ref: datetime | date | float | None = None) -> list[Time
     return _scan(text, ref, False)
 
 
-#: The longest span a turn's own words may give it as its event time (31 days: "last month" yes, "last year" no).
-MAX_EVENT_S = 31 * 86400
+#: The longest span a turn's own words may give it as its event time (a year: "last year" yes, "a few years ago"
+#: no). The time channel counts the share of it inside the question's span, so a year-wide one weighs 31/365
+#: for a question about one month of it.
+MAX_EVENT_S = 366 * 86400
 
 
 def event_span(text: str, ref: datetime | date | float | None) -> tuple[float, float] | None:
     """The time a conversation turn speaks of, read against its session's time: the hull of its bounded,
     dated expressions ("yesterday", "last week", "two days ago", "last Friday", "on 3 May 2023").
 
-    Left out: open spans ("since May"), a month or day without its year and "on Friday" (said in May,
-    "in October" or "on Friday" is as likely a plan as a memory), the session day itself ("today"), and
-    spans longer than a month ("last year", "last summer"): the time channel counts as much as a name in
-    the question, and a year-wide span overlaps every question about that year (on the LoCoMo dev set it
-    only ever moved a wrong turn up, docs/retrieval.md)."""
+    Left out: open spans ("since May"), a month, season or day without its year and "on Friday" (said in
+    May, "in October" or "on Friday" is as likely a plan as a memory), the session day itself ("today"),
+    and spans longer than a year ("a few years ago"). A span of up to a year is kept ("last year", "last
+    summer"): the time channel weighs it by the share of it inside the question's span (_channels.in_time),
+    so it counts fully for a question about that year, little for one about a week of it."""
     if ref is None:
         return None
     spans = [s for s in _scan(text, ref, False) if s.bounded and s.kind == "date" and s.end - s.start <= MAX_EVENT_S]
