@@ -108,3 +108,35 @@ def test_a_turn_is_in_time_by_the_share_of_its_event_time_inside_the_question(me
     timed = {h.anchor: h.channels["time"]["score"] for h in hits if "time" in h.channels}
     assert timed["D1:2"] == 1.0 and timed["D1:1"] == pytest.approx(31 / 365, abs=1e-6)
     assert "D1:3" not in timed and "D1:4" not in timed
+
+
+def test_an_index_of_schema_5_reads_its_turns_again_keeping_its_vectors(store_dir):
+    import sqlite3
+
+    import hutch
+    from hutch.memory._index import _db
+
+    m = hutch.Memory(store_dir)
+    m.ingest_conversation(_long_ago(), conv_id="c1")
+    m.put("notes", "hiking boots", body="Boots for the Alps, bought last year.")
+    m.reindex()
+    m.index.close()
+    # what schema 5 held: no event time for a "last year" (it kept spans of at most 31 days)
+    con = sqlite3.connect(store_dir / ".hutch" / "index.sqlite")
+    con.execute("update units set ev_from = null, ev_to = null")
+    con.execute("update meta set value='5' where key='schema'")
+    vectors = {r[0] for r in con.execute("select dense_hash from vectors")}
+    con.commit()
+    con.close()
+    m2 = hutch.Memory(store_dir)
+    try:
+        hits = m2.search("Where did Nadia hike in 2022?", k=2, classes=["interactions"])
+        assert hits[0].anchor == "D1:1" and hits[0].channels["time"]["score"] == 1.0
+        db = m2.index.idx.db
+        assert m2.index.idx.meta("schema") == _db.SCHEMA_VERSION
+        assert not any("schema" in r for r in m2.doctor().recovered), "upgraded, not rebuilt"
+        assert {r[0] for r in db.execute("select dense_hash from vectors")} == vectors
+        assert db.execute("select count(*) from pending").fetchone()[0] == 0  # nothing embedded again
+        assert m2.doctor().ok
+    finally:
+        m2.index.close()

@@ -37,9 +37,10 @@ from hutch.memory import _format
 from hutch.memory._index import _units
 from hutch.memory._tx import check_derived_dir
 
-SCHEMA_VERSION = "5"  # 3: units.ev_from / ev_to (the time a turn speaks of); 4: ent_fts holds only entities of
+SCHEMA_VERSION = "6"  # 3: units.ev_from / ev_to (the time a turn speaks of); 4: ent_fts holds only entities of
 # several units (an entity of one unit is its unit: search reads its BM25 from units_fts); 5: chunks / chunks_fts
-# (the words of a file past UNIT_BYTES), units embed at most DENSE_CHARS (a 4 is upgraded in place, see _upgrade)
+# (the words of a file past UNIT_BYTES), units embed at most DENSE_CHARS; 6: a turn's event time may span up to a
+# year (_time.MAX_EVENT_S) and reads more forms. A 4 or a 5 is upgraded in place, keeping its vectors (_upgrade).
 INDEX_NAME = "index.sqlite"
 LINKS_SUFFIX = _format.LINKS_SUFFIX
 #: On the query path, embedding missing vectors stops after this many seconds (the rest waits for the next query
@@ -141,8 +142,8 @@ class IndexDB:
         if ver is None:
             db.execute("insert into meta values('schema', ?)", (SCHEMA_VERSION,))
             db.execute("insert or replace into meta values('generation', '0')")
-        elif ver[0] == "4":
-            _upgrade(db)
+        elif ver[0] in ("4", "5"):
+            _upgrade(db, ver[0])
         elif ver[0] != SCHEMA_VERSION:
             db.close()
             raise sqlite3.DatabaseError(f"schema version {ver[0]} is not {SCHEMA_VERSION}")
@@ -628,13 +629,17 @@ def read_head(f) -> tuple[bytes, bytes]:
     return data[:end], data[end:]
 
 
-def _upgrade(db: sqlite3.Connection) -> None:
-    """Schema 4 -> 5 in place, keeping the vectors (a rebuild would embed every unit again): the new tables
-    exist already (_SCHEMA); a file that may now be indexed differently (past DENSE_CHARS, every unit's text
-    is shorter than that) is marked changed, so the next pass indexes it anew."""
+def _upgrade(db: sqlite3.Connection, old: str) -> None:
+    """Schema 4 or 5 -> 6 in place, keeping the vectors (a rebuild would embed every unit again): the new tables
+    exist already (_SCHEMA); a file that may now be indexed differently is marked changed, so the next pass indexes
+    it anew: from 4, one past DENSE_CHARS (every unit's text was shorter than that); from 4 and 5, one that holds
+    turns (their event times are read by schema 6's rule). Their unchanged texts keep their vectors."""
     db.execute("begin immediate")
     try:
-        db.execute("update files set mtime_ns=-1, hash='' where size > ?", (_units.DENSE_CHARS,))
+        if old == "4":
+            db.execute("update files set mtime_ns=-1, hash='' where size > ?", (_units.DENSE_CHARS,))
+        db.execute("update files set mtime_ns=-1, hash='' where eid in "
+                   "(select distinct eid from units where anchor is not null and speaker is not null)")
         db.execute("update meta set value=? where key='schema'", (SCHEMA_VERSION,))
         db.execute("update meta set value = cast(value as integer) + 1 where key='generation'")
         db.execute("commit")
