@@ -57,6 +57,26 @@ def test_the_second_stage_reorders_the_fused_pool(mem):
     assert [h.anchor for h in mem.search(q, k=3, fusion="weighted")] == [h.anchor for h in first[:3]]
 
 
+def test_the_collected_contributions_add_up_to_the_fused_score(mem):
+    """bench/locomo_variants.py re-fuses from them: a row sums to the unit's fused score, the pool is its best."""
+    mem.ingest_conversation(_conversation(), conv_id="c1")
+    mem.reindex()
+    got: dict = {}
+    first = mem.index.search("Where did they sail last Saturday?", k=20, fusion="weighted", collect=got)
+    C, mask = got["contributions"], got["mask"]
+    assert C.shape == (len(mask), len(_rerank.CHANNELS)) and not C[~mask].any()
+    total = C.sum(1)
+    assert np.allclose([total[p] for p in got["pool"]], [h.score for h in first][:len(got["pool"])], atol=1e-6)
+    assert list(got["pool"][:5]) == sorted(np.flatnonzero(mask), key=lambda p: (-total[p], p))[:5]
+    assert got["query_vector"] is not None and got["query_vector"].shape == (mem.index.snap.dim,)
+    # fit_columns is fit on the named columns, taken as they are
+    rng = np.random.default_rng(2)
+    X, y, g = rng.random((200, len(_rerank.FEATURES))), rng.random(200) < 0.3, np.arange(200) // 10
+    cols = [_rerank.FEATURES.index(f) for f in _rerank.SHIPPED]
+    a, b = _rerank.fit(X, y.astype(float), g), _rerank.fit_columns(X[:, cols], y.astype(float), g)
+    assert np.allclose(a.weights, b.weights) and a.bias == b.bias
+
+
 def test_relative_words_are_read_from_the_newest_entry_without_now(mem):
     # the conversation's last session is 20 June 2023: "last week" is 12..18 June 2023, when the boat sailed
     # ("last Saturday", said on 20 June); read against the clock it would be a week of today, which has nothing

@@ -163,12 +163,31 @@ def features(q: Reading, snap: Snapshot, db, channels: list[Channel], scales: di
     return X
 
 
+def contributions(channels: list[Channel], scales: dict, mask: np.ndarray) -> np.ndarray:
+    """(units, len(CHANNELS)): each channel's contribution to every unit's fused score (0 outside `mask` and where
+    the channel found nothing); a row sums to the fused score. For bench/locomo_variants.py: variants of the
+    fusion and of the second stage scored without asking again."""
+    n = len(mask)
+    C = np.zeros((n, len(CHANNELS)))
+    for ch in channels:
+        if ch.name in scales and ch.name in CHANNELS:
+            off, div = scales[ch.name]
+            C[:, CHANNELS.index(ch.name)] = np.where(mask & ch.present[:n], (ch.scores[:n] - off) / div, 0.0)
+    return C
+
+
 def fit(X: np.ndarray, y: np.ndarray, groups: np.ndarray, l2: float = 1.0, meta: dict | None = None,
         names: tuple[str, ...] = SHIPPED) -> Ranker:
     """Logistic regression (L2, Newton's method) on the standardised `names` columns of X (candidates x
     FEATURES); each question weighs the same (its candidates' weights sum to one). For bench/locomo.py:
     training needs numpy only."""
-    X = X[:, [FEATURES.index(f) for f in names]]
+    return fit_columns(X[:, [FEATURES.index(f) for f in names]], y, groups, l2, meta, names)
+
+
+def fit_columns(X: np.ndarray, y: np.ndarray, groups: np.ndarray, l2: float = 1.0, meta: dict | None = None,
+                names: tuple[str, ...] = SHIPPED) -> Ranker:
+    """`fit` on X's columns as they are, named `names` (bench/locomo_variants.py: features this code does not
+    compute; such a Ranker is not for Ranker.score)."""
     mean = X.mean(0)
     scale = X.std(0)
     scale[scale == 0] = 1.0

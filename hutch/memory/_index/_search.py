@@ -204,7 +204,7 @@ class SearchIndex:
                since: Any = None, until: Any = None, as_of: Any = None, expand: int = 0,
                fusion: str = "learned", now: Any = None, collect: dict | None = None) -> list[Hit]:
         """Hybrid search; see Memory.search. `collect` (bench/locomo.py): a dict that gets the second stage's
-        pool and features (see _search)."""
+        pool and features, and every candidate's channel contributions (see _search)."""
         if not isinstance(query, str) or not query.strip():
             raise ConfigError("search() needs a non-empty query string, e.g. mem.search('customer churn').")
         if len(query) > _units.MAX_QUERY_CHARS:
@@ -363,7 +363,10 @@ class SearchIndex:
                                  _rerank.FEATURES if collect is not None else model.names)
             if collect is not None:
                 collect.update(pool=pool, X=X, anchors=[s.anchor[p] for p in pool],
-                               entities=[s.entity_id[s.epos[p]] for p in pool])
+                               entities=[s.entity_id[s.epos[p]] for p in pool], mask=mask,
+                               contributions=_rerank.contributions(channels, scales, mask),
+                               query_vector=next((ch.parts["query"].qv for ch in channels if ch.name == "dense"),
+                                                 None))
             final = score[top]
             if model is not None:
                 # the model's probability that the unit is what the question asks for; past the pool, the fused
