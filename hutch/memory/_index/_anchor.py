@@ -16,8 +16,9 @@ terms of the store's structure only (no class names):
 - a unit linked to no candidate turn (a note of its own, a person no conversation names) stays a candidate;
   a store or a filter without turns is left as it is (a store of notes ranks exactly as before).
 
-Measured against carrying the entity's score onto its best turn (the turn moved up to where the entity
-ranked) in docs/retrieval.md: carrying lost R@5 in every LoCoMo conversation.
+The alternative, carrying the entity's score onto its best turn (the turn moved up to where the entity
+ranked), lost R@5 in every LoCoMo conversation when this was written (those figures were not recorded);
+this rule's: docs/retrieval.md, "Sixth round".
 """
 
 from __future__ import annotations
