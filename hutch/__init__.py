@@ -32,6 +32,7 @@ from hutch._core.errors import (
     NotFoundError,
     OutOfMemoryError,
     SandboxError,
+    SandboxFileError,
     SandboxTimeout,
     SearchIndexError,
     StateError,
@@ -71,6 +72,7 @@ _LAZY = {
     "Process": "hutch.sandbox._process",
     "Result": "hutch.sandbox.interpreter",
     "Sandbox": "hutch.sandbox.sandbox",
+    "SandboxFile": "hutch.sandbox._sbfile",
     "SandboxPool": "hutch.sandbox.pool",
     "Version": "hutch.memory._entity",
     "Volume": "hutch.sandbox.volume",
@@ -88,6 +90,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hutch.sandbox._files import FileInfo
     from hutch.sandbox._process import AsyncProcess, Process
     from hutch.sandbox._spec import Mount, Network
+    from hutch.sandbox._sbfile import SandboxFile
     from hutch.sandbox.aio import AsyncSandbox
     from hutch.sandbox.image import Image
     from hutch.sandbox.interpreter import CodeContext, Execution, ExecutionError, Logs, Result
@@ -125,6 +128,7 @@ __all__ = sorted(
         "NotFoundError",
         "OutOfMemoryError",
         "SandboxError",
+        "SandboxFileError",
         "SandboxTimeout",
         "SearchIndexError",
         "StateError",

@@ -3,6 +3,7 @@
     Error
     ├── ConfigError            bad input to a constructor or call: the message names the fix
     │   ├── InvalidSpecError   a sandbox or option spec that cannot be honoured
+    │   │   └── SandboxFileError   ... read from a sandbox file: carries path, line, key
     │   └── NetworkPolicyError an egress policy entry is invalid; names the entry
     ├── NotFoundError          a sandbox, image, entity, volume ... that does not exist
     ├── StateError             an operation on something in the wrong state (exec on a terminated sandbox)
@@ -37,6 +38,17 @@ class ConfigError(Error, ValueError):
 
 class InvalidSpecError(ConfigError):
     """A sandbox specification that cannot be honoured."""
+
+
+class SandboxFileError(InvalidSpecError):
+    """A sandbox file that cannot be read or honoured; the message starts `file:line: key:` and names the fix.
+    Carries `path`, `line` (None when the whole file is at fault) and `key` (a dotted path like `limits.memory`)."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None, key: str | None = None):
+        super().__init__(message)
+        self.path = path
+        self.line = line
+        self.key = key
 
 
 class NotFoundError(Error, LookupError):
@@ -152,6 +164,7 @@ __all__ = [
     "NotFoundError",
     "OutOfMemoryError",
     "SandboxError",
+    "SandboxFileError",
     "SandboxTimeout",
     "SearchIndexError",
     "StateError",

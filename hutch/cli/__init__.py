@@ -22,6 +22,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("hutch.cli._sandbox", "sandbox"),
     ("hutch.cli._sandbox", "serve"),
     ("hutch.cli._sandbox", "tls_fingerprint"),
+    ("hutch.cli._sandbox", "validate"),
     ("hutch.cli._doctor", "doctor"),
     ("hutch.cli._image", "image"),
     ("hutch.cli._volume", "volume"),

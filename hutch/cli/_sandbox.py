@@ -84,6 +84,39 @@ def create_kwargs(image, memory, cpu, timeout, env, mount, allow_domain, allow_c
                 mounts=_mounts(mount), network=_network(allow_domain, allow_cidr), workdir=workdir)
 
 
+def file_kwargs(path: str, opts: dict, command=(), **more) -> tuple[tuple, dict]:
+    """A sandbox file's (command, create() arguments) with the options given on the command line over it:
+    a flag replaces the file's value; --env, --mount, --allow-domain and --allow-cidr add to the file's."""
+    import hutch
+
+    ctx = click.get_current_context()
+    given = {k for k in opts if ctx.get_parameter_source(k) not in (click.core.ParameterSource.DEFAULT, None)}
+    file_command, kw = hutch.SandboxFile.load(path).create_kwargs()
+    ours = create_kwargs(**opts)
+    for k in given & {"image", "memory", "cpu", "timeout", "workdir"}:
+        kw[k] = ours[k]
+    kw["env"] = {**kw["env"], **ours["env"]}
+    kw["mounts"] = list(kw["mounts"]) + list(ours["mounts"])
+    if opts["allow_domain"] or opts["allow_cidr"]:
+        net = kw["network"]
+        if net.mode == "open":
+            raise click.UsageError("the file's network is open; --allow-domain/--allow-cidr would narrow it: "
+                                   "edit the file's [network] instead.")
+        kw["network"] = hutch.Network.allow(domains=list(net.domains) + list(opts["allow_domain"]),
+                                            cidrs=list(net.cidrs) + list(opts["allow_cidr"]),
+                                            ports=list(net.ports) if net.mode == "allow" and net.ports else
+                                            (None if net.mode == "allow" else (443, 80)))
+    for k, v in more.items():   # create's own options, given
+        kw[k] = {**kw[k], **v} if k == "tags" else v
+    return tuple(command) or file_command, kw
+
+
+def _file_option(f):
+    return click.option("--file", "-f", "sandbox_file", type=click.Path(dir_okay=False), metavar="FILE",
+                        help="A sandbox file (TOML, docs/sandbox-file.md); the other options given add to or "
+                             "replace its values.")(f)
+
+
 def _stream(p) -> int:
     """Copy the command's output to ours as it arrives and our stdin to it; return the process once it ended."""
     def forward_stdin():
@@ -132,8 +165,9 @@ def _sandbox_ended(sb) -> int:
 
 @click.command(context_settings={"ignore_unknown_options": False})
 @sandbox_options
-@click.argument("command", nargs=-1, required=True)
-def run(command, **opts):
+@_file_option
+@click.argument("command", nargs=-1)
+def run(command, sandbox_file, **opts):
     """Run COMMAND in a fresh sandbox, stream its output, and exit with its exit code.
 
     Standard input is forwarded. The sandbox has no network unless --allow-domain
@@ -146,10 +180,17 @@ def run(command, **opts):
       hutch run -- python3 -c 'print(sum(range(10)))'
       hutch run --memory 1G -v ./data:/data -- ls -l /data
       echo hi | hutch run --image /srv/rootfs -- cat
+      hutch run -f sandbox.toml -- python3 agent.py
     """
     import hutch
 
-    with hutch.Sandbox.create(**create_kwargs(**opts)) as sb:
+    if sandbox_file:   # the file's command runs as this one would, in a sandbox that waits for it
+        command, kw = file_kwargs(sandbox_file, opts, command)
+    else:
+        kw = create_kwargs(**opts)
+    if not command:
+        raise click.UsageError("give the COMMAND to run (after --), or a sandbox file whose command = [...] it is.")
+    with hutch.Sandbox.create(**kw) as sb:
         rc = _command_ended(_stream(sb.exec(*command, stdin=True, text=False)), sb)
     sys.exit(rc)
 
@@ -173,8 +214,9 @@ def sandbox():
 @click.option("--tag", "-t", multiple=True, metavar="K=V", help="A tag (repeatable); `ls --tag` filters by them.")
 @click.option("--idle-timeout", type=float, help="End the sandbox after this many seconds without activity.")
 @click.option("--detach", "-d", is_flag=True, help="Print the id and exit; the sandbox lives until its timeout or kill.")
+@_file_option
 @click.argument("command", nargs=-1)
-def create(command, name, tag, idle_timeout, detach, **opts):
+def create(command, name, tag, idle_timeout, detach, sandbox_file, **opts):
     """Create a sandbox and print its id.
 
     With --detach it outlives this command (until its --timeout or `hutch sandbox kill`);
@@ -184,11 +226,18 @@ def create(command, name, tag, idle_timeout, detach, **opts):
     \b
     Example:
       hutch sandbox create --detach --timeout 600 --tag owner=me
+      hutch sandbox create -f sandbox.toml --detach
     """
     import hutch
 
-    sb = hutch.Sandbox.create(*command, name=name, tags=_pairs(tag, "--tag"), idle_timeout=idle_timeout,
-                              detach=detach, **create_kwargs(**opts))
+    if sandbox_file:
+        given = dict(name=name, tags=_pairs(tag, "--tag") or None, idle_timeout=idle_timeout, detach=detach or None)
+        command, kw = file_kwargs(sandbox_file, opts, command, **{k: v for k, v in given.items() if v is not None})
+        detach = kw["detach"]
+    else:
+        kw = dict(name=name, tags=_pairs(tag, "--tag"), idle_timeout=idle_timeout, detach=detach,
+                  **create_kwargs(**opts))
+    sb = hutch.Sandbox.create(*command, **kw)
     click.echo(sb.id)
     if detach:
         return
@@ -376,3 +425,32 @@ def tls_fingerprint(tls_cert):
     from hutch.sandbox._host.daemon.tls import fingerprint, made_certificate
 
     click.echo(fingerprint(tls_cert or made_certificate()))
+
+
+@click.command()
+@click.argument("path", type=click.Path(dir_okay=False), required=False)
+@click.option("--schema", "print_schema", is_flag=True, help="Print the sandbox file's JSON Schema instead.")
+def validate(path, print_schema):
+    """Check the sandbox file PATH without creating anything; errors name its line and key, and the fix.
+
+    Exit code 0 if it is valid (and a one-line summary), 1 if not. Host paths
+    are checked as a create would (a bind's source must exist).
+
+    \b
+    Examples:
+      hutch validate sandbox.toml
+      hutch validate --schema > sandbox-file.schema.json
+    """
+    import hutch
+
+    if print_schema:
+        click.echo(json.dumps(hutch.SandboxFile.schema(), indent=2))
+        return
+    if not path:
+        raise click.UsageError("give the PATH of a sandbox file, or --schema.")
+    f = hutch.SandboxFile.load(path)
+    s = f.spec
+    net = s.network.mode + (f" ({', '.join(s.network.domains + s.network.cidrs)})" if s.network.mode == "allow" else "")
+    click.echo(f"{path}: valid: image {f.image.ref}{f' + {len(f.image.steps)} steps' if f.image.steps else ''}, "
+               f"{len(s.mounts) + len(f.provided)} mounts, network {net}, memory {s.limits.memory} bytes, "
+               f"cpu {s.limits.cpu}, timeout {s.timeout if s.timeout is not None else 'never'}")

@@ -35,6 +35,27 @@ class Started:
     disk: int
 
 
+#: Mount kinds of a sandbox file that another part provides: kind -> (module, class). The one place the sandbox
+#: wing names them, by string, so that it imports none of them until a file asks for one.
+PROVIDER_KINDS = {"memory": ("hutch.fuse._sandbox", "MemoryMount")}
+
+
+def provider(kind: str):
+    """The class a sandbox file's mount of `kind` is made with (called as cls(store, target, writable=...))."""
+    import importlib
+
+    module, name = PROVIDER_KINDS[kind]
+    return getattr(importlib.import_module(module), name)
+
+
+def kind_of(value) -> str:
+    """The sandbox-file kind of a provided mount (the inverse of `provider`)."""
+    for kind, (module, name) in PROVIDER_KINDS.items():
+        if type(value).__module__ == module and type(value).__name__ == name:
+            return kind
+    raise InvalidSpecError(f"{value!r} is no mount kind a sandbox file can write.")
+
+
 def _is_provider(value) -> bool:
     return not isinstance(value, Mount) and callable(getattr(value, "prepare_mount", None))
 

@@ -21,6 +21,7 @@ from hutch.sandbox import _build, _client, _ensure, _provided
 from hutch.sandbox._files import AsyncFiles
 from hutch.sandbox._interp import AsyncInterpreter
 from hutch.sandbox._process import AsyncProcess
+from hutch.sandbox._sbfile import SandboxFile
 from hutch.sandbox._spec import DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, Network
 from hutch.sandbox._api import (
     DEFAULT_MAX_OUTPUT, ENDED, WAIT_POLL, ExecResult, NetworkLog, SandboxState, check_max_output, exec_body,
@@ -73,6 +74,18 @@ class AsyncSandbox(SandboxState):
                 await sb.terminate()
                 raise
         return sb
+
+    @classmethod
+    async def from_file(cls, path, **overrides) -> "AsyncSandbox":
+        """Create a sandbox declared in a sandbox file (TOML; docs/sandbox-file.md) and return it once it runs.
+
+        Keyword arguments are `create()`'s (and `command=[...]`), each replacing the file's value. The file is
+        validated first: a `hutch.SandboxFileError` names its file, line and key, and the fix.
+
+        Example: `hutch.AsyncSandbox.from_file("sandbox.toml", timeout=60)`
+        """
+        command, kw = SandboxFile.load(path).create_kwargs(**overrides)
+        return await cls.create(*command, **kw)
 
     @classmethod
     async def from_id(cls, sandbox_id: str) -> "AsyncSandbox":

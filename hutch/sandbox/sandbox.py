@@ -21,6 +21,7 @@ from hutch.sandbox import _build, _client, _ensure, _provided
 from hutch.sandbox._files import Files
 from hutch.sandbox._interp import Interpreter
 from hutch.sandbox._process import Process
+from hutch.sandbox._sbfile import SandboxFile
 from hutch.sandbox._spec import (
     Network,
     DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, SandboxSpec,
@@ -91,6 +92,18 @@ class Sandbox(SandboxState):
                 sb.terminate()
                 raise
         return sb
+
+    @classmethod
+    def from_file(cls, path, **overrides) -> "Sandbox":
+        """Create a sandbox declared in a sandbox file (TOML; docs/sandbox-file.md) and return it once it runs.
+
+        Keyword arguments are `create()`'s (and `command=[...]`), each replacing the file's value. The file is
+        validated first: a `hutch.SandboxFileError` names its file, line and key, and the fix.
+
+        Example: `hutch.Sandbox.from_file("sandbox.toml", timeout=60)`
+        """
+        command, kw = SandboxFile.load(path).create_kwargs(**overrides)
+        return cls.create(*command, **kw)
 
     @classmethod
     def from_id(cls, sandbox_id: str) -> "Sandbox":
