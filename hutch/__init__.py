@@ -74,6 +74,7 @@ _LAZY = {
     "Sandbox": "hutch.sandbox.sandbox",
     "SandboxFile": "hutch.sandbox._sbfile",
     "SandboxPool": "hutch.sandbox.pool",
+    "Secret": "hutch.sandbox._spec",
     "Version": "hutch.memory._entity",
     "Volume": "hutch.sandbox.volume",
 }
@@ -89,7 +90,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hutch.sandbox._api import ExecResult, NetworkLog
     from hutch.sandbox._files import FileInfo
     from hutch.sandbox._process import AsyncProcess, Process
-    from hutch.sandbox._spec import Mount, Network
+    from hutch.sandbox._spec import Mount, Network, Secret
     from hutch.sandbox._sbfile import SandboxFile
     from hutch.sandbox.aio import AsyncSandbox
     from hutch.sandbox.image import Image

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from hutch._core.errors import ConfigError, Error, SandboxFileError
 from hutch.sandbox import _provided, _sbschema
-from hutch.sandbox._spec import Mount, Network, SandboxSpec
+from hutch.sandbox._spec import Mount, Network, SandboxSpec, Secret
 from hutch.sandbox.image import Image
 
 MAX_FILE_BYTES = 256 * 1024
@@ -256,13 +256,18 @@ class _Builder:
     def network(self, n: dict) -> Network:
         mode = n.get("mode", "allow" if n.get("domains") or n.get("cidrs") else "none")
         if mode != "allow":
-            extra = sorted(k for k in ("domains", "cidrs", "ports") if k in n)
+            extra = sorted(k for k in ("domains", "cidrs", "ports", "credentials") if k in n)
             if extra:
                 raise ConfigError(f"mode = {mode!r} takes no {', '.join(extra)}; use mode = \"allow\" with them.")
             return Network.open() if mode == "open" else Network.none()
         ports = n.get("ports", [443, 80])
+        creds = {h: Secret.from_env(c["from_env"], header=c.get("header", "Authorization"),
+                                    format=c.get("format", "Bearer {}"),
+                                    requests_per_minute=c.get("requests_per_minute"),
+                                    bytes_per_minute=c.get("bytes_per_minute"))
+                 for h, c in n.get("credentials", {}).items()}
         return Network.allow(domains=n.get("domains", []), cidrs=n.get("cidrs", []),
-                             ports=None if ports == "all" else ports)
+                             ports=None if ports == "all" else ports, credentials=creds)
 
 
 def _base(ref: str) -> Image:
@@ -460,6 +465,18 @@ def _network_dict(n: Network) -> dict:
             "ports": list(n.ports) if n.ports else "all"}
 
 
+def _credentials(n: Network) -> list[str]:
+    out = []
+    for host, s in n.credentials:
+        if s.env is None:
+            raise ConfigError(f"the credential for {host} is a Secret.from_value, and a sandbox file never holds a "
+                              "secret: use Secret.from_env('VAR') to write it as a reference.")
+        d = {"from_env": s.env, "header": s.header, "format": s.format}
+        d.update({k: getattr(s, k) for k in ("requests_per_minute", "bytes_per_minute") if getattr(s, k)})
+        out += ["", f"[network.credentials.{_str(host)}]"] + [f"{k} = {_v(v)}" for k, v in d.items()]
+    return out
+
+
 def _step_dict(step) -> dict:
     a = step.args
     if step.kind == "apt":
@@ -497,6 +514,7 @@ def _render(f: SandboxFile) -> str:
     out = [f"{_k(k)} = {_v(v)}" for k, v in top]
     out += ["", "[limits]"] + [f"{x.name} = {_v(getattr(s.limits, x.name))}" for x in dataclasses.fields(s.limits)]
     out += ["", "[network]"] + [f"{k} = {_v(v)}" for k, v in _network_dict(s.network).items()]
+    out += _credentials(s.network)
     env = {k: v for k, v in s.env}
     for k, v in env.items():
         if SECRET_NAME_RE.search(k):

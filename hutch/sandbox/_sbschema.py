@@ -110,7 +110,9 @@ _LIMITS = {"memory": {**_SIZE, "description": "RAM limit (default 512M)"},
 _NETWORK = {"mode": {"enum": ["none", "allow", "open"]}, "domains": _STRS, "cidrs": _STRS,
             "ports": {"oneOf": [{"type": "array", "maxItems": 1024, "items": {"type": "integer", "minimum": 1,
                                                                             "maximum": 65535}},
-                                {"const": "all"}]}}
+                                {"const": "all"}]},
+            "credentials": {"type": "object", "maxProperties": MAX_KEYS, "additionalProperties": _SECRET,
+                            "description": "host -> the credential the gateway injects for it"}}
 NOT_IN_FILE = {"capabilities"}
 
 

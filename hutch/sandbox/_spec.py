@@ -7,6 +7,7 @@ travels to the daemon as JSON (`to_dict` / `from_dict`).
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 from dataclasses import asdict, dataclass, field
@@ -175,6 +176,128 @@ class Mount:
         return m
 
 
+#: Request headers a credential may not set: they frame the request or steer the connection.
+_HEADERS_NOT_SET = {"host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer",
+                    "keep-alive", "expect", "proxy-connection"}
+_HEADER_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+MIN_SECRET = 8          # characters: a shorter one could not be told from ordinary text when it is redacted
+MAX_SECRET = 8192
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A credential the egress gateway adds to a sandbox's requests to one host; the sandbox never holds it.
+
+    Give it in `Network.allow(credentials={"api.example.com": Secret.from_env("EXAMPLE_KEY")})`. The gateway
+    terminates the sandbox's TLS to that host with a per-sandbox CA, sets `header` to `format` with the
+    secret for "{}", re-encrypts to the real server (verifying its certificate), and redacts the secret from
+    what comes back. `requests_per_minute` / `bytes_per_minute` cap what the sandbox sends through the host
+    with it. The value never appears in a repr, in `to_dict()`, in a sandbox file or in the daemon's answers.
+    """
+
+    env: str | None = None                 # the caller's environment variable it is read from, at create
+    header: str = "Authorization"
+    format: str = "Bearer {}"
+    requests_per_minute: int | None = None
+    bytes_per_minute: int | None = None
+    value: str | None = field(default=None, repr=False)   # from_value's, or the daemon's copy of it
+
+    @classmethod
+    def from_env(cls, name: str, *, header: str = "Authorization", format: str = "Bearer {}",
+                 requests_per_minute: int | None = None, bytes_per_minute: int | None = None) -> "Secret":
+        """The secret in the caller's environment variable `name`, read when the sandbox is created."""
+        if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+            raise NetworkPolicyError(f"Secret.from_env({name!r}): give the name of an environment variable, "
+                                     "like 'EXAMPLE_KEY'.")
+        return cls._checked(name, None, header, format, requests_per_minute, bytes_per_minute)
+
+    @classmethod
+    def from_value(cls, value: str, *, header: str = "Authorization", format: str = "Bearer {}",
+                   requests_per_minute: int | None = None, bytes_per_minute: int | None = None) -> "Secret":
+        """A secret the caller holds (never written to a sandbox file: use from_env there)."""
+        _check_value(value, "Secret.from_value")
+        return cls._checked(None, value, header, format, requests_per_minute, bytes_per_minute)
+
+    @classmethod
+    def _checked(cls, env, value, header, format, rpm, bpm) -> "Secret":
+        if not isinstance(header, str) or not _HEADER_RE.match(header) or header.lower() in _HEADERS_NOT_SET:
+            raise NetworkPolicyError(f"Secret header={header!r} must be a request header name like 'Authorization' "
+                                     f"or 'X-Api-Key' (not one of {', '.join(sorted(_HEADERS_NOT_SET))}).")
+        if (not isinstance(format, str) or format.count("{}") != 1 or format.replace("{}", "").count("{")
+                or format.replace("{}", "").count("}") or len(format) > 256 or any(c in format for c in "\r\n\0")):
+            raise NetworkPolicyError(f"Secret format={format!r} must hold '{{}}' once (where the secret goes) "
+                                     "and no other braces or line breaks, like 'Bearer {}'.")
+        for what, n in (("requests_per_minute", rpm), ("bytes_per_minute", bpm)):
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+                raise NetworkPolicyError(f"Secret {what}={n!r} must be a positive int, or None for no cap.")
+        return cls(env, header, format, rpm, bpm, value)
+
+    def reveal(self) -> str:
+        """The secret's value: from_value's, or the environment variable's now."""
+        if self.value is not None:
+            return self.value
+        import os
+
+        if self.env not in os.environ:
+            raise NetworkPolicyError(f"the credential Secret.from_env({self.env!r}) reads ${self.env}, which is "
+                                     f"not set; export {self.env} before creating the sandbox.")
+        return _check_value(os.environ[self.env], f"${self.env}")
+
+    def header_value(self) -> str:
+        """The header's value as sent upstream."""
+        return self.format.replace("{}", self.reveal())
+
+    def to_dict(self, *, reveal: bool = False) -> dict:
+        """The JSON form without the value; `reveal=True` adds it (only for the request to the daemon)."""
+        d = {"env": self.env, "header": self.header, "format": self.format,
+             "requests_per_minute": self.requests_per_minute, "bytes_per_minute": self.bytes_per_minute}
+        if reveal:
+            d["value"] = self.reveal()
+        return d
+
+    @classmethod
+    def from_dict(cls, d) -> "Secret":
+        if not isinstance(d, dict) or set(d) - {"env", "header", "format", "requests_per_minute",
+                                                "bytes_per_minute", "value"}:
+            raise NetworkPolicyError("a credential must be an object of env, header, format, requests_per_minute, "
+                                     "bytes_per_minute and value, as Secret.to_dict(reveal=True) makes it.")
+        env, value = d.get("env"), d.get("value")
+        if env is not None and (not isinstance(env, str) or not _ENV_NAME_RE.match(env)):
+            raise NetworkPolicyError(f"a credential's env={env!r} is not an environment variable's name.")
+        if value is not None:
+            _check_value(value, "a credential's value")
+        elif env is None:
+            raise NetworkPolicyError("a credential needs env (Secret.from_env) or a value (Secret.from_value).")
+        return cls._checked(env, value, d.get("header", "Authorization"), d.get("format", "Bearer {}"),
+                            d.get("requests_per_minute"), d.get("bytes_per_minute"))
+
+    def __repr__(self) -> str:
+        src = f"from_env({self.env!r})" if self.env else "from_value(<hidden>)"
+        return f"Secret.{src}[header={self.header!r}]"
+
+
+def _check_value(value, what: str) -> str:
+    if not isinstance(value, str) or not MIN_SECRET <= len(value) <= MAX_SECRET:
+        raise NetworkPolicyError(f"{what} must be a string of {MIN_SECRET} to {MAX_SECRET} characters (a shorter "
+                                 "one could not be told apart from ordinary text when it is redacted).")
+    if any(c in value for c in "\r\n\0") or not value.isprintable():
+        raise NetworkPolicyError(f"{what} holds a line break or a control character; a header value cannot.")
+    return value
+
+
+def matching_domain(domains, name: str) -> str | None:
+    """The entry of `domains` that admits the (normalized) `name`, or None: the one rule, which the gateway uses.
+    "*.example.com" admits one or more labels below example.com, never the apex."""
+    for d in domains:
+        if d.startswith("*."):
+            if name.endswith(d[1:]) and len(name) > len(d) - 1:
+                return d
+        elif name == d:
+            return d
+    return None
+
+
 _DOMAIN_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
@@ -199,6 +322,7 @@ class Network:
     domains: tuple[str, ...] = ()
     cidrs: tuple[str, ...] = ()
     ports: tuple[int, ...] = ()
+    credentials: tuple[tuple[str, Secret], ...] = ()   # (host, Secret), sorted; see Secret
 
     @classmethod
     def none(cls) -> "Network":
@@ -211,8 +335,11 @@ class Network:
         return cls("open")
 
     @classmethod
-    def allow(cls, domains=(), cidrs=(), ports=(443, 80)) -> "Network":
-        """Only these domains (DNS names, '*.' wildcards) and CIDR ranges, on these TCP ports."""
+    def allow(cls, domains=(), cidrs=(), ports=(443, 80), credentials=None) -> "Network":
+        """Only these domains (DNS names, '*.' wildcards) and CIDR ranges, on these TCP ports.
+
+        `credentials` maps an allowed host (an exact name) to a `hutch.Secret` that the gateway adds to the
+        sandbox's HTTPS requests to it, so the sandbox never holds the key (docs/egress.md, Credentials)."""
         if ports is None:
             ports = ()
         elif not isinstance(ports, (str, int)) and not list(ports):
@@ -248,11 +375,36 @@ class Network:
             prts.append(p)
         if not doms and not nets:
             raise NetworkPolicyError("Network.allow() needs at least one domain or cidr; use Network.none() for no network.")
-        return cls("allow", tuple(sorted(set(doms))), tuple(sorted(set(nets))), tuple(sorted(set(prts))))
+        net = cls("allow", tuple(sorted(set(doms))), tuple(sorted(set(nets))), tuple(sorted(set(prts))))
+        return net._with_credentials(credentials)
 
-    def to_dict(self) -> dict:
-        """The JSON form: {"mode", "domains", "cidrs", "ports"}."""
-        return {"mode": self.mode, "domains": list(self.domains), "cidrs": list(self.cidrs), "ports": list(self.ports)}
+    def _with_credentials(self, credentials) -> "Network":
+        if not credentials:
+            return self
+        if not isinstance(credentials, dict):
+            raise NetworkPolicyError("credentials must be a dict of host to hutch.Secret, e.g. "
+                                     "{'api.example.com': hutch.Secret.from_env('EXAMPLE_KEY')}.")
+        out = {}
+        for host, secret in credentials.items():
+            h = host.strip().lower().rstrip(".") if isinstance(host, str) else host
+            if not isinstance(h, str) or h.startswith("*") or not _DOMAIN_RE.match(h) or "." not in h:
+                raise NetworkPolicyError(f"credential host {host!r} must be one exact DNS name like "
+                                         "'api.example.com' (no wildcard: a key goes to the one host it is for).")
+            if not isinstance(secret, Secret):
+                raise NetworkPolicyError(f"credentials[{host!r}] is not a hutch.Secret; use "
+                                         "hutch.Secret.from_env('VAR', header='Authorization', format='Bearer {}').")
+            if matching_domain(self.domains, h) is None:
+                raise NetworkPolicyError(f"credential host {h!r} is not in the allowed domains; add it to domains=.")
+            out[h] = secret
+        return dataclasses.replace(self, credentials=tuple(sorted(out.items())))
+
+    def to_dict(self, *, reveal: bool = False) -> dict:
+        """The JSON form: {"mode", "domains", "cidrs", "ports"}, and "credentials" when there are any (their
+        values only with `reveal=True`, for the request to the daemon)."""
+        d = {"mode": self.mode, "domains": list(self.domains), "cidrs": list(self.cidrs), "ports": list(self.ports)}
+        if self.credentials:
+            d["credentials"] = {h: s.to_dict(reveal=reveal) for h, s in self.credentials}
+        return d
 
     @classmethod
     def from_dict(cls, d) -> "Network":
@@ -261,9 +413,14 @@ class Network:
             return d
         if not isinstance(d, dict):
             raise NetworkPolicyError(f"network={d!r} is not a policy; send Network.to_dict(), e.g. {{'mode': 'none'}}.")
-        unknown = set(d) - {"mode", "domains", "cidrs", "ports"}
+        unknown = set(d) - {"mode", "domains", "cidrs", "ports", "credentials"}
         if unknown:
-            raise NetworkPolicyError(f"network has unknown fields {sorted(unknown)}; use mode, domains, cidrs, ports.")
+            raise NetworkPolicyError(f"network has unknown fields {sorted(unknown)}; use mode, domains, cidrs, ports, "
+                                     "credentials.")
+        creds = d.get("credentials")
+        if creds is not None and (not isinstance(creds, dict) or d.get("mode") != "allow"):
+            raise NetworkPolicyError("network credentials must be an object of host to credential, and only "
+                                     "with mode 'allow'.")
         mode = d.get("mode", "none")
         if mode == "none":
             return cls.none()
@@ -272,7 +429,8 @@ class Network:
         if mode == "allow":
             ports = d.get("ports", (443, 80))
             return cls.allow(domains=d.get("domains") or (), cidrs=d.get("cidrs") or (),
-                             ports=None if ports is not None and len(ports) == 0 else ports)
+                             ports=None if ports is not None and len(ports) == 0 else ports,
+                             credentials={h: Secret.from_dict(c) for h, c in (creds or {}).items()})
         raise NetworkPolicyError(f"network mode {mode!r} is unknown; use 'none', 'allow' or 'open'.")
 
 
@@ -361,9 +519,11 @@ class SandboxSpec:
             capabilities=caps,
         )
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
+    def to_dict(self, *, reveal: bool = False) -> dict:
+        """The JSON form; a credential's value only with `reveal=True` (the SDK's request to the daemon)."""
+        d = asdict(dataclasses.replace(self, network=Network.none()))
         d["mounts"] = [m.to_dict() for m in self.mounts]
+        d["network"] = self.network.to_dict(reveal=reveal)
         return d
 
     @classmethod

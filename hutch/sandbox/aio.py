@@ -61,7 +61,7 @@ class AsyncSandbox(SandboxState):
                               name=name, network=network, detach=detach)
             client = _client.default_async_client()
             await _ensure.aensure_image(client, spec.image)
-            resp = await client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict()})
+            resp = await client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict(reveal=True)})
             sb = cls(client, resp.json())
             try:
                 if not spec.detach:
@@ -142,7 +142,7 @@ class AsyncSandbox(SandboxState):
         """
         if not isinstance(network, Network):
             raise InvalidSpecError(f"network={network!r} is not a Network; use hutch.Network.none(), .allow(...) or .open().")
-        await self._client.json("PUT", f"/v1/sandboxes/{self.id}/network", json={"network": network.to_dict()})
+        await self._client.json("PUT", f"/v1/sandboxes/{self.id}/network", json={"network": network.to_dict(reveal=True)})
 
     async def snapshot_filesystem(self, *, name: "str | None" = None) -> Image:
         """Freeze everything the sandbox has written into a new image (see `hutch.Sandbox.snapshot_filesystem`)."""

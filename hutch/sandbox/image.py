@@ -183,6 +183,9 @@ class Image:
                 raise InvalidSpecError(f"run_commands: {c!r} must be a shell string or a non-empty argv list.")
         if network is not None and not isinstance(network, Network):
             raise InvalidSpecError(f"network={network!r} is not a Network; use hutch.Network.allow(...).")
+        if network is not None and network.credentials:   # the step's definition is hashed and stored
+            raise InvalidSpecError("run_commands network= takes no credentials: a build step's definition is "
+                                   "stored with the image; give credentials to the sandbox's network instead.")
         return self._then(_step("run", commands=cmds, network=network.to_dict() if network else None))
 
     def copy_local_file(self, local_path: str | os.PathLike, remote_path: str) -> "Image":

@@ -82,7 +82,7 @@ class Sandbox(SandboxState):
                               name=name, network=network, detach=detach)
             client = _client.default_client()
             _ensure.ensure_image(client, spec.image)
-            resp = client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict()})
+            resp = client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict(reveal=True)})
             sb = cls(client, resp.json())
             try:
                 if not spec.detach:
@@ -158,7 +158,7 @@ class Sandbox(SandboxState):
         """
         if not isinstance(network, Network):
             raise InvalidSpecError(f"network={network!r} is not a Network; use hutch.Network.none(), .allow(...) or .open().")
-        self._client.json("PUT", f"/v1/sandboxes/{self.id}/network", json={"network": network.to_dict()})
+        self._client.json("PUT", f"/v1/sandboxes/{self.id}/network", json={"network": network.to_dict(reveal=True)})
 
     def snapshot_filesystem(self, *, name: "str | None" = None) -> Image:
         """Freeze everything the sandbox has written (deletions included) into a new image and return it.

@@ -121,7 +121,13 @@ async def main(cfg):
                     if "content-length" in hdrs:
                         await reader.readexactly(int(hdrs["content-length"]))
                     ev.add("http", local=local, port=port, tls=is_tls, method=method, path=path,
-                           host=hdrs.get("host"))
+                           host=hdrs.get("host"), headers=hdrs)
+                    if path.startswith("/echo-headers"):   # a fake API that echoes what it got (credentials)
+                        body = json.dumps({"server": local, "headers": hdrs}).encode()
+                        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                        await writer.drain()
+                        continue
                     if path.startswith("/bytes/"):
                         n = int(path.split("/")[2])
                         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % n)

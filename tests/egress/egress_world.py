@@ -255,7 +255,9 @@ class World:
         self.spawn(i, sys.executable, str(HERE / "_fakenet.py"), str(self.tmp / "fakenet.json"))
         # a service only the host has: on every host address and on loopback
         self.spawn(h, sys.executable, "-c", _HOST_SERVICE, str(self.events), str(HOST_SERVICE_PORT))
-        self.gw = GatewayThread(h, upstream_resolvers=[DNS_ADDR], subnet=SUBNET, table="hutch_egress_test")
+        # credential hosts are dialed verifying their certificates: the fake internet's CA is their trust store
+        self.gw = GatewayThread(h, upstream_resolvers=[DNS_ADDR], subnet=SUBNET, table="hutch_egress_test",
+                                upstream_ca=str(self.ca))
 
     def spawn(self, netns, *argv):
         p = subprocess.Popen(["ip", "netns", "exec", netns, *argv], stdin=subprocess.PIPE,
@@ -354,14 +356,14 @@ def wait_for(pred, timeout=5.0, step=0.05):
 
 
 @contextmanager
-def daemon_in_world(world: "World", subnet: str, mode: str):
+def daemon_in_world(world: "World", subnet: str, mode: str, extra_env: dict | None = None):
     """The real daemon in the fake host's netns, the SDK pointed at it; yields its run dir. `mode`: "default"
     (sandboxes in user namespaces) or "opt-out" (HUTCH_USERNS=0). Daemons of one test session need subnets of
     their own."""
     from hutch_testing import sdk_pointed_at, start_daemon, stop_daemon
 
     run_dir = Path(tempfile.mkdtemp(prefix="hutch-egress-run-"))
-    env = {"HUTCH_EGRESS_RESOLVERS": "192.0.2.53", "HUTCH_EGRESS_SUBNET": subnet}
+    env = {"HUTCH_EGRESS_RESOLVERS": "192.0.2.53", "HUTCH_EGRESS_SUBNET": subnet, **(extra_env or {})}
     if mode == "opt-out":
         env["HUTCH_USERNS"] = "0"
     try:

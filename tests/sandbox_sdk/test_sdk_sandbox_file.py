@@ -429,3 +429,24 @@ def test_cli_run_and_create_with_a_file(daemon, busybox_root, tmp_path):
         sb.terminate()
     r = hutch_cli("run", "-f", str(tmp_path / "nope.toml"), "--", "true", env=env)
     assert r.returncode == 1 and "cannot read the sandbox file" in r.stderr
+
+
+def test_credentials_in_a_file_are_references_and_round_trip(tmp_path):
+    f = load('[network]\ndomains = ["api.example.com"]\n[network.credentials."api.example.com"]\n'
+             'from_env = "EXAMPLE_KEY"\nheader = "X-Api-Key"\nformat = "{}"\nbytes_per_minute = 100000\n', tmp_path)
+    (host, secret), = f.spec.network.credentials
+    assert host == "api.example.com" and secret == hutch.Secret.from_env(
+        "EXAMPLE_KEY", header="X-Api-Key", format="{}", bytes_per_minute=100000)
+    assert hutch.SandboxFile.loads(f.to_toml()) == f
+    e = refused('[network]\ndomains = ["api.example.com"]\n[network.credentials."api.example.com"]\n'
+                'value = "sk-inline-secret-123"\n', tmp_path)
+    assert e.key == 'network.credentials."api.example.com".value' and "not a known key" in str(e)
+    e = refused('[network]\ndomains = ["a.example.com"]\n[network.credentials."b.example.com"]\n'
+                'from_env = "K"\n', tmp_path)
+    assert e.key == "network" and "not in the allowed domains" in str(e)
+    from hutch.sandbox._spec import SandboxSpec
+
+    inline = hutch.Network.allow(domains=["api.example.com"],
+                                 credentials={"api.example.com": hutch.Secret.from_value("sk-value-123456")})
+    with pytest.raises(hutch.ConfigError, match="never holds a secret"):
+        hutch.SandboxFile.from_spec(SandboxSpec.build(network=inline)).to_toml()

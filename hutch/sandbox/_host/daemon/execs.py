@@ -93,7 +93,7 @@ class Execs:
         fds = [fd for fd in (in_r, out_w, err_w) if fd is not None]
         try:
             reply, _ = await ch.request({"op": "exec", "eid": eid, "argv": argv,
-                                         "env": exec_env(sb.spec, sb.image, sb.hostname, env),
+                                         "env": exec_env(sb.spec, sb.image, sb.hostname, {**sb.egress_env, **(env or {})}),
                                          "cwd": cwd, "streams": [bool(stdin), stdout, stderr],
                                          "uid": SANDBOX_USER_ID if user == "user" else 0}, fds)
         except BaseException:

@@ -28,6 +28,7 @@ from hutch._core.errors import (
 )
 from hutch.sandbox._host import images
 from hutch.sandbox._host.daemon.execs import Exec, Execs, error_from_reply
+from hutch.sandbox._host.daemon import trust
 from hutch.sandbox._host.daemon.network import NetworkAttacher
 from hutch.sandbox._host.native.cgroups import ZYGOTE_LEAF, Cgroups
 from hutch.sandbox._host.native.idmap import IdMapper, UidRanges, write_maps
@@ -71,6 +72,7 @@ class LiveSandbox:
     ready: asyncio.Future | None = None
     warm: asyncio.Future | None = None
     userns: bool = False
+    egress_env: dict = field(default_factory=dict)   # what its commands need to trust its egress CA (trust.py)
     uid_base: int = 0                   # the host id of root inside (0: no user namespace)
     write_base: int = 0                 # without one: the host ids its writable binds' writes land as
     layers: object = None               # the Zygote whose store holds its writable layer (None: tmpfs)
@@ -475,11 +477,12 @@ class Manager:
                                "Check the image and the mounts of its spec.")
         if self.network is not None:  # also for none: a later PUT .../network can then give it one
             await self.network.attach(sb.id, sb.init_pid, sb.spec.network)
+            await self.trust_egress_ca(sb)
         if sb.spec.command:
             eid = "main"
             reply, _ = await sb.channel.request({
                 "op": "exec", "eid": eid, "main": True, "argv": list(sb.spec.command),
-                "env": exec_env(sb.spec, sb.image, sb.hostname), "cwd": sb.spec.workdir,
+                "env": exec_env(sb.spec, sb.image, sb.hostname, sb.egress_env), "cwd": sb.spec.workdir,
                 "streams": [False, False, False]})
             if not reply["ok"]:
                 raise error_from_reply(reply)
@@ -492,6 +495,18 @@ class Manager:
             sb.timers.append(loop.call_later(sb.spec.idle_timeout, self._check_idle, sb))
         if not sb.spec.detach:
             sb.timers.append(loop.call_later(LEASE_GRACE, self._check_lease, sb))
+
+    async def trust_egress_ca(self, sb: LiveSandbox) -> None:
+        """Install a CA the gateway made for the sandbox's credentials and it does not trust yet (only then:
+        a sandbox without credentials pays nothing for it)."""
+        pending = getattr(self.network, "pending_ca", None)
+        pem = pending(sb.id) if pending else None
+        if pem:
+            try:
+                await trust.install_ca(sb, pem)
+            except trust.InstallError as e:
+                raise SandboxError(f"sandbox {sb.id}: its egress CA could not be put into its trust store "
+                                   f"({e}); the image's /etc must be writable for credentials.") from None
 
     def _on_init_event(self, sb: LiveSandbox, msg: dict, fds: list[int]) -> None:
         for fd in fds:

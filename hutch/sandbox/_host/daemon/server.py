@@ -427,6 +427,7 @@ class Handlers:
                                      "sandboxes here have Network.none().")
         live_channel(sb)
         await self.mgr.network.update(sb.id, net)
+        await self.mgr.trust_egress_ca(sb)
         return web.Response(status=204)
 
     async def network_log(self, request):

@@ -91,6 +91,7 @@ class DaemonAttacher:
     def __init__(self, **gateway_kw):
         self.gateway = Gateway(**gateway_kw)
         self._pids: dict[str, int] = {}
+        self._cas: dict[str, set] = {}
         self._start_lock: asyncio.Lock | None = None
 
     async def start(self) -> None:
@@ -124,8 +125,20 @@ class DaemonAttacher:
 
     async def detach(self, sandbox_id: str) -> None:
         self._pids.pop(sandbox_id, None)
+        self._cas.pop(sandbox_id, None)
         if self.gateway.started:
             await self.gateway.detach(sandbox_id, wait=False)   # kernel cleanup in the background
+
+    def pending_ca(self, sandbox_id: str) -> bytes | None:
+        """The sandbox's egress CA certificate if the gateway made one it was not given yet (then once)."""
+        if not self.gateway.attached(sandbox_id):
+            return None
+        pem = self.gateway.ca_pem(sandbox_id)
+        given = self._cas.setdefault(sandbox_id, set())
+        if pem is None or pem in given:
+            return None
+        given.add(pem)
+        return pem
 
     def log(self, sandbox_id: str) -> dict:
         if not self.gateway.attached(sandbox_id):

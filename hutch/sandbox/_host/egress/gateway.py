@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 
 from dnslib import QTYPE, RCODE
 
-from hutch._core.errors import ConfigError, NotFoundError, SandboxError, StateError
+from hutch._core.errors import ConfigError, NetworkPolicyError, NotFoundError, SandboxError, StateError
 from hutch.sandbox._host.egress import netns as _netns
 from hutch.sandbox._host.egress.audit import DecisionLog, LogView
+from hutch.sandbox._host.egress.broker import SandboxCA, upstream_context
 from hutch.sandbox._host.egress.dns import ANSWER_TTL, Lane, Resolver, ResolveError, Upstream
 from hutch.sandbox._host.egress.policy import (AddressRules, Verdict, chain_allowed, name_allowed, normalize_name,
                                            port_allowed)
@@ -74,6 +75,8 @@ class _SandboxNet:
     # while a link is being built through it (a reused fd number would name another namespace)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     detached: bool = False
+    ca: SandboxCA | None = None                       # made when the sandbox first has a credential (broker.py)
+    budgets: dict = field(default_factory=dict)       # host -> Budget of its credential
 
     def release(self) -> None:
         if self.netns_fd >= 0:
@@ -131,7 +134,7 @@ class Gateway:
 
     def __init__(self, upstream_resolvers=None, *, subnet: str | None = None, subnets: list[str] | None = None,
                  proxy_port: int = DEFAULT_PROXY_PORT, dns_port: int = DEFAULT_DNS_PORT, table: str = DEFAULT_TABLE,
-                 link_prefix: str = "hv"):
+                 link_prefix: str = "hv", upstream_ca: str | None = None):
         # A subnet given (or HUTCH_EGRESS_SUBNET) is used as it is; else start() takes the first of the
         # candidates `subnets` that nothing on the host uses.
         given = subnet or os.environ.get("HUTCH_EGRESS_SUBNET") or (None if subnets else DEFAULT_SUBNET)
@@ -149,6 +152,8 @@ class Gateway:
         self._upstream = Upstream(self._resolvers)
         self._resolver = Resolver(self._dns_decide, self._lane_of)
         self._proxy = Proxy(self)
+        # how credential hosts are dialed: their certificates verified (HUTCH_EGRESS_UPSTREAM_CA, else the host's)
+        self.upstream_tls = upstream_context(upstream_ca)
         self._sandboxes: dict[str, _SandboxNet] = {}
         self._by_addr: dict[str, _SandboxNet] = {}
         self._free_next = 2
@@ -319,6 +324,7 @@ class Gateway:
             raise StateError(f"sandbox {sandbox_id} is already attached to the gateway; detach it first.")
         fd = _netns.open_netns(netns)
         sb = _SandboxNet(sandbox_id, policy, fd)
+        _give_ca(sb, policy)
         sb.dns.note = lambda reason, sb=sb: self._record(sb, None, None, 53, "dns", "deny", reason, metered=False)
         self._sandboxes[sandbox_id] = sb
         try:
@@ -336,6 +342,11 @@ class Gateway:
         sb = self._get(sandbox_id)
         return Attachment(sb.id, sb.link, sb.address, self.gateway_address)
 
+    def ca_pem(self, sandbox_id: str) -> bytes | None:
+        """The PEM certificate of the sandbox's CA, which its trust store must hold (None: no credential)."""
+        sb = self._get(sandbox_id)
+        return sb.ca.pem if sb.ca is not None else None
+
     def attached(self, sandbox_id: str) -> bool:
         return sandbox_id in self._sandboxes
 
@@ -344,6 +355,9 @@ class Gateway:
         sb = self._get(sandbox_id)
         policy = _check_policy(policy)
         old = sb.policy
+        _give_ca(sb, policy)
+        for host in [h for h in sb.budgets if dict(policy.credentials).get(h) != dict(old.credentials).get(h)]:
+            del sb.budgets[host]   # a new credential (or none) starts its own minute
         sb.policy = policy
         self._record(sb, None, None, None, "policy", "allow", f"policy replaced: {_describe(old)} -> {_describe(policy)}")
         for conn in list(sb.conns):
@@ -538,13 +552,27 @@ def _raise_nofile() -> None:
 
 def _check_policy(policy) -> Network:
     if isinstance(policy, dict):
-        return Network.from_dict(policy)
+        policy = Network.from_dict(policy)
     if not isinstance(policy, Network):
         raise ConfigError(f"policy={policy!r} is not a Network; use hutch.Network.none(), .allow(...) or .open().")
+    for host, secret in policy.credentials:
+        # only the value the caller sent: a name alone must never make the daemon read its own environment
+        if secret.value is None:
+            raise NetworkPolicyError(f"the credential for {host} came without its value; send the policy as "
+                                     "Network.to_dict(reveal=True) (the SDK does).")
     return policy
+
+
+def _give_ca(sb: "_SandboxNet", policy: Network) -> None:
+    """A CA for the sandbox once it has credentials; a new one when a host beyond its name constraints joins
+    (the daemon installs each in the sandbox's trust store; the older one keeps serving its hosts)."""
+    hosts = {h for h, _ in policy.credentials}
+    if hosts and (sb.ca is None or not hosts <= sb.ca.hosts):
+        sb.ca = SandboxCA(sb.id, hosts | (sb.ca.hosts if sb.ca else set()))
 
 
 def _describe(p: Network) -> str:
     if p.mode != "allow":
         return p.mode
-    return f"allow(domains={list(p.domains)}, cidrs={list(p.cidrs)}, ports={list(p.ports)})"
+    creds = f", credentials for {[h for h, _ in p.credentials]}" if p.credentials else ""
+    return f"allow(domains={list(p.domains)}, cidrs={list(p.cidrs)}, ports={list(p.ports)}{creds})"

@@ -24,7 +24,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Iterable
 
-from hutch.sandbox._spec import Network
+from hutch.sandbox._spec import Network, matching_domain
 
 IPv4 = ipaddress.IPv4Address
 Net4 = ipaddress.IPv4Network
@@ -83,13 +83,9 @@ def name_allowed(policy: Network, name: str) -> Verdict:
         return Verdict(False, "the policy is none: no network")
     if policy.mode == "open":
         return ALLOW
-    for d in policy.domains:
-        if d.startswith("*."):
-            # "*.example.com": one or more labels below example.com, never the apex
-            if name.endswith(d[1:]) and len(name) > len(d) - 1:
-                return Verdict(True, f"matches {d}")
-        elif name == d:
-            return Verdict(True, f"matches {d}")
+    d = matching_domain(policy.domains, name)
+    if d is not None:
+        return Verdict(True, f"matches {d}")
     return Verdict(False, f"{name} is not in the allowed domains")
 
 

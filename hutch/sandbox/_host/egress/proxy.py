@@ -32,7 +32,7 @@ import struct
 import sys
 import traceback
 
-from hutch.sandbox._host.egress import sniff
+from hutch.sandbox._host.egress import broker, sniff
 from hutch.sandbox._host.egress.dns import ResolveError
 from hutch.sandbox._host.egress.policy import Verdict, chain_allowed, normalize_name, protocol_allowed
 
@@ -104,7 +104,8 @@ class Conn:
         self.name: str | None = None
         self.address: str | None = None
         self.port = 0
-        self.kind = "tcp"          # tcp (by address) | tls | http
+        self.kind = "tcp"          # tcp (by address) | tls | http | brokered (TLS with a credential, broker.py)
+        self.secret = None         # the credential a brokered connection carries
         self.closed = False
         self.tasks: list[asyncio.Task] = []
 
@@ -360,6 +361,10 @@ class Proxy:
             await self._dial(conn, target, oport)
             self.gw._record(sb, n, target, oport, "http", "allow", why)
             return await self._relay(conn, first, stream)
+        secret = dict(sb.policy.credentials).get(n)
+        if secret is not None and sb.ca is not None and n in sb.ca.hosts:
+            # the gateway is the server here: its own TLS reads the ClientHello and whatever followed it
+            return await broker.serve(self, conn, n, target, oport, bytes(buf), secret, why)
         end = sniff.client_hello_end(bytes(buf))
         await self._dial(conn, target, oport)
         self.gw._record(sb, n, target, oport, "tls", "allow", why)
@@ -459,6 +464,8 @@ class Proxy:
             return Verdict(True, "undecided")   # still peeking: it will read the new policy
         if conn.kind == "tcp":
             return gw._rules.address_allowed(policy, conn.address, by_cidr_only=True)
+        if conn.kind == "brokered" and dict(policy.credentials).get(conn.name) != conn.secret:
+            return Verdict(False, f"the credential of {conn.name} changed")
         if gw._rules.address_allowed(policy, conn.address, by_cidr_only=True):
             return Verdict(True, "address allowed")
         nv = gw._name_allowed(policy, conn.name)

@@ -261,8 +261,9 @@ class RequestStream:
     when a request names another host than `name` or cannot be framed safely.
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, rewrite=None):
         self.name = name
+        self.rewrite = rewrite     # (head, raw head bytes) -> the head to forward; may raise Refused
         self.buf = bytearray()
         self.state = "head"
         self.remaining = 0
@@ -281,10 +282,11 @@ class RequestStream:
                 if host_name(head.host) != self.name:
                     raise Refused(f"request {self.requests + 1} on this connection is for {head.host!r}, "
                                   f"not {self.name}")
-                if head.upgrade:
+                if head.upgrade and self.rewrite is None:
                     raise Refused("HTTP Upgrade over plain HTTP is not relayed (use TLS, e.g. wss://)")
                 self.requests += 1
-                out += self.buf[:head.size]
+                raw = bytes(self.buf[:head.size])
+                out += self.rewrite(head, raw) if self.rewrite else raw
                 del self.buf[:head.size]
                 kind, n = head.body
                 if kind == "length":

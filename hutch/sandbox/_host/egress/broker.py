@@ -1,0 +1,344 @@
+"""Credentials brokered at the gateway: the sandbox calls an API whose key it never holds.
+
+For a host that carries a credential (`Network.allow(credentials={host: Secret})`) the proxy hands the
+connection here instead of relaying it unread:
+
+1. the sandbox's TLS is terminated with a leaf certificate for that host, issued by the sandbox's own CA
+   (`SandboxCA`: made in memory when the sandbox first has a credential, its certificate installed into the
+   sandbox's trust store, its key never written anywhere; name constraints limit it to the credential hosts,
+   so even its key could sign for no other name);
+2. the gateway opens its own TLS connection to the real server, verifying its certificate and name against
+   the host's trust store (HUTCH_EGRESS_UPSTREAM_CA replaces it), HTTP/1.1 only;
+3. each request is read as HTTP/1.1 (framing checked as for plain HTTP, Host must be the host, no Upgrade);
+   the credential's header is set (one the sandbox sent of that name is dropped), Accept-Encoding becomes
+   identity, and the request budget is taken;
+4. what comes back has every occurrence of the secret (and of the header's value) replaced by as many '*'
+   before it reaches the sandbox: a response that echoes it shows stars, and its framing is unchanged.
+
+Budgets (`requests_per_minute`, `bytes_per_minute` of the Secret) count per sandbox and host over a sliding
+minute, both directions' bytes; a request over them is answered 429 by the gateway and never sent on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime
+import os
+import ssl
+import time
+
+from hutch.sandbox._host.egress import sniff
+
+HANDSHAKE_TIMEOUT = 10.0
+#: How long bytes that could begin the secret are held back, waiting for the rest, before they go on.
+HOLD = 1.0
+WINDOW = 60.0
+ENV_UPSTREAM_CA = "HUTCH_EGRESS_UPSTREAM_CA"
+
+
+class SandboxCA:
+    """One sandbox's CA: a P-256 key in memory and a certificate constrained to `hosts`."""
+
+    def __init__(self, sandbox_id: str, hosts):
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        self.hosts = frozenset(hosts)
+        self._key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.timezone.utc)
+        self._name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "hutch"),
+                                x509.NameAttribute(NameOID.COMMON_NAME, f"hutch egress CA of sandbox {sandbox_id}")])
+        self.cert = (
+            x509.CertificateBuilder().subject_name(self._name).issuer_name(self._name)
+            .public_key(self._key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=398))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                         crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.NameConstraints(permitted_subtrees=[x509.DNSName(h) for h in sorted(self.hosts)],
+                                                excluded_subtrees=None), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False)
+            .sign(self._key, hashes.SHA256()))
+        self.pem = self.cert.public_bytes(serialization.Encoding.PEM)
+        self._contexts: dict[str, ssl.SSLContext] = {}
+
+    def context_for(self, host: str) -> ssl.SSLContext:
+        """A server context presenting a leaf for `host` (made once per host; key and cert never on disk)."""
+        ctx = self._contexts.get(host)
+        if ctx is not None:
+            return ctx
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.timezone.utc)
+        leaf = (
+            x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+            .issuer_name(self._name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=397))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), critical=False)
+            .sign(self._key, hashes.SHA256()))
+        pem = (leaf.public_bytes(serialization.Encoding.PEM) + self.pem
+               + key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                   serialization.NoEncryption()))
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.set_alpn_protocols(["http/1.1"])
+        fd = os.memfd_create("hutch-egress-leaf", os.MFD_CLOEXEC)   # ssl loads only from a path: a memory file
+        try:
+            os.write(fd, pem)
+            ctx.load_cert_chain(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
+        self._contexts[host] = ctx
+        return ctx
+
+
+def upstream_context(cafile: str | None = None) -> ssl.SSLContext:
+    """The context the gateway dials credential hosts with: certificate and name verified, HTTP/1.1."""
+    cafile = cafile or os.environ.get(ENV_UPSTREAM_CA) or None
+    ctx = ssl.create_default_context(cafile=cafile)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+class Budget:
+    """Requests and bytes to one host over the last minute (sliding); None: no cap."""
+
+    def __init__(self, requests: int | None, nbytes: int | None):
+        self.requests, self.nbytes = requests, nbytes
+        self._reqs: collections.deque = collections.deque()
+        self._bytes: collections.deque = collections.deque()
+        self._bytes_sum = 0
+
+    def _trim(self, now: float) -> None:
+        while self._reqs and self._reqs[0] <= now - WINDOW:
+            self._reqs.popleft()
+        while self._bytes and self._bytes[0][0] <= now - WINDOW:
+            self._bytes_sum -= self._bytes.popleft()[1]
+
+    def take_request(self, body: int) -> str | None:
+        """Count one request with `body` bytes known ahead; the reason if it is over a budget."""
+        now = time.monotonic()
+        self._trim(now)
+        if self.requests is not None and len(self._reqs) >= self.requests:
+            return f"over its budget of {self.requests} requests per minute"
+        if self.nbytes is not None and self._bytes_sum + body > self.nbytes:
+            return f"over its budget of {self.nbytes} bytes per minute"
+        self._reqs.append(now)
+        return None
+
+    def add(self, n: int) -> bool:
+        """Count bytes moved; False once the minute's bytes are over the budget."""
+        now = time.monotonic()
+        self._trim(now)
+        if n:
+            self._bytes.append((now, n))
+            self._bytes_sum += n
+        return self.nbytes is None or self._bytes_sum <= self.nbytes
+
+
+class OverBudget(sniff.Refused):
+    pass
+
+
+class Redactor:
+    """Replaces each needle in a byte stream by as many '*' (so lengths, and HTTP framing, stay as they were);
+    bytes that could begin a needle are held back until the rest shows whether it is one."""
+
+    def __init__(self, needles):
+        self.needles = sorted({n for n in needles if n}, key=len, reverse=True)
+        self.held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self.held + data
+        for n in self.needles:
+            buf = buf.replace(n, b"*" * len(n))
+        keep = 0
+        for n in self.needles:
+            for k in range(min(len(n) - 1, len(buf)), keep, -1):
+                if buf.endswith(n[:k]):
+                    keep = k
+                    break
+        self.held = buf[len(buf) - keep:] if keep else b""
+        return buf[:len(buf) - keep] if keep else buf
+
+    def flush(self) -> bytes:
+        out, self.held = self.held, b""
+        return out
+
+
+class TLSEnd:
+    """One TLS end over a non-blocking socket of the proxy (an ssl.SSLObject fed through memory BIOs)."""
+
+    def __init__(self, conn, sock, ctx: ssl.SSLContext, *, server_side: bool, hostname: str | None = None,
+                 first: bytes = b""):
+        self.conn, self.sock = conn, sock
+        self.inc, self.out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        if first:
+            self.inc.write(first)
+        self.obj = ctx.wrap_bio(self.inc, self.out, server_side=server_side, server_hostname=hostname)
+
+    async def _flush(self) -> None:
+        data = self.out.read()
+        if data:
+            await self.conn.loop.sock_sendall(self.sock, data)
+
+    async def _fill(self) -> None:
+        data = await self.conn.loop.sock_recv(self.sock, 65536)
+        if data:
+            self.inc.write(data)
+        else:
+            self.inc.write_eof()
+
+    async def handshake(self) -> None:
+        async def go():
+            while True:
+                try:
+                    self.obj.do_handshake()
+                    await self._flush()
+                    return
+                except ssl.SSLWantReadError:
+                    await self._flush()
+                    await self._fill()
+        await asyncio.wait_for(go(), HANDSHAKE_TIMEOUT)
+
+    async def recv(self) -> bytes:
+        while True:
+            try:
+                return self.obj.read(65536)
+            except ssl.SSLWantReadError:
+                await self._flush()
+                await self._fill()
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                return b""
+
+    async def send(self, data: bytes) -> None:
+        if data:
+            self.obj.write(data)
+        await self._flush()
+
+    async def close(self) -> None:
+        try:
+            self.obj.unwrap()
+        except (ssl.SSLError, OSError, ValueError):
+            pass
+        try:
+            await self._flush()
+        except OSError:
+            pass
+
+
+def _rewrite(secret, host: str, budget: Budget):
+    """The request-head rewrite of a brokered connection: the credential set, compression off, budget taken."""
+    header = secret.header.lower().encode()
+    value = header_value(secret).encode()
+
+    def rewrite(head: sniff.RequestHead, raw: bytes) -> bytes:
+        if head.upgrade:
+            raise sniff.Refused("HTTP Upgrade on a connection that carries a credential is not relayed")
+        body = head.body[1] if head.body[0] == "length" else 0
+        over = budget.take_request(len(raw) + body)
+        if over:
+            raise OverBudget(f"a request to {host} {over}")
+        lines = raw[:-4].split(b"\r\n")
+        kept = [lines[0]] + [ln for ln in lines[1:]
+                             if ln.partition(b":")[0].strip().lower() not in (header, b"accept-encoding")]
+        kept += [secret.header.encode() + b": " + value, b"Accept-Encoding: identity"]
+        return b"\r\n".join(kept) + b"\r\n\r\n"
+
+    return rewrite
+
+
+def header_value(secret) -> str:
+    """The header's value: the daemon's copy of the secret only (never a lookup in the daemon's environment)."""
+    return secret.format.replace("{}", secret.value)
+
+
+def too_many(reason: str) -> bytes:
+    body = (f"hutch egress gateway: {reason}; the request was not sent. Wait, or raise the Secret's budget.\n"
+            ).encode()
+    return (b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
+            b"Retry-After: 60\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+async def serve(proxy, conn, host: str, target: str, port: int, hello: bytes, secret, why: str) -> None:
+    """Run one brokered connection to the end (the proxy's `_handle` hands it over after its checks)."""
+    gw, sb = proxy.gw, conn.sandbox
+    down_tls = TLSEnd(conn, conn.client, sb.ca.context_for(host), server_side=True, first=hello)
+    try:
+        await down_tls.handshake()
+    except (ssl.SSLError, asyncio.TimeoutError, OSError) as e:
+        return proxy._deny(conn, f"the sandbox's TLS to {host} failed ({_ssl_reason(e)}); does it trust its "
+                           "CA (/etc/ssl/certs/ca-certificates.crt)?", name=host, address=target, port=port,
+                           protocol="tls")
+    await proxy._dial(conn, target, port)
+    up_tls = TLSEnd(conn, conn.upstream, gw.upstream_tls, server_side=False, hostname=host)
+    try:
+        await up_tls.handshake()
+    except (ssl.SSLError, asyncio.TimeoutError, OSError) as e:
+        return proxy._deny(conn, f"the server's certificate for {host} did not verify ({_ssl_reason(e)}); the "
+                           "credential was not sent", name=host, address=target, port=port, protocol="tls")
+    conn.kind, conn.secret = "brokered", secret
+    gw._record(sb, host, target, port, "tls", "allow", f"{why}; credential brokered ({secret.header})")
+    budget = sb.budgets.setdefault(host, Budget(secret.requests_per_minute, secret.bytes_per_minute))
+    stream = sniff.RequestStream(host, rewrite=_rewrite(secret, host, budget))
+    red = Redactor([secret.value.encode(), header_value(secret).encode()])
+
+    async def down():
+        while True:
+            try:
+                data = await (asyncio.wait_for(up_tls.recv(), HOLD) if red.held else up_tls.recv())
+            except asyncio.TimeoutError:
+                await down_tls.send(red.flush())
+                continue
+            budget.add(len(data))
+            if not data:
+                await down_tls.send(red.flush())
+                await down_tls.close()
+                return
+            await down_tls.send(red.feed(data))
+
+    task = conn.loop.create_task(down())
+    conn.tasks.append(task)
+    try:
+        while True:
+            data = await down_tls.recv()
+            if not data:
+                await up_tls.close()
+                break
+            try:
+                out = stream.feed(data)
+            except OverBudget as e:
+                gw._record(sb, host, target, port, "tls", "deny", str(e))
+                await down_tls.send(too_many(str(e)))
+                await down_tls.close()
+                return conn.close()
+            except sniff.Refused as e:
+                gw._record(sb, host, target, port, "tls", "deny", str(e))
+                return conn.close(reset=True)
+            if not budget.add(len(out)):
+                gw._record(sb, host, target, port, "tls", "deny",
+                           f"a request to {host} went over its budget of {budget.nbytes} bytes per minute; reset")
+                return conn.close(reset=True)
+            await up_tls.send(out)
+        await task
+    except (OSError, ConnectionError, ssl.SSLError):
+        return conn.close(reset=True)
+    conn.close()
+
+
+def _ssl_reason(e: BaseException) -> str:
+    if isinstance(e, asyncio.TimeoutError):
+        return f"no handshake in {HANDSHAKE_TIMEOUT:.0f} s"
+    return getattr(e, "verify_message", None) or getattr(e, "reason", None) or e.__class__.__name__
