@@ -165,11 +165,14 @@ class Redactor:
         for n in self.needles:
             buf = buf.replace(n, b"*" * len(n))
         keep = 0
-        for n in self.needles:
-            for k in range(min(len(n) - 1, len(buf)), keep, -1):
-                if buf.endswith(n[:k]):
-                    keep = k
+        for n in self.needles:   # the longest tail of buf that begins n: only where n's first byte is
+            tail = buf[-(len(n) - 1):] if len(n) > 1 else b""
+            i = tail.find(n[:1])
+            while 0 <= i < len(tail) - keep:
+                if n.startswith(tail[i:]):
+                    keep = len(tail) - i
                     break
+                i = tail.find(n[:1], i + 1)
         self.held = buf[len(buf) - keep:] if keep else b""
         return buf[:len(buf) - keep] if keep else buf
 
