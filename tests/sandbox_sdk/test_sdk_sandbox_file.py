@@ -450,3 +450,15 @@ def test_credentials_in_a_file_are_references_and_round_trip(tmp_path):
                                  credentials={"api.example.com": hutch.Secret.from_value("sk-value-123456")})
     with pytest.raises(hutch.ConfigError, match="never holds a secret"):
         hutch.SandboxFile.from_spec(SandboxSpec.build(network=inline)).to_toml()
+
+
+def test_a_memory_mount_is_the_memory_wings_own_value(tmp_path):
+    store = tmp_path / "agent-memory"
+    hutch.Memory(store)
+    f = load('[[mounts]]\nkind = "memory"\nstore = "agent-memory"\ntarget = "/memory"\nwritable = true\n', tmp_path)
+    assert f.provided == (hutch.MemoryMount(str(store), "/memory", writable=True),) and f.spec.mounts == ()
+    assert hutch.SandboxFile.loads(f.to_toml()) == f
+    _, kw = f.create_kwargs()
+    assert kw["mounts"] == [hutch.MemoryMount(str(store), "/memory", writable=True)]
+    e = refused('[[mounts]]\nkind = "memory"\nstore = "nope"\ntarget = "/memory"\n', tmp_path)
+    assert e.key == "mounts[0]" and "not a memory store" in str(e)
