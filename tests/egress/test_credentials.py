@@ -195,3 +195,50 @@ def test_secret_values_are_checked_and_never_shown():
 
     with pytest.raises(hutch.InvalidSpecError, match="takes no credentials"):
         hutch.Image.debian_slim().run_commands("true", network=Network.allow(domains=[API], credentials={API: s}))
+
+
+PIPELINE = """
+import socket, ssl, sys
+ctx = ssl.create_default_context(cafile=sys.argv[1])
+s = ctx.wrap_socket(socket.create_connection(("{api}", 443), timeout=10), server_hostname="{api}")
+s.sendall(sys.argv[2].encode().decode("unicode_escape").encode("latin-1"))
+got = b""
+while True:
+    try:
+        d = s.recv(65536)
+    except (OSError, ssl.SSLError):
+        break
+    if not d:
+        break
+    got += d
+sys.stdout.write(got.decode("latin-1"))
+""".replace("{api}", API)
+
+
+def test_pipelined_requests_past_the_budget_get_their_answers_in_order(sandbox, world, tmp_path):
+    sb = sandbox(Network.allow(domains=[API], credentials=creds(requests_per_minute=2)))
+    ca = ca_file(world, sb, tmp_path)
+    one = f"GET /echo-headers HTTP/1.1\\r\\nHost: {API}\\r\\n\\r\\n"
+    r = sb.run("python3", "-c", PIPELINE, str(ca), one * 3, timeout=40)
+    import re
+
+    assert re.findall(r"HTTP/1\.1 (\d{3}) ", r.stdout) == ["200", "200", "429"], r.stdout[-500:]
+    assert SECRET not in r.stdout
+
+
+def test_an_upgrade_on_a_credential_connection_is_refused(sandbox, world, tmp_path):
+    sb = sandbox(Network.allow(domains=[API], credentials=creds()))
+    ca = ca_file(world, sb, tmp_path)
+    mark = world.mark()
+    up = f"GET /echo-headers HTTP/1.1\\r\\nHost: {API}\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\n\\r\\n"
+    r = sb.run("python3", "-c", PIPELINE, str(ca), up, timeout=40)
+    assert "HTTP/1.1" not in r.stdout and not got_headers(world, mark)
+    assert any(d.verdict == "deny" and "Upgrade" in d.reason for d in sb.log())
+
+
+def test_the_upstream_context_verifies_certificate_and_name():
+    from hutch.sandbox._host.egress.broker import upstream_context
+
+    ctx = upstream_context()
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+    assert ctx.minimum_version >= ssl.TLSVersion.TLSv1_2

@@ -181,6 +181,111 @@ class Redactor:
         return out
 
 
+class Responses:
+    """Counts the responses that have come back in full on a brokered connection (read as HTTP/1.1 framing:
+    Content-Length, chunked, no body for HEAD, 1xx, 204, 304), so that a 429 is sent only after the answers
+    to the requests before it. `broken` once the stream cannot be framed (then nothing more is counted)."""
+
+    def __init__(self):
+        self.methods: collections.deque = collections.deque()   # of requests forwarded, not yet answered
+        self.done = 0
+        self.broken = False
+        self._buf = b""
+        self._state, self._left = "head", 0
+        self.changed = asyncio.Event()
+
+    def feed(self, data: bytes) -> None:
+        if self.broken:
+            return
+        self._buf += data
+        try:
+            while self._step():
+                pass
+        except (ValueError, IndexError):
+            self.broken = True
+        self.changed.set()
+
+    def _finish(self) -> None:
+        self.methods.popleft()
+        self.done += 1
+        self._state = "head"
+
+    def _step(self) -> bool:
+        b = self._buf
+        if self._state == "head":
+            end = b.find(b"\r\n\r\n")
+            if end < 0:
+                if len(b) > sniff.MAX_HEAD:
+                    raise ValueError("head too large")
+                return False
+            lines = b[:end].split(b"\r\n")
+            self._buf = b[end + 4:]
+            code = int(lines[0].split(b" ")[1])
+            hdrs = {}
+            for ln in lines[1:]:
+                k, _, v = ln.partition(b":")
+                hdrs[k.strip().lower()] = v.strip().lower()
+            if 100 <= code < 200:
+                if code == 101:
+                    raise ValueError("switched protocols")
+                return True
+            if self.methods[0] == "HEAD" or code in (204, 304):
+                self._finish()
+            elif b"chunked" in hdrs.get(b"transfer-encoding", b""):
+                self._state = "size"
+            elif b"content-length" in hdrs:
+                self._state, self._left = "body", int(hdrs[b"content-length"])
+                if not self._left:
+                    self._finish()
+            else:
+                self._state = "close"   # its end is the connection's
+            return True
+        if self._state == "body":
+            k = min(self._left, len(b))
+            self._buf, self._left = b[k:], self._left - k
+            if not self._left:
+                self._finish()
+                return True
+            return False
+        if self._state == "size":
+            i = b.find(b"\r\n")
+            if i < 0:
+                return False
+            n = int(b[:i].split(b";")[0], 16)
+            self._buf = b[i + 2:]
+            self._state, self._left = ("trailers", 0) if n == 0 else ("chunk", n + 2)
+            return True
+        if self._state == "chunk":
+            k = min(self._left, len(b))
+            self._buf, self._left = b[k:], self._left - k
+            if not self._left:
+                self._state = "size"
+                return True
+            return False
+        if self._state == "trailers":
+            i = b.find(b"\r\n")
+            if i < 0:
+                return False
+            self._buf = b[i + 2:]
+            if i == 0:
+                self._finish()
+            return True
+        return False
+
+    async def settled(self, timeout: float) -> None:
+        """Wait until every forwarded request has its answer (or the stream cannot tell, or `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while self.methods and not self.broken:
+            self.changed.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except asyncio.TimeoutError:
+                return
+
+
 class TLSEnd:
     """One TLS end over a non-blocking socket of the proxy (an ssl.SSLObject fed through memory BIOs)."""
 
@@ -242,7 +347,7 @@ class TLSEnd:
             pass
 
 
-def _rewrite(secret, host: str, budget: Budget):
+def _rewrite(secret, host: str, budget: Budget, responses: "Responses"):
     """The request-head rewrite of a brokered connection: the credential set, compression off, budget taken."""
     header = secret.header.lower().encode()
     value = header_value(secret).encode()
@@ -258,6 +363,7 @@ def _rewrite(secret, host: str, budget: Budget):
         kept = [lines[0]] + [ln for ln in lines[1:]
                              if ln.partition(b":")[0].strip().lower() not in (header, b"accept-encoding")]
         kept += [secret.header.encode() + b": " + value, b"Accept-Encoding: identity"]
+        responses.methods.append(head.method)
         return b"\r\n".join(kept) + b"\r\n\r\n"
 
     return rewrite
@@ -295,8 +401,11 @@ async def serve(proxy, conn, host: str, target: str, port: int, hello: bytes, se
     conn.kind, conn.secret = "brokered", secret
     gw._record(sb, host, target, port, "tls", "allow", f"{why}; credential brokered ({secret.header})")
     budget = sb.budgets.setdefault(host, Budget(secret.requests_per_minute, secret.bytes_per_minute))
-    stream = sniff.RequestStream(host, rewrite=_rewrite(secret, host, budget))
+    responses = Responses()
+    stream = sniff.RequestStream(host, rewrite=_rewrite(secret, host, budget, responses))
     red = Redactor([secret.value.encode(), header_value(secret).encode()])
+
+    refused: list[str] = []    # set when a request is over budget: the 429 goes last, after what was asked before
 
     async def down():
         while True:
@@ -308,9 +417,11 @@ async def serve(proxy, conn, host: str, target: str, port: int, hello: bytes, se
             budget.add(len(data))
             if not data:
                 await down_tls.send(red.flush())
-                await down_tls.close()
+                if not refused:
+                    await down_tls.close()
                 return
             await down_tls.send(red.feed(data))
+            responses.feed(data)
 
     task = conn.loop.create_task(down())
     conn.tasks.append(task)
@@ -324,6 +435,14 @@ async def serve(proxy, conn, host: str, target: str, port: int, hello: bytes, se
                 out = stream.feed(data)
             except OverBudget as e:
                 gw._record(sb, host, target, port, "tls", "deny", str(e))
+                refused.append(str(e))
+                # answers come in the order of the requests: those forwarded before this one go first
+                if e.passed:   # the requests before it in the same read
+                    await up_tls.send(e.passed)
+                await responses.settled(HANDSHAKE_TIMEOUT)
+                if red.held:
+                    await down_tls.send(red.flush())
+                task.cancel()
                 await down_tls.send(too_many(str(e)))
                 await down_tls.close()
                 return conn.close()

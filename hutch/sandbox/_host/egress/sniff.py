@@ -286,7 +286,11 @@ class RequestStream:
                     raise Refused("HTTP Upgrade over plain HTTP is not relayed (use TLS, e.g. wss://)")
                 self.requests += 1
                 raw = bytes(self.buf[:head.size])
-                out += self.rewrite(head, raw) if self.rewrite else raw
+                try:
+                    out += self.rewrite(head, raw) if self.rewrite else raw
+                except Refused as e:
+                    e.passed = bytes(out)   # what the requests before it in this read may still send
+                    raise
                 del self.buf[:head.size]
                 kind, n = head.body
                 if kind == "length":
