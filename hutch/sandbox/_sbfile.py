@@ -68,6 +68,7 @@ class SandboxFile:
         if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
             raise SandboxFileError(f"{where}: the file is larger than {MAX_FILE_BYTES} bytes; a sandbox file "
                                    "declares, it does not carry data (copy files with an image step).", path=where)
+        _check_key_depth(text, where)
         try:
             doc = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
@@ -80,7 +81,11 @@ class SandboxFile:
             raise SandboxFileError(f"{where}: values are nested too deeply; a sandbox file needs a few levels.",
                                    path=where) from None
         base = os.path.dirname(os.path.abspath(path)) if path else os.getcwd()
-        return _Builder(doc, text, where, base).build()
+        try:
+            return _Builder(doc, text, where, base).build()
+        except RecursionError:
+            raise SandboxFileError(f"{where}: values are nested too deeply; a sandbox file needs a few levels.",
+                                   path=where) from None
 
     @classmethod
     def from_spec(cls, spec: SandboxSpec, *, image: "Image | None" = None) -> "SandboxFile":
@@ -122,6 +127,49 @@ class SandboxFile:
     def schema() -> dict:
         """The JSON Schema of a sandbox file (published as docs/sandbox-file.schema.json)."""
         return _sbschema.schema()
+
+
+#: Dots outside strings on one line: a dotted key's depth. tomllib takes time quadratic in it (a 256 KiB line of
+#: `a.a.a...` keeps it busy for 40 s), and a sandbox file's deepest key has four.
+MAX_KEY_DOTS = 32
+_TRIPLES = ('"""', "'''")
+
+
+def _check_key_depth(text: str, where: str) -> None:
+    """Refuse a line with more than MAX_KEY_DOTS dots outside strings and comments, before tomllib sees it."""
+    i, n, line, dots, quote = 0, len(text), 1, 0, None
+    while i < n:
+        c = text[i]
+        if quote:
+            if quote in _TRIPLES and text.startswith(quote, i):
+                i, quote = i + 3, None
+                continue
+            if c == "\\" and quote in ('"', '"""'):
+                i += 2
+                continue
+            if c == quote:
+                quote = None
+            elif c == "\n":
+                line += 1
+                if quote not in _TRIPLES:
+                    quote = None   # a one-line string cannot go on (tomllib will say so)
+        elif c in "\"'":
+            quote = c * 3 if text.startswith(c * 3, i) else c
+            i += len(quote)
+            continue
+        elif c == "#":
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        elif c == "\n":
+            line, dots = line + 1, 0
+        elif c == ".":
+            dots += 1
+            if dots > MAX_KEY_DOTS:
+                raise SandboxFileError(f"{where}:{line}: more than {MAX_KEY_DOTS} dots outside strings on one line; "
+                                       "a sandbox file's keys are a few levels deep (quote a name that has dots).",
+                                       path=where, line=line)
+        i += 1
 
 
 def _read(path: str) -> str:

@@ -462,3 +462,27 @@ def test_a_memory_mount_is_the_memory_wings_own_value(tmp_path):
     assert kw["mounts"] == [hutch.MemoryMount(str(store), "/memory", writable=True)]
     e = refused('[[mounts]]\nkind = "memory"\nstore = "nope"\ntarget = "/memory"\n', tmp_path)
     assert e.key == "mounts[0]" and "not a memory store" in str(e)
+
+
+@pytest.mark.parametrize("text,words", [
+    ("a" + ".a" * (MAX_FILE_BYTES // 2 - 10) + "\n", "dots outside strings"),          # tomllib: 40 s
+    ("[" + "a." * (MAX_FILE_BYTES // 2 - 10) + "a]\n", "dots outside strings"),        # then a recursion crash
+    ("a" + " . a" * (MAX_FILE_BYTES // 4 - 10) + " =\n", "dots outside strings"),
+    ("env = " + "{b = " * 900 + "1" + "}" * 900 + "\n", "nested too deeply"),
+])
+def test_a_hostile_file_is_refused_at_once(tmp_path, text, words):
+    import time
+
+    t0 = time.monotonic()
+    e = refused(text[:MAX_FILE_BYTES], tmp_path)
+    assert words in str(e) and time.monotonic() - t0 < 2.0
+
+
+def test_dots_inside_strings_and_comments_do_not_count(tmp_path):
+    f = load('[network]  # a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r.s.t.u.v.w.x.y.z.a.b.c.d.e.f.g.h.i\n'
+             'domains = ["a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r.s.t.u.v.w.x.y.z.a.b.c.d.e.f.g.h.example.com"]\n'
+             'cidrs = []\n'
+             '[limits]\ncpu = 0.5\n', tmp_path)
+    assert f.spec.limits.cpu == 0.5 and len(f.spec.network.domains) == 1
+    f = load('command = ["""' + "a.b." * 40 + '\n' + "c.d." * 40 + '"""]\n', tmp_path)
+    assert f.spec.command[0].startswith("a.b.")
