@@ -40,3 +40,20 @@ def test_a_budget_counts_a_sliding_minute():
     b = Budget(None, 100)
     assert b.take_request(101) is not None and b.take_request(60) is None
     assert b.add(60) and not b.add(50) and "100 bytes" in b.take_request(0)
+
+
+def test_responses_are_counted_by_their_framing_and_kept_in_bounded_memory():
+    from hutch.sandbox._host.egress.broker import Responses
+
+    r = Responses()
+    r.methods.extend(["GET", "HEAD", "GET", "GET"])
+    stream = (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+              b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n"
+              b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+    for i in range(len(stream)):
+        r.feed(stream[i:i + 1])
+    assert (r.done, list(r.methods), r.broken) == (3, ["GET"], False)
+    r.feed(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")
+    for _ in range(100):
+        r.feed(b"x" * 65536)          # a body that ends with the connection is not kept
+    assert len(r._buf) < 65536 and r.done == 3

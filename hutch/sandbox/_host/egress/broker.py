@@ -195,7 +195,7 @@ class Responses:
         self.changed = asyncio.Event()
 
     def feed(self, data: bytes) -> None:
-        if self.broken:
+        if self.broken or self._state == "close":   # a body that ends with the connection: nothing to keep
             return
         self._buf += data
         try:
