@@ -454,3 +454,5 @@ def validate(path, print_schema):
     click.echo(f"{path}: valid: image {f.image.ref}{f' + {len(f.image.steps)} steps' if f.image.steps else ''}, "
                f"{len(s.mounts) + len(f.provided)} mounts, network {net}, memory {s.limits.memory} bytes, "
                f"cpu {s.limits.cpu}, timeout {s.timeout if s.timeout is not None else 'never'}")
+    if f.environment:   # what a create would read from this environment: a file is as trusted as what it reads
+        click.echo(f"{path}: reads from the environment at create: {', '.join(f.environment)}")

@@ -95,20 +95,37 @@ class SandboxFile:
             raise ConfigError(f"image {image.ref!r} is not the spec's {spec.image!r}; give the spec's image.")
         return cls(spec, image)
 
-    def create_kwargs(self, **overrides) -> tuple[tuple[str, ...], dict]:
+    @property
+    def environment(self) -> tuple[str, ...]:
+        """The caller's environment variables the file reads at create (env values and credentials), sorted."""
+        return tuple(sorted({v for _, v in self.env_from} | {c.env for _, c in self.spec.network.credentials
+                                                             if c.env and c.value is None}))
+
+    def create_kwargs(self, *, environ=None, **overrides) -> tuple[tuple[str, ...], dict]:
         """(command, keyword arguments of Sandbox.create) with `overrides` (create's names, or `command`)
-        replacing the file's values; values from the environment are read now."""
+        replacing the file's values. What the file takes from the environment is read now, from `environ` (a
+        mapping; default os.environ): give a file you do not trust only the variables it may have."""
+        source = os.environ if environ is None else environ
         s = self.spec
+
+        def read(var: str, what: str) -> str:
+            if var not in source:
+                raise ConfigError(f"{self.path or 'the sandbox file'}: {what} is taken from the environment "
+                                  f"variable {var}, which is not set; export {var} before creating the sandbox.")
+            return source[var]
+
         env = dict(s.env)
         for name, var in self.env_from:
-            if var not in os.environ:
-                raise ConfigError(f"{self.path or 'the sandbox file'}: env {name} is taken from the environment "
-                                  f"variable {var}, which is not set; export {var} before creating the sandbox.")
-            env[name] = os.environ[var]
+            env[name] = read(var, f"env {name}")
+        network = s.network
+        if network.credentials:   # read here, from `source`, not later from os.environ
+            network = dataclasses.replace(network, credentials=tuple(
+                (h, c if c.value is not None else c.with_value(read(c.env, f"the credential for {h}")))
+                for h, c in network.credentials))
         kw = dict(image=self.image, mounts=list(s.mounts) + list(self.provided), cpu=s.limits.cpu,
                   memory=s.limits.memory, pids=s.limits.pids, disk=s.limits.disk, timeout=s.timeout,
                   idle_timeout=s.idle_timeout, workdir=s.workdir, env=env, tags=dict(s.tags), name=s.name,
-                  network=s.network, detach=s.detach)
+                  network=network, detach=s.detach)
         command = overrides.pop("command", s.command)
         unknown = sorted(set(overrides) - set(_CREATE_KEYS))
         if unknown:

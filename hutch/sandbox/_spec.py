@@ -233,6 +233,10 @@ class Secret:
                 raise NetworkPolicyError(f"Secret {what}={n!r} must be a positive int, or None for no cap.")
         return cls(env, header, format, rpm, bpm, value)
 
+    def with_value(self, value: str) -> "Secret":
+        """This secret, its value given now (a sandbox file's reference read from a chosen environment)."""
+        return dataclasses.replace(self, value=_check_value(value, f"${self.env}" if self.env else "the value"))
+
     def reveal(self) -> str:
         """The secret's value: from_value's, or the environment variable's now."""
         if self.value is not None:

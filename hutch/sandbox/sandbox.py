@@ -94,15 +94,17 @@ class Sandbox(SandboxState):
         return sb
 
     @classmethod
-    def from_file(cls, path, **overrides) -> "Sandbox":
+    def from_file(cls, path, *, environ=None, **overrides) -> "Sandbox":
         """Create a sandbox declared in a sandbox file (TOML; docs/sandbox-file.md) and return it once it runs.
 
         Keyword arguments are `create()`'s (and `command=[...]`), each replacing the file's value. The file is
-        validated first: a `hutch.SandboxFileError` names its file, line and key, and the fix.
+        validated first: a `hutch.SandboxFileError` names its file, line and key, and the fix. What the file
+        takes from the environment (`{ from_env = "VAR" }`, credentials) is read from `environ` (default
+        os.environ): a file you did not write gets only the variables you give it.
 
         Example: `hutch.Sandbox.from_file("sandbox.toml", timeout=60)`
         """
-        command, kw = SandboxFile.load(path).create_kwargs(**overrides)
+        command, kw = SandboxFile.load(path).create_kwargs(environ=environ, **overrides)
         return cls.create(*command, **kw)
 
     @classmethod

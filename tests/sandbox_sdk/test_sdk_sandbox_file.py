@@ -486,3 +486,19 @@ def test_dots_inside_strings_and_comments_do_not_count(tmp_path):
     assert f.spec.limits.cpu == 0.5 and len(f.spec.network.domains) == 1
     f = load('command = ["""' + "a.b." * 40 + '\n' + "c.d." * 40 + '"""]\n', tmp_path)
     assert f.spec.command[0].startswith("a.b.")
+
+
+def test_a_file_reads_only_the_environment_it_is_given(tmp_path, monkeypatch):
+    monkeypatch.setenv("HUTCH_TEST_HOST_SECRET", "host-secret-value-123")
+    f = load('[env]\nA = { from_env = "HUTCH_TEST_HOST_SECRET" }\n[network]\ndomains = ["api.example.com"]\n'
+             '[network.credentials."api.example.com"]\nfrom_env = "HUTCH_TEST_HOST_SECRET"\n', tmp_path)
+    assert f.environment == ("HUTCH_TEST_HOST_SECRET",)
+    with pytest.raises(hutch.ConfigError, match="HUTCH_TEST_HOST_SECRET, which is not set"):
+        f.create_kwargs(environ={})
+    _, kw = f.create_kwargs(environ={"HUTCH_TEST_HOST_SECRET": "given-value-12345"})
+    (host, secret), = kw["network"].credentials
+    assert kw["env"] == {"A": "given-value-12345"} and secret.reveal() == "given-value-12345"
+    assert secret.env == "HUTCH_TEST_HOST_SECRET" and "given-value" not in repr(kw["network"])
+    r = subprocess.run([sys.executable, "-m", "hutch", "validate", str(tmp_path / "sandbox.toml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "reads from the environment at create: HUTCH_TEST_HOST_SECRET" in r.stdout
