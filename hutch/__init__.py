@@ -37,6 +37,7 @@ from hutch._core.errors import (
     SearchIndexError,
     StateError,
     StorePathError,
+    UnsupportedError,
 )
 
 __version__ = "0.1.0"
@@ -134,6 +135,7 @@ __all__ = sorted(
         "SearchIndexError",
         "StateError",
         "StorePathError",
+        "UnsupportedError",
         *_LAZY,
     ]
 )

@@ -21,6 +21,37 @@ if [ -n "$missing" ]; then
   apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 
+# gVisor (runtime="gvisor"): runsc from bookworm-backports. Its own step: backports are pinned at priority 100,
+# so the plain install above would take bookworm main's 0.0~20221219 build (no systrap platform, a checkpoint
+# that never returns, images no newer build reads). The version is checked, not just "installed".
+RUNSC_MIN=0.0~20240729
+runsc_v=$(dpkg-query -W -f='${Version}' runsc 2>/dev/null || true)
+if [ -z "$runsc_v" ] || dpkg --compare-versions "$runsc_v" lt "$RUNSC_MIN"; then
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "setup: runsc >= $RUNSC_MIN (gVisor, from bookworm-backports) is missing; run this as root on Debian 12" >&2
+    exit 1
+  fi
+  if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    echo "setup: adding Debian's bookworm-backports source (for runsc)"
+    cat > /etc/apt/sources.list.d/bookworm-backports.sources <<'EOS'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOS
+  fi
+  echo "setup: installing runsc from bookworm-backports"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends -t bookworm-backports runsc >/dev/null
+  runsc_v=$(dpkg-query -W -f='${Version}' runsc)
+  if dpkg --compare-versions "$runsc_v" lt "$RUNSC_MIN"; then
+    echo "setup: runsc $runsc_v was installed, but hutch needs >= $RUNSC_MIN (bookworm-backports)" >&2
+    exit 1
+  fi
+fi
+
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 # a venv made before python3-venv was installed has a python but no pip: make it again

@@ -21,7 +21,9 @@ CONTRACT = {"hutch.sandbox._spec", "hutch.sandbox._api"}
 #: what the zygote and each init run (`python -I -S`): these modules and the packages above them
 ZYGOTE = ["hutch.sandbox._host.native.zygote", "hutch.sandbox._host.native.init",
           "hutch.sandbox._host.native.initwire", "hutch.sandbox._host.native.linux"]
-STDLIB_ONLY = ZYGOTE + ["hutch.sandbox._host.native.seccomp"]
+#: what each gVisor sandbox's keeper runs (`python -I -S`), the zygote's modules besides
+KEEPER = ["hutch.sandbox._host.gvisor.keeper"]
+STDLIB_ONLY = ZYGOTE + KEEPER + ["hutch.sandbox._host.native.seccomp"]
 BRIDGE = "hutch.sandbox._inside.bridge"
 BRIDGE_THIRD_PARTY = {"jupyter_client", "zmq"}
 
@@ -106,15 +108,15 @@ def test_the_bridge_imports_only_the_standard_library_and_jupyter():
 def test_the_zygote_loads_nothing_but_the_standard_library():
     """What `python -I -S` really loads for the zygote and the init: the packages above them run too."""
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
-            + "; ".join(f"import {m}" for m in ZYGOTE)
+            + "; ".join(f"import {m}" for m in ZYGOTE + KEEPER)
             + "; print('\\n'.join(sorted(sys.modules)))")
     loaded = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True,
                             check=True).stdout.split()
     ours = {"__main__", "hutch", "hutch._core", "hutch._core.errors", "hutch.sandbox", "hutch.sandbox._host",
-            "hutch.sandbox._host.native", *ZYGOTE}
+            "hutch.sandbox._host.native", "hutch.sandbox._host.gvisor", *ZYGOTE, *KEEPER}
     bad = [m for m in loaded if not stdlib(m) and m not in ours]
     assert bad == [], f"the zygote would load {bad}"
-    assert set(ZYGOTE) <= set(loaded)
+    assert set(ZYGOTE + KEEPER) <= set(loaded)
 
 
 def test_the_checks_see_what_they_forbid(tmp_path):

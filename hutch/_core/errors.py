@@ -4,7 +4,8 @@
     ├── ConfigError            bad input to a constructor or call: the message names the fix
     │   ├── InvalidSpecError   a sandbox or option spec that cannot be honoured
     │   │   └── SandboxFileError   ... read from a sandbox file: carries path, line, key
-    │   └── NetworkPolicyError an egress policy entry is invalid; names the entry
+    │   ├── NetworkPolicyError an egress policy entry is invalid; names the entry
+    │   └── UnsupportedError   not on this runtime or host (a memory snapshot of a native sandbox); names the one that has it
     ├── NotFoundError          a sandbox, image, entity, volume ... that does not exist
     ├── StateError             an operation on something in the wrong state (exec on a terminated sandbox)
     ├── SandboxError           a sandbox failed to start or broke while running
@@ -49,6 +50,11 @@ class SandboxFileError(InvalidSpecError):
         self.path = path
         self.line = line
         self.key = key
+
+
+class UnsupportedError(ConfigError):
+    """The call is not available on this sandbox's runtime or on this host; the message names what has it
+    (a memory snapshot needs `runtime="gvisor"`)."""
 
 
 class NotFoundError(Error, LookupError):
@@ -169,4 +175,5 @@ __all__ = [
     "SearchIndexError",
     "StateError",
     "StorePathError",
+    "UnsupportedError",
 ]

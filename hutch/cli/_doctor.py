@@ -23,6 +23,9 @@ def _lines(d: dict) -> list[tuple[str, str]]:
          .get(d["idmap"], "no")),
         ("cgroups", f"v{cg['version']}, under {cg['parent']}"),
         ("egress", "gateway running" if d["egress"] else "gateway not running: only Network.none() is served"),
+        ("gvisor", f"available ({d['gvisor']['version']}): runtime=\"gvisor\", memory snapshots, fork"
+         if d.get("gvisor", {}).get("available") else f"not available: {d.get('gvisor', {}).get('why_not')}"),
+        ("pause", "cgroup freezer" if d.get("freezer") else "no cgroup freezer: sandboxes cannot be paused"),
         ("warm pool", f"{d['warm_pool']['ready']} of {d['warm_pool']['target']} inits ready"),
         ("sandboxes", f"{d['sandboxes']} running"),
         ("images", f"{default}; {d['images']['stored']} built images and snapshots in {d['state_dir']}"),

@@ -73,15 +73,17 @@ def sandbox_options(f):
                      help="Allow egress to this DNS name or '*.domain' (repeatable). Default: no network."),
         click.option("--allow-cidr", multiple=True, metavar="CIDR", help="Allow egress to this IPv4 range (repeatable)."),
         click.option("--workdir", "-w", default="/home/user", show_default=True, help="Working directory inside."),
+        click.option("--runtime", type=click.Choice(["native", "gvisor"]), default="native", show_default=True,
+                     help="Where it runs: the host kernel's namespaces, or gVisor (runsc; memory snapshots, fork)."),
     ]
     for o in reversed(opts):
         f = o(f)
     return f
 
 
-def create_kwargs(image, memory, cpu, timeout, env, mount, allow_domain, allow_cidr, workdir) -> dict:
+def create_kwargs(image, memory, cpu, timeout, env, mount, allow_domain, allow_cidr, workdir, runtime="native") -> dict:
     return dict(image=_image(image), memory=memory, cpu=cpu, timeout=timeout, env=_pairs(env, "--env"),
-                mounts=_mounts(mount), network=_network(allow_domain, allow_cidr), workdir=workdir)
+                mounts=_mounts(mount), network=_network(allow_domain, allow_cidr), workdir=workdir, runtime=runtime)
 
 
 def file_kwargs(path: str, opts: dict, command=(), **more) -> tuple[tuple, dict]:
@@ -93,7 +95,7 @@ def file_kwargs(path: str, opts: dict, command=(), **more) -> tuple[tuple, dict]
     given = {k for k in opts if ctx.get_parameter_source(k) not in (click.core.ParameterSource.DEFAULT, None)}
     file_command, kw = hutch.SandboxFile.load(path).create_kwargs()
     ours = create_kwargs(**opts)
-    for k in given & {"image", "memory", "cpu", "timeout", "workdir"}:
+    for k in given & {"image", "memory", "cpu", "timeout", "workdir", "runtime"}:
         kw[k] = ours[k]
     kw["env"] = {**kw["env"], **ours["env"]}
     kw["mounts"] = list(kw["mounts"]) + list(ours["mounts"])
@@ -213,10 +215,12 @@ def sandbox():
 @click.option("--name", help="A unique name to find the sandbox by.")
 @click.option("--tag", "-t", multiple=True, metavar="K=V", help="A tag (repeatable); `ls --tag` filters by them.")
 @click.option("--idle-timeout", type=float, help="End the sandbox after this many seconds without activity.")
+@click.option("--on-idle", type=click.Choice(["terminate", "pause"]), default="terminate", show_default=True,
+              help="What --idle-timeout does: end the sandbox, or pause it (the next call resumes it).")
 @click.option("--detach", "-d", is_flag=True, help="Print the id and exit; the sandbox lives until its timeout or kill.")
 @_file_option
 @click.argument("command", nargs=-1)
-def create(command, name, tag, idle_timeout, detach, sandbox_file, **opts):
+def create(command, name, tag, idle_timeout, on_idle, detach, sandbox_file, **opts):
     """Create a sandbox and print its id.
 
     With --detach it outlives this command (until its --timeout or `hutch sandbox kill`);
@@ -231,11 +235,12 @@ def create(command, name, tag, idle_timeout, detach, sandbox_file, **opts):
     import hutch
 
     if sandbox_file:
-        given = dict(name=name, tags=_pairs(tag, "--tag") or None, idle_timeout=idle_timeout, detach=detach or None)
+        given = dict(name=name, tags=_pairs(tag, "--tag") or None, idle_timeout=idle_timeout, detach=detach or None,
+                     on_idle=None if on_idle == "terminate" else on_idle)
         command, kw = file_kwargs(sandbox_file, opts, command, **{k: v for k, v in given.items() if v is not None})
         detach = kw["detach"]
     else:
-        kw = dict(name=name, tags=_pairs(tag, "--tag"), idle_timeout=idle_timeout, detach=detach,
+        kw = dict(name=name, tags=_pairs(tag, "--tag"), idle_timeout=idle_timeout, on_idle=on_idle, detach=detach,
                   **create_kwargs(**opts))
     sb = hutch.Sandbox.create(*command, **kw)
     click.echo(sb.id)
@@ -309,6 +314,38 @@ def kill(sandbox_ids):
 
     for sid in sandbox_ids:
         hutch.Sandbox.from_id(sid).terminate()
+        click.echo(sid)
+
+
+@sandbox.command("pause")
+@click.argument("sandbox_ids", nargs=-1, required=True)
+def pause(sandbox_ids):
+    """Stop every process of the given sandboxes where it is, memory kept (`resume`, or any exec, wakes them).
+
+    \b
+    Example:
+      hutch sandbox pause my-box
+    """
+    import hutch
+
+    for sid in sandbox_ids:
+        hutch.Sandbox.from_id(sid).pause()
+        click.echo(sid)
+
+
+@sandbox.command("resume")
+@click.argument("sandbox_ids", nargs=-1, required=True)
+def resume(sandbox_ids):
+    """Let paused sandboxes run again.
+
+    \b
+    Example:
+      hutch sandbox resume my-box
+    """
+    import hutch
+
+    for sid in sandbox_ids:
+        hutch.Sandbox.from_id(sid).resume()
         click.echo(sid)
 
 

@@ -59,7 +59,8 @@ class SandboxState:
 
     @property
     def status(self) -> str:
-        """The daemon's status of it now: starting, running, exited, terminated, timeout, idle_timeout, oom or failed."""
+        """The daemon's status of it now: starting, running, paused, exited, terminated, timeout, idle_timeout, oom
+        or failed."""
         return self._fresh().get("status", "running")
 
     @property

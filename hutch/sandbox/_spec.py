@@ -31,6 +31,11 @@ SANDBOX_USER_ID = 1000
 EXEC_USERS = ("root", "user")
 #: The capabilities a sandbox may keep (image build steps: apt, dpkg, useradd need them); none by default.
 BUILD_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE", "SETGID", "SETUID")
+#: Where a sandbox runs: "native" (the kernel's namespaces, the default) or "gvisor" (runsc: memory snapshots,
+#: restore and fork; docs/architecture.md, "The gVisor runtime").
+RUNTIMES = ("native", "gvisor")
+#: What `idle_timeout` does to a sandbox that ran nothing for that long: end it, or pause it (resumed on the next call).
+ON_IDLE = ("terminate", "pause")
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB]?)?\s*$")
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -481,12 +486,14 @@ class SandboxSpec:
     name: str | None = None
     detach: bool = False
     capabilities: tuple[str, ...] = ()   # kept capabilities, a subset of BUILD_CAPABILITIES; image builds only
+    runtime: str = "native"              # RUNTIMES: the kernel's namespaces, or gVisor (runsc)
+    on_idle: str = "terminate"           # ON_IDLE: what idle_timeout does
 
     @classmethod
     def build(cls, command=(), *, image=DEFAULT_IMAGE, mounts=(), network=None, memory=DEFAULT_MEMORY,
               cpu=DEFAULT_CPU, pids=DEFAULT_PIDS, disk=DEFAULT_DISK, timeout=DEFAULT_TIMEOUT,
               idle_timeout=None, workdir=DEFAULT_WORKDIR, env=None, tags=None, name=None,
-              detach=False, capabilities=()) -> "SandboxSpec":
+              detach=False, capabilities=(), runtime="native", on_idle="terminate") -> "SandboxSpec":
         """Validate user arguments into a spec; every error names the argument and the fix."""
         argv = tuple(command)
         for a in argv:
@@ -515,12 +522,18 @@ class SandboxSpec:
             raise InvalidSpecError(f"capabilities={list(caps)!r}: a sandbox may keep only {list(BUILD_CAPABILITIES)}.")
         if name is not None and (not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name)):
             raise InvalidSpecError(f"name={name!r} must be 1-63 letters, digits, '_', '.', '-', starting with a letter or digit.")
+        if runtime not in RUNTIMES:
+            raise InvalidSpecError(f"runtime={runtime!r} must be one of {', '.join(map(repr, RUNTIMES))}: 'native' "
+                                   "(the default) or 'gvisor' (runsc; memory snapshots, restore and fork).")
+        if on_idle not in ON_IDLE:
+            raise InvalidSpecError(f"on_idle={on_idle!r} must be one of {', '.join(map(repr, ON_IDLE))}: what "
+                                   "idle_timeout does to an idle sandbox.")
         return cls(
             command=argv, image=image, mounts=ms, network=network,
             limits=Limits.of(memory=memory, cpu=cpu, pids=pids, disk=disk),
             timeout=_timeout(timeout, "timeout"), idle_timeout=_timeout(idle_timeout, "idle_timeout"),
             workdir=abs_path(workdir, "workdir"), env=envs, tags=tgs, name=name, detach=bool(detach),
-            capabilities=caps,
+            capabilities=caps, runtime=runtime, on_idle=on_idle,
         )
 
     def to_dict(self, *, reveal: bool = False) -> dict:
@@ -551,7 +564,8 @@ class SandboxSpec:
             timeout=d.get("timeout", DEFAULT_TIMEOUT), idle_timeout=d.get("idle_timeout"),
             workdir=d.get("workdir", DEFAULT_WORKDIR), env=_pairs_dict(d.get("env"), "env"),
             tags=_pairs_dict(d.get("tags"), "tags"), name=d.get("name"), detach=bool(d.get("detach", False)),
-            capabilities=d.get("capabilities") or ())
+            capabilities=d.get("capabilities") or (), runtime=d.get("runtime", "native"),
+            on_idle=d.get("on_idle", "terminate"))
 
 
 def _pairs_dict(value, what: str) -> dict | None:

@@ -49,7 +49,8 @@ class AsyncSandbox(SandboxState):
                      memory: "int | str" = DEFAULT_MEMORY, pids: int = DEFAULT_PIDS, disk: "int | str" = DEFAULT_DISK,
                      timeout: "float | None" = DEFAULT_TIMEOUT, idle_timeout: "float | None" = None,
                      workdir: str = DEFAULT_WORKDIR, env: "dict | None" = None, tags: "dict | None" = None,
-                     name: "str | None" = None, network=None, detach: bool = False) -> "AsyncSandbox":
+                     name: "str | None" = None, network=None, detach: bool = False,
+                     runtime: str = "native", on_idle: str = "terminate") -> "AsyncSandbox":
         """Start a sandbox and return it once it runs (see `hutch.Sandbox.create`)."""
         image = Image.of(image)
         if image.steps:   # an Image defined in Python: build what is not cached yet (with progress)
@@ -58,7 +59,7 @@ class AsyncSandbox(SandboxState):
         with provided:
             spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
                               timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags,
-                              name=name, network=network, detach=detach)
+                              name=name, network=network, detach=detach, runtime=runtime, on_idle=on_idle)
             client = _client.default_async_client()
             await _ensure.aensure_image(client, spec.image)
             resp = await client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict(reveal=True)})
@@ -110,6 +111,14 @@ class AsyncSandbox(SandboxState):
             pass
         finally:
             _client.release_lease(self.id)
+
+    async def pause(self) -> None:
+        """Stop every process of the sandbox where it is, memory kept (see `hutch.Sandbox.pause`)."""
+        self._info = await self._client.json("POST", f"/v1/sandboxes/{self.id}/pause")
+
+    async def resume(self) -> None:
+        """Let a paused sandbox run again (harmless if it runs)."""
+        self._info = await self._client.json("POST", f"/v1/sandboxes/{self.id}/resume")
 
     async def wait(self, timeout: "float | None" = None) -> "int | None":
         """Wait until the sandbox ends and return its command's exit code (None if it had none).

@@ -35,12 +35,12 @@ from hutch.sandbox.interpreter import CodeContext, Execution
 
 
 def build_spec(command, *, image, mounts, cpu, memory, pids, disk, timeout, idle_timeout, workdir, env, tags,
-               name, network, detach) -> SandboxSpec:
+               name, network, detach, runtime="native", on_idle="terminate") -> SandboxSpec:
     """create()'s arguments -> a validated SandboxSpec (shared by Sandbox and AsyncSandbox)."""
     return SandboxSpec.build(
         command, image=Image.of(image).ref, mounts=mounts, network=network, memory=memory, cpu=cpu, pids=pids,
         disk=disk, timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags, name=name,
-        detach=detach,
+        detach=detach, runtime=runtime, on_idle=on_idle,
     )
 
 
@@ -61,14 +61,17 @@ class Sandbox(SandboxState):
                memory: "int | str" = DEFAULT_MEMORY, pids: int = DEFAULT_PIDS, disk: "int | str" = DEFAULT_DISK,
                timeout: "float | None" = DEFAULT_TIMEOUT, idle_timeout: "float | None" = None,
                workdir: str = DEFAULT_WORKDIR, env: "dict | None" = None, tags: "dict | None" = None,
-               name: "str | None" = None, network=None, detach: bool = False) -> "Sandbox":
+               name: "str | None" = None, network=None, detach: bool = False,
+               runtime: str = "native", on_idle: str = "terminate") -> "Sandbox":
         """Start a sandbox and return it once it runs.
 
         With `command`, the sandbox lives as long as that command; without one it waits for
         `exec` calls until terminated or timed out. `mounts` are `hutch.Mount` values (and mounts other
         parts provide, such as `hutch.MemoryMount`), `memory` the RAM limit, `network`
         a `hutch.Network` (default: none), `image` a `hutch.Image` (default: Debian with python3).
-        Unless `detach=True`, the sandbox ends when this Python process ends.
+        Unless `detach=True`, the sandbox ends when this Python process ends. `runtime="gvisor"` runs it under
+        gVisor (runsc: a kernel of its own; `snapshot_memory`, `restore` and `fork` need it); `on_idle="pause"`
+        makes `idle_timeout` pause it instead of ending it (the next call resumes it).
 
         Example: `hutch.Sandbox.create(memory="1G", mounts=[hutch.Mount.bind("./data", "/data")])`
         """
@@ -79,7 +82,7 @@ class Sandbox(SandboxState):
         with provided:
             spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
                               timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags,
-                              name=name, network=network, detach=detach)
+                              name=name, network=network, detach=detach, runtime=runtime, on_idle=on_idle)
             client = _client.default_client()
             _ensure.ensure_image(client, spec.image)
             resp = client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict(reveal=True)})
@@ -128,6 +131,15 @@ class Sandbox(SandboxState):
             pass
         finally:
             _client.release_lease(self.id)
+
+    def pause(self) -> None:
+        """Stop every process of the sandbox where it is, memory kept, until `resume()` (or any call that runs
+        something in it: exec, files). Its timeout goes on counting."""
+        self._info = self._client.json("POST", f"/v1/sandboxes/{self.id}/pause")
+
+    def resume(self) -> None:
+        """Let a paused sandbox run again (harmless if it runs)."""
+        self._info = self._client.json("POST", f"/v1/sandboxes/{self.id}/resume")
 
     def wait(self, timeout: "float | None" = None) -> "int | None":
         """Wait until the sandbox ends and return its command's exit code (None if it had none).

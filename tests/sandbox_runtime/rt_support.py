@@ -17,6 +17,8 @@ import httpx
 from hutch.sandbox._host.daemon import cgroup_parent_for
 
 REPO = Path(__file__).resolve().parents[2]
+V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")   # what a daemon joins on cgroup v1 (freezer: when mounted)
+
 
 class Api:
     """The daemon's raw HTTP API (docs/api.md), blocking, for tests."""
@@ -148,12 +150,12 @@ class Daemon:
         base = Path("/sys/fs/cgroup")
         if (base / "cgroup.controllers").exists():
             return [base / self.cgroup_parent / sid]
-        return [base / c / self.cgroup_parent / sid for c in ("memory", "pids", "cpu")]
+        return [base / c / self.cgroup_parent / sid for c in V1_CONTROLLERS if (base / c / "cgroup.procs").exists()]
 
     def cleanup_cgroups(self) -> None:
         """Last resort after a failed test: kill what our cgroups hold and remove them."""
         base = Path("/sys/fs/cgroup")
-        for parent in [base / self.cgroup_parent] + [base / c / self.cgroup_parent for c in ("memory", "pids", "cpu")]:
+        for parent in [base / self.cgroup_parent] + [base / c / self.cgroup_parent for c in V1_CONTROLLERS]:
             if not parent.is_dir():
                 continue
             for child in [p for p in parent.iterdir() if p.is_dir()] + [parent]:

@@ -43,8 +43,8 @@ class Exec:
 
 
 def live_channel(sb: LiveSandbox) -> Channel:
-    """The channel to a running sandbox's init; StateError once it runs nothing more."""
-    if sb.status != "running" or sb.channel is None or sb.channel.closed:
+    """The channel to a running (or paused) sandbox's init; StateError once it runs nothing more."""
+    if sb.status not in ("running", "paused") or sb.channel is None or sb.channel.closed:
         raise StateError(f"sandbox {sb.id} is {sb.status}, so it runs nothing more; create a new sandbox.")
     return sb.channel
 
@@ -52,16 +52,19 @@ def live_channel(sb: LiveSandbox) -> Channel:
 class Execs:
     """Starts, signals and reports the commands of running sandboxes, and does their file calls.
 
-    `cgroups` (native/cgroups.Cgroups) tells an OOM kill from another SIGKILL."""
+    `cgroups` (native/cgroups.Cgroups) tells an OOM kill from another SIGKILL; `resume` (the Manager's) wakes a
+    paused sandbox before a call runs something in it."""
 
-    def __init__(self, cgroups):
+    def __init__(self, cgroups, resume):
         self.cgroups = cgroups
+        self.resume = resume
 
     # --- exec -----------------------------------------------------------------------------
 
     async def start(self, sb: LiveSandbox, argv, env=None, workdir=None, timeout=None, stdin=False,
                     stdout=True, stderr=True, max_output=None, user="root") -> Exec:
         ch = live_channel(sb)
+        await self.resume(sb)
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise ConfigError(f"argv={argv!r} must be a non-empty list of strings, like ['python3', '-c', 'print(1)'].")
         if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
@@ -170,6 +173,7 @@ class Execs:
 
     async def file_call(self, sb: LiveSandbox, op: str, path: str, **kw) -> tuple[dict, list[int]]:
         ch = live_channel(sb)
+        await self.resume(sb)
         if not isinstance(path, str) or not path or "\0" in path:
             raise ConfigError(f"path={path!r} must be a path inside the sandbox, like '/home/user/a.txt'.")
         if not path.startswith("/"):

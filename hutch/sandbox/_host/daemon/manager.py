@@ -29,6 +29,7 @@ from hutch._core.errors import (
 from hutch.sandbox._host import images
 from hutch.sandbox._host.daemon.execs import Exec, Execs, error_from_reply
 from hutch.sandbox._host.daemon import trust
+from hutch.sandbox._host.daemon.gvisor import Gvisor
 from hutch.sandbox._host.daemon.network import NetworkAttacher
 from hutch.sandbox._host.native.cgroups import ZYGOTE_LEAF, Cgroups
 from hutch.sandbox._host.native.idmap import IdMapper, UidRanges, write_maps
@@ -78,10 +79,11 @@ class LiveSandbox:
     layers: object = None               # the Zygote whose store holds its writable layer (None: tmpfs)
     hostname: str = ""
     cgroups: tuple[str, ...] = ()       # its cgroup directories, reported to the creator (see _provided)
+    gv: object = None                   # a gVisor sandbox's runtime state (gvisor.runtime.GvSandbox); None: native
 
     @property
     def active(self) -> bool:
-        return self.status in ("starting", "running")
+        return self.status in ("starting", "running", "paused")
 
     def info(self) -> dict:
         return {"id": self.id, "name": self.spec.name, "tags": dict(self.spec.tags), "status": self.status,
@@ -100,7 +102,8 @@ class Manager:
         self.scratch = run_dir / "mnt"
         self.layers_at = run_dir / "disk"   # where the zygote mounts its store of writable layers (_host/native/disk.py)
         self.cgroups = Cgroups(cgroup_parent)
-        self.execs = Execs(self.cgroups)   # commands and file calls in running sandboxes
+        self.execs = Execs(self.cgroups, self.resume)   # commands and file calls in running sandboxes
+        self.gvisor = Gvisor(self)                      # sandboxes of runtime="gvisor"
         self.network = network
         self.sandboxes: dict[str, LiveSandbox] = {}
         self.by_pid: dict[int, LiveSandbox] = {}
@@ -125,6 +128,7 @@ class Manager:
         self.records.mkdir(parents=True, exist_ok=True)
         self.scratch.mkdir(exist_ok=True)
         self.reap_predecessor()
+        self.gvisor.prepare()
         self.idmap.reap()
         if not USERNS:
             self.no_userns = "HUTCH_USERNS=0 in the daemon's environment"
@@ -196,6 +200,7 @@ class Manager:
                 pass
         self.idmap.stop()
         self.ranges.close()
+        self.gvisor.calls.remove_dirs()
         self.cgroups.remove(ZYGOTE_LEAF)
         for base in self.cgroups.bases:  # empty now; a leftover parent would only be clutter
             try:
@@ -324,6 +329,8 @@ class Manager:
             spec = dataclasses.replace(spec, image=image.ref)
         if spec.workdir == DEFAULT_WORKDIR and image.workdir and image.workdir != spec.workdir:
             spec = dataclasses.replace(spec, workdir=image.workdir)   # the image's workdir, unless one was given
+        if spec.runtime == "gvisor":
+            return await self.gvisor.create(spec, image)
         plan = build_plan(spec, image, scratch=str(self.scratch))   # before an init is taken: bad mounts fail here
         # without one if idmapping is off, or a layer is on a filesystem that cannot idmap
         userns = self.idmap.userns_fd >= 0 and all(self.idmap.can_idmap(str(d)) for d in image.lowerdirs)
@@ -488,6 +495,11 @@ class Manager:
                 raise error_from_reply(reply)
         if sb.status == "starting":  # a command may have been quicker than this line
             sb.status = "running"
+        self.arm_timers(sb)
+
+    def arm_timers(self, sb: LiveSandbox) -> None:
+        """Its timeout, idle check and lease grace, from now (a sandbox that just started running)."""
+        loop = asyncio.get_running_loop()
         sb.touch()
         if sb.spec.timeout:
             sb.timers.append(loop.call_later(sb.spec.timeout, self._expire, sb, "timeout"))
@@ -539,17 +551,61 @@ class Manager:
             asyncio.get_running_loop().create_task(self.end(sb, status))
 
     def _check_idle(self, sb: LiveSandbox) -> None:
-        if not sb.active:
+        if sb.status != "running":   # ended, or paused (its resume arms the check again)
             return
         idle = sb.spec.idle_timeout
         busy = self.execs.busy(sb)
         left = idle - (time.monotonic() - sb.last_activity)
-        if not busy and left <= 0:
+        if not busy and left <= 0 and sb.spec.on_idle == "pause":
+            asyncio.get_running_loop().create_task(self._idle_pause(sb))
+        elif not busy and left <= 0:
             self._expire(sb, "idle_timeout")
         else:
             sb.timers = [t for t in sb.timers if not t.cancelled() and t.when() > time.monotonic()]
             sb.timers.append(asyncio.get_running_loop().call_later(max(left, 0.05) if not busy else idle,
                                                                    self._check_idle, sb))
+
+    async def _idle_pause(self, sb: LiveSandbox) -> None:
+        try:
+            await self.pause(sb)
+        except Exception as e:  # noqa: BLE001 - it runs on, and the next idle check tries again
+            print(f"hutch daemon: could not pause idle sandbox {sb.id}: {e}", file=sys.stderr)
+            self._arm_idle(sb)
+
+    def _arm_idle(self, sb: LiveSandbox) -> None:
+        if sb.spec.idle_timeout:
+            sb.timers = [t for t in sb.timers if not t.cancelled() and t.when() > time.monotonic()]
+            sb.timers.append(asyncio.get_running_loop().call_later(sb.spec.idle_timeout, self._check_idle, sb))
+
+    # --- pause and resume ------------------------------------------------------------------
+
+    async def pause(self, sb: LiveSandbox) -> None:
+        """Stop every process of `sb` where it is, memory kept (the cgroup freezer, for either runtime). Calls that
+        run something in it (exec, files) resume it first; its timeout goes on counting."""
+        if sb.status == "paused":
+            return
+        if sb.status != "running":
+            raise StateError(f"sandbox {sb.id} is {sb.status}, so it cannot be paused; only a running sandbox can.")
+        sb.status = "paused"   # before the wait: an exec arriving meanwhile resumes it (after the freeze)
+        try:
+            await asyncio.to_thread(self.cgroups.freeze, sb.id)
+        except BaseException:
+            if sb.status == "paused":
+                sb.status = "running"
+            raise
+        if sb.status != "paused":   # it ended, or a resume came while it froze: undo
+            await asyncio.to_thread(self.cgroups.thaw, sb.id)
+
+    async def resume(self, sb: LiveSandbox) -> None:
+        """Let a paused sandbox run again (a no-op for a running one); StateError once it has ended."""
+        if sb.status == "running":
+            return
+        if sb.status != "paused":
+            raise StateError(f"sandbox {sb.id} is {sb.status}, so it runs nothing more; create a new sandbox.")
+        sb.status = "running"
+        await asyncio.to_thread(self.cgroups.thaw, sb.id)
+        sb.touch()
+        self._arm_idle(sb)
 
     def _check_lease(self, sb: LiveSandbox) -> None:
         if sb.active and not sb.lease_seen and not sb.spec.detach:
@@ -566,8 +622,11 @@ class Manager:
 
     async def end(self, sb: LiveSandbox, status: str) -> None:
         """End a sandbox (first reason wins) and return once every resource is gone."""
+        paused = sb.status == "paused"
         if sb.active:
             sb.status = status
+        if paused:   # a frozen process does not die of SIGKILL until it is thawed
+            self.cgroups.thaw(sb.id)
         if sb.pidfd >= 0 and not sb.gone.is_set():
             try:
                 signal.pidfd_send_signal(sb.pidfd, signal.SIGKILL)  # pid 1 dies, so does its pid namespace
@@ -595,6 +654,8 @@ class Manager:
             sb.pidfd = -1
         self.by_pid.pop(sb.init_pid, None)
         self.execs.sandbox_ended(sb)
+        if sb.gv is not None:
+            await self.gvisor.teardown(sb)
         delay = 0.0005
         deadline = time.monotonic() + 5
         while not (removed := self.cgroups.remove(sb.id, deadline=0)):

@@ -15,8 +15,9 @@ from typing import Protocol
 
 
 class NetworkAttacher(Protocol):
-    async def attach(self, sandbox_id: str, init_pid: int, network) -> None:
-        """Give the sandbox (its netns: /proc/<init_pid>/ns/net) the network its policy allows."""
+    async def attach(self, sandbox_id: str, init_pid: int, network, *, plain: bool = False) -> None:
+        """Give the sandbox (its netns: /proc/<init_pid>/ns/net) the network its policy allows (`plain`: a plain
+        /32 address on its link, for gVisor's netstack)."""
 
     async def update(self, sandbox_id: str, network) -> None:
         """Replace the policy of a running sandbox; connections it forbids are reset."""

@@ -39,6 +39,7 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                                 "userns_why_not": {"type": "string", "nullable": True},
                                 "idmap": {"type": "boolean", "nullable": True}, "cgroup": {"type": "object"},
                                 "egress": {"type": "boolean"}, "warm_pool": {"type": "object"},
+                                "gvisor": {"type": "object"}, "freezer": {"type": "boolean"},
                                 "images": {"type": "object"}}})},
     ("post", "/v1/sandboxes"): {"summary": "Create a sandbox",
                                 "requestBody": _json_body({"type": "object", "required": ["spec"],
@@ -51,6 +52,9 @@ OPERATIONS: dict[tuple[str, str], dict] = {
     ("get", "/v1/sandboxes/{id}"): {"summary": "A sandbox by id or name", "responses": {"200": _INFO}},
     ("post", "/v1/sandboxes/{id}/terminate"): {"summary": "End a sandbox; answers once every resource is gone",
                                                "responses": {"200": _INFO}},
+    ("post", "/v1/sandboxes/{id}/pause"): {"summary": "Stop every process of a sandbox, memory kept (cgroup freezer); "
+                                                      "exec and file calls resume it", "responses": {"200": _INFO}},
+    ("post", "/v1/sandboxes/{id}/resume"): {"summary": "Let a paused sandbox run again", "responses": {"200": _INFO}},
     ("post", "/v1/sandboxes/{id}/wait"): {"summary": "Long poll until the sandbox ends or the timeout passes",
                                           "parameters": [_q("timeout", "seconds", schema={"type": "number"})],
                                           "responses": {"200": _INFO}},
@@ -126,7 +130,7 @@ _SCHEMAS = {
         "message": {"type": "string", "description": "a sentence naming the fix"}}},
     "Sandbox": {"type": "object", "properties": {
         "id": {"type": "string"}, "name": {"type": "string", "nullable": True}, "tags": {"type": "object"},
-        "status": {"type": "string", "enum": ["starting", "running", "exited", "terminated", "timeout",
+        "status": {"type": "string", "enum": ["starting", "running", "paused", "exited", "terminated", "timeout",
                                               "idle_timeout", "oom", "failed"]},
         "returncode": {"type": "integer", "nullable": True}, "created_at": {"type": "number"},
         "ended_at": {"type": "number", "nullable": True}, "detach": {"type": "boolean"},

@@ -94,6 +94,8 @@ def make_app(mgr: Manager, gate=None) -> web.Application:
     r.add_get("/v1/sandboxes/{id}", h.info)
     r.add_post("/v1/sandboxes/{id}/terminate", h.terminate)
     r.add_post("/v1/sandboxes/{id}/wait", h.wait)
+    r.add_post("/v1/sandboxes/{id}/pause", h.pause)
+    r.add_post("/v1/sandboxes/{id}/resume", h.resume)
     r.add_get("/v1/sandboxes/{id}/lease", h.lease)
     r.add_post("/v1/sandboxes/{id}/exec", h.exec)
     r.add_post("/v1/sandboxes/{id}/exec/{eid}/stdin", h.stdin)
@@ -166,6 +168,16 @@ class Handlers:
     async def terminate(self, request):
         sb = self.mgr.get(request.match_info["id"])
         await asyncio.shield(self.mgr.end(sb, "terminated"))
+        return web.json_response(sb.info())
+
+    async def pause(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        await asyncio.shield(self.mgr.pause(sb))
+        return web.json_response(sb.info())
+
+    async def resume(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        await asyncio.shield(self.mgr.resume(sb))
         return web.json_response(sb.info())
 
     async def wait(self, request):

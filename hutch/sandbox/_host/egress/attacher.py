@@ -105,10 +105,10 @@ class DaemonAttacher:
         if self.gateway.started:
             await self.gateway.stop()
 
-    async def attach(self, sandbox_id: str, init_pid: int, network) -> None:
+    async def attach(self, sandbox_id: str, init_pid: int, network, *, plain: bool = False) -> None:
         await self.start()
         policy = Network.from_dict(network) if isinstance(network, dict) else network
-        await self.gateway.attach(sandbox_id, f"/proc/{init_pid}/ns/net", policy)
+        await self.gateway.attach(sandbox_id, f"/proc/{init_pid}/ns/net", policy, plain=plain)
         self._pids[sandbox_id] = init_pid
         if policy.mode != "none":
             write_resolv_conf(init_pid, self.gateway.gateway_address)

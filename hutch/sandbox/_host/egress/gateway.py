@@ -71,6 +71,7 @@ class _SandboxNet:
     log: DecisionLog = field(default_factory=lambda: DecisionLog(time.monotonic()))
     dns: Lane = field(default_factory=lambda: Lane(time.monotonic()))
     conns_refused: int = 0     # connections reset for going over the proxy's per-sandbox limit
+    plain: bool = False        # its link takes a plain address (a gVisor sandbox: see netns.Plumber.add)
     # link changes (attach, set_policy, detach) take turns: a detach must not close the netns fd
     # while a link is being built through it (a reused fd number would name another namespace)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -312,7 +313,7 @@ class Gateway:
 
     # --- sandboxes ---------------------------------------------------------
 
-    async def attach(self, sandbox_id: str, netns, policy: Network) -> Attachment:
+    async def attach(self, sandbox_id: str, netns, policy: Network, *, plain: bool = False) -> Attachment:
         """Register a sandbox; unless its policy is `none`, give it a link and rules now.
 
         `netns`: the sandbox's network namespace as an open fd or a path such as
@@ -323,7 +324,7 @@ class Gateway:
         if sandbox_id in self._sandboxes:
             raise StateError(f"sandbox {sandbox_id} is already attached to the gateway; detach it first.")
         fd = _netns.open_netns(netns)
-        sb = _SandboxNet(sandbox_id, policy, fd)
+        sb = _SandboxNet(sandbox_id, policy, fd, plain=plain)
         _give_ca(sb, policy)
         sb.dns.note = lambda reason, sb=sb: self._record(sb, None, None, 53, "dns", "deny", reason, metered=False)
         self._sandboxes[sandbox_id] = sb
@@ -438,7 +439,7 @@ class Gateway:
         link = _netns.link_name(self._prefix, addr)
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._pool, self._plumber.add, link, addr, sb.netns_fd)
+            await loop.run_in_executor(self._pool, self._plumber.add, link, addr, sb.netns_fd, sb.plain)
         except BaseException:
             self._used.discard(i)
             raise

@@ -253,8 +253,10 @@ class Plumber:
         finally:
             setns(self.host_fd)
 
-    def add(self, name: str, addr: str, netns_fd: int) -> None:
-        """Create veth `name` (host) <-> eth0 (sandbox), addresses, routes, and both rule sets."""
+    def add(self, name: str, addr: str, netns_fd: int, plain: bool = False) -> None:
+        """Create veth `name` (host) <-> eth0 (sandbox), addresses, routes, and both rule sets. `plain`: the
+        sandbox end gets a plain /32 and a link route to the gateway, not a point-to-point address (gVisor's
+        netstack moves the address off the interface into itself, which a p2p one refuses)."""
         rt = self.rtnl
         # the host rules cover the link before it exists: no window in which it is unfiltered
         self.nft.run(f'add element inet {self.table} links {{ "{name}" }}\n'
@@ -277,8 +279,9 @@ class Plumber:
                 e = socket.if_nametoindex(SANDBOX_IF)    # asks the netns this thread is in
                 inner = Rtnl()
                 try:   # lo is ifindex 1 in every network namespace
-                    inner.batch([Rtnl.addr_p2p(e, addr, self.gw), Rtnl.link_up(e), Rtnl.link_up(1),
-                                 Rtnl.default_route(self.gw, e)])
+                    own = [Rtnl.addr_plain(e, addr), Rtnl.link_up(e), Rtnl.link_route(self.gw, e)] if plain else \
+                        [Rtnl.addr_p2p(e, addr, self.gw), Rtnl.link_up(e)]
+                    inner.batch(own + [Rtnl.link_up(1), Rtnl.default_route(self.gw, e)])
                 finally:
                     inner.close()
         except Exception as e:

@@ -28,6 +28,7 @@ IFA_ADDRESS, IFA_LOCAL = 1, 2
 RTA_DST, RTA_GATEWAY, RTA_OIF = 1, 5, 4
 IFF_UP = 0x1
 RT_TABLE_MAIN, RTPROT_BOOT, RTN_UNICAST = 254, 3, 1
+RT_SCOPE_LINK = 253
 
 _IFINFO = struct.Struct("=BxHiII")     # family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBi")      # family, prefixlen, flags, scope, index
@@ -162,6 +163,20 @@ class Rtnl:
         body = _IFADDR.pack(socket.AF_INET, 32, 0, 0, index) + _attr(IFA_LOCAL, socket.inet_aton(local)) + \
             _attr(IFA_ADDRESS, socket.inet_aton(peer))
         return RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, body
+
+    @staticmethod
+    def addr_plain(index: int, local: str) -> tuple[int, int, bytes]:
+        """A plain /32 address (no peer): gVisor's netstack takes it over, which it cannot do with a p2p one."""
+        body = _IFADDR.pack(socket.AF_INET, 32, 0, 0, index) + _attr(IFA_LOCAL, socket.inet_aton(local)) + \
+            _attr(IFA_ADDRESS, socket.inet_aton(local))
+        return RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, body
+
+    @staticmethod
+    def link_route(dst: str, oif: int) -> tuple[int, int, bytes]:
+        """dst/32 on the link `oif` (scope link): how a plain address reaches its gateway."""
+        body = _RTMSG.pack(socket.AF_INET, 32, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, RT_SCOPE_LINK, RTN_UNICAST, 0) + \
+            _attr(RTA_DST, socket.inet_aton(dst)) + _attr(RTA_OIF, struct.pack("=i", oif))
+        return RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, body
 
     @staticmethod
     def default_route(gateway: str, oif: int) -> tuple[int, int, bytes]:

@@ -1,4 +1,4 @@
-"""Per-sandbox cgroups: memory, pids and cpu limits; OOM counts; kill and removal.
+"""Per-sandbox cgroups: memory, pids and cpu limits; OOM counts; freeze and thaw (pause); kill and removal.
 
 cgroup v1 (this host runs hybrid: v1 controllers, an empty v2 tree) puts each
 sandbox at /sys/fs/cgroup/<controller>/<parent>/<id>; pure cgroup v2 at
@@ -19,6 +19,9 @@ from hutch._core.errors import SandboxError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "pids", "cpu")
+#: v1 only: the freezer, joined too when the host mounts it (pause/resume; v2 has cgroup.freeze in every cgroup).
+V1_FREEZER = "freezer"
+FREEZE_TIMEOUT = 5.0   # seconds a freeze may stay FREEZING (a task in an uninterruptible sleep) before it fails
 CPU_PERIOD_US = 100_000
 ZYGOTE_LEAF = "_zygote"
 #: A daemon's sandboxes together hold at most 1 / HOST_PIDS_DIVISOR of the host's process ids.
@@ -59,7 +62,9 @@ class Cgroups:
                     f"cgroup controllers {missing} are not mounted under {root}; mount the v1 memory, pids and cpu "
                     "controllers, or boot with cgroup v2."
                 )
-            self.bases = [root / c / parent for c in V1_CONTROLLERS]
+            controllers = V1_CONTROLLERS + ((V1_FREEZER,) if (root / V1_FREEZER / "cgroup.procs").exists() else ())
+            self.bases = [root / c / parent for c in controllers]
+        self.can_freeze = self.v2 or len(self.bases) > len(V1_CONTROLLERS)
         # plain strings: these paths are built on every create and teardown, pathlib costs more there
         self._bases = [str(b) for b in self.bases]
         self._memsw: bool | None = None   # the v1 memory controller accounts swap (looked up once)
@@ -91,8 +96,9 @@ class Cgroups:
         return [b / sid for b in self.bases]
 
     def paths(self, sid: str) -> tuple[str, ...]:
-        """The sandbox's cgroup directories: a host process doing work for it (a memory view) joins them."""
-        return tuple(f"{b}/{sid}" for b in self._bases)
+        """The sandbox's cgroup directories: a host process doing work for it (a memory view) joins them. Not the
+        freezer's: a view frozen with the sandbox would hang every host process that looks at its mount."""
+        return tuple(f"{b}/{sid}" for b in self._bases[:len(V1_CONTROLLERS)])
 
     def procs_files(self, sid: str) -> list[str]:
         return [f"{b}/{sid}/cgroup.procs" for b in self._bases]
@@ -113,7 +119,7 @@ class Cgroups:
             if cpu:
                 _write(d / "cpu.max", f"{int(cpu * CPU_PERIOD_US)} {CPU_PERIOD_US}")
             return
-        mem, pid, cpud = (f"{b}/{sid}" for b in self._bases)
+        mem, pid, cpud = (f"{b}/{sid}" for b in self._bases[:3])
         if memory:
             _write(f"{mem}/memory.limit_in_bytes", memory)
             if self._memsw is None:
@@ -127,6 +133,50 @@ class Cgroups:
             if CPU_PERIOD_US != 100_000:
                 _write(f"{cpud}/cpu.cfs_period_us", CPU_PERIOD_US)
             _write(f"{cpud}/cpu.cfs_quota_us", int(cpu * CPU_PERIOD_US))
+
+    def freeze(self, sid: str) -> None:
+        """Stop every process of the sandbox where it is (memory kept); returns once all are stopped."""
+        if not self.can_freeze:
+            raise SandboxError("this host mounts no cgroup freezer (v1 `freezer` controller), so sandboxes cannot "
+                               "be paused; mount it under /sys/fs/cgroup/freezer, or boot with cgroup v2.")
+        path, value, want = self._freezer(sid, True)
+        _write(path, value)
+        end = time.monotonic() + FREEZE_TIMEOUT
+        delay = 0.0002
+        while self._freezer_state(sid) != want:
+            if time.monotonic() > end:
+                self.thaw(sid)
+                raise SandboxError(f"sandbox {sid} did not freeze within {FREEZE_TIMEOUT:.0f} s (a process in an "
+                                   "uninterruptible wait); it runs on; retry the pause.")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+    def thaw(self, sid: str) -> None:
+        """Let the sandbox's processes run again (a no-op if they were not frozen, or the cgroup is gone)."""
+        if not self.can_freeze:
+            return
+        path, value, _ = self._freezer(sid, False)
+        try:
+            _write(path, value)
+        except FileNotFoundError:
+            pass
+
+    def frozen(self, sid: str) -> bool:
+        return self.can_freeze and self._freezer_state(sid) in ("FROZEN", "FREEZING", "1")
+
+    def _freezer(self, sid: str, freeze: bool) -> tuple[str, str, str]:
+        if self.v2:
+            return f"{self._bases[0]}/{sid}/cgroup.freeze", "1" if freeze else "0", "frozen 1"
+        return f"{self._bases[-1]}/{sid}/freezer.state", "FROZEN" if freeze else "THAWED", "FROZEN"
+
+    def _freezer_state(self, sid: str) -> str:
+        try:
+            if self.v2:   # cgroup.events says "frozen 1" once every task is stopped
+                text = Path(f"{self._bases[0]}/{sid}/cgroup.events").read_text()
+                return "frozen 1" if "frozen 1" in text else "0"
+            return Path(f"{self._bases[-1]}/{sid}/freezer.state").read_text().strip()
+        except FileNotFoundError:
+            return ""
 
     def oom_kills(self, sid: str) -> int:
         try:
@@ -170,6 +220,7 @@ class Cgroups:
                 except OSError as e:
                     if e.errno != errno.EBUSY:
                         raise
+                    self.thaw(sid)   # a frozen process does not die of SIGKILL until it is thawed (v1)
                     for pid in self.pids(sid):  # only processes of this sandbox's own cgroup
                         try:
                             os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,364 @@
+"""The daemon's side of the gVisor runtime: a sandbox under runsc, from its root to the last resource gone.
+
+Per sandbox (docs/architecture.md, "The gVisor runtime"):
+
+    daemon --SEQPACKET--> keeper (python -I -S, subreaper, the sandbox's netns, in its cgroups)
+       keeper --fork/exec--> runsc run/restore --detach  -> runsc-sandbox (the sentry) + runsc-gofer, the keeper's
+       keeper --fork--> files server (chrooted into the sandbox's root as its root's host uid; init.Init's calls)
+    daemon --exec--> runsc exec / kill / checkpoint / delete (each a short Go process; exec waits for its command)
+
+Its root is the daemon's: a tmpfs of `disk` bytes (upper and work, owned by the sandbox root's host uid) and an
+overlay of the image's layers, idmapped through a user namespace of the sandbox's id map, mounted under the run
+directory; runsc is told `--overlay2=none`, so what the sandbox writes is in that upper, where the files API
+and filesystem snapshots find it. The channel (GvisorChannel) answers the calls the Manager's Execs make of a
+native init: exec and kill through runsc, file calls through the files server, `upper` from the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import hutch
+from hutch._core.errors import SandboxError, StateError
+from hutch.sandbox._host.gvisor import runsc
+from hutch.sandbox._host.native import linux
+from hutch.sandbox._host.native.runtime import Channel
+
+START_TIMEOUT = 20.0   # seconds for a keeper to report ready and runsc to start the sandbox
+ROOTS = "/run/hutch-gvisor"
+
+
+@dataclass
+class GvSandbox:
+    """What the daemon holds for one gVisor sandbox (LiveSandbox.gv)."""
+
+    id: str
+    dir: Path                        # run_dir/gvisor/<id>: bundle, root mounts, logs, exec pid files
+    network: bool                    # started with a link (--network=sandbox) or without (--network=none)
+    keeper: subprocess.Popen | None = None
+    ctl: Channel | None = None
+    files: Channel | None = None
+    files_pid: int = 0
+    sentry_pid: int = 0
+    mounts: list[str] = field(default_factory=list)   # what the daemon mounted for it, innermost last
+    runs: dict[int, asyncio.Future] = field(default_factory=dict)
+    reaped: dict[int, int] = field(default_factory=dict)   # exits the keeper reported: the sentry's may come first
+    rids: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def merged(self) -> Path:
+        return self.dir / "root"
+
+    @property
+    def upper(self) -> Path:
+        return self.dir / "disk" / "upper"
+
+
+class Runsc:
+    """The runsc command lines of one daemon: its state directory and the flags of each sandbox."""
+
+    def __init__(self, run_dir: Path, name: str):
+        self.root = run_dir / "gvisor"
+        # The sentry and the gofer (the sandbox root's host uid) must reach the sandbox's root by its path, which a
+        # 0700 run directory would forbid: each sandbox's directory is here, 0700 and its root's own, under a
+        # root-owned 0711 parent named after the daemon's cgroup parent (its instance).
+        self.dirs = Path(ROOTS) / name
+
+    def argv(self, gv: GvSandbox, *args: str) -> list[str]:
+        return [runsc.probe().path or runsc.RUNSC, *runsc.global_flags(str(self.root), gv.network), *args]
+
+    async def call(self, gv: GvSandbox, *args: str, timeout: float = 30.0, check: bool = True) -> tuple[int, str]:
+        """Run a short runsc command from the daemon; (returncode, its output)."""
+        proc = await asyncio.create_subprocess_exec(*self.argv(gv, *args), stdin=subprocess.DEVNULL,
+                                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise SandboxError(f"`runsc {args[0]}` of sandbox {gv.id} did not finish within {timeout:.0f} s.") from None
+        text = out.decode(errors="replace").strip()
+        if check and proc.returncode:
+            raise SandboxError(f"`runsc {args[0]}` of sandbox {gv.id} failed ({proc.returncode}): {text[-800:]}")
+        return proc.returncode, text
+
+    def reap(self) -> None:
+        """A crashed predecessor's sandboxes died with it (their keepers' PDEATHSIG): only state files are left."""
+        for d in (self.root, self.dirs):
+            if d.is_dir():
+                _unmount_all(d)
+                shutil.rmtree(d, ignore_errors=True)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for d in (self.dirs.parent, self.dirs):
+            d.mkdir(exist_ok=True, mode=0o711)
+            os.chown(d, 0, 0)
+            os.chmod(d, 0o711)
+
+    def remove_dirs(self) -> None:
+        """At daemon stop: its sandboxes are gone, so is their parent directory."""
+        try:
+            self.dirs.rmdir()
+        except OSError:
+            pass
+
+
+def _unmount_all(d: Path) -> None:
+    """Unmount whatever is mounted under `d` (a leftover of a crashed daemon), deepest first."""
+    prefix = str(d) + "/"
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        target = line.split()[4].replace("\\040", " ")
+        if target.startswith(prefix) or target == str(d):
+            found.append(target)
+    for target in sorted(found, key=len, reverse=True):
+        try:
+            linux.umount2(target, linux.MNT_DETACH)
+        except OSError:
+            pass
+
+
+def mount_root(gv: GvSandbox, lowerdirs, disk: int, uid_base: int, userns_fd: int) -> None:
+    """The sandbox's root: a tmpfs of `disk` bytes for upper and work, the layers idmapped through `userns_fd`
+    (host root's files are root's inside; -1: plain), an overlay of both at gv.merged."""
+    gv.dir.mkdir(mode=0o700)
+    os.chown(gv.dir, uid_base, uid_base)
+    disk_dir = gv.dir / "disk"
+    disk_dir.mkdir(mode=0o700)
+    linux.mount("hutch-gvisor-disk", str(disk_dir), "tmpfs", linux.MS_NOSUID | linux.MS_NODEV,
+                f"size={disk},mode=0700")
+    gv.mounts.append(str(disk_dir))
+    for name in ("upper", "work"):
+        (disk_dir / name).mkdir(mode=0o755)
+        os.chown(disk_dir / name, uid_base, uid_base)
+    lowers = []
+    for i, d in enumerate(lowerdirs):
+        at = gv.dir / f"lower{i}"
+        at.mkdir(mode=0o700)
+        if userns_fd >= 0:
+            tree = linux.idmapped_tree(str(d), userns_fd, readonly=True)
+            try:
+                linux.move_mount_fd(tree, str(at))
+            finally:
+                os.close(tree)
+        else:
+            linux.mount(str(d), str(at), None, linux.MS_BIND)
+            linux.mount(None, str(at), None, linux.MS_BIND | linux.MS_REMOUNT | linux.MS_RDONLY | linux.MS_NOSUID |
+                        linux.MS_NODEV)
+        gv.mounts.append(str(at))
+        lowers.append(str(at))
+    gv.merged.mkdir(mode=0o755)
+    linux.mount("hutch-gvisor-root", str(gv.merged), "overlay", linux.MS_NOSUID | linux.MS_NODEV,
+                f"lowerdir={':'.join(lowers)},upperdir={disk_dir}/upper,workdir={disk_dir}/work")
+    gv.mounts.append(str(gv.merged))
+
+
+def unmount_root(gv: GvSandbox) -> None:
+    for target in reversed(gv.mounts):
+        try:
+            linux.umount2(target, linux.MNT_DETACH)
+        except OSError:
+            pass
+    gv.mounts.clear()
+    shutil.rmtree(gv.dir, ignore_errors=True)
+
+
+async def start_keeper(gv: GvSandbox, cgroup_procs: list[str], uid_base: int,
+                       on_event: Callable[[dict], None]) -> None:
+    """Start the sandbox's keeper (keeper.py) and its files server; returns once both run."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pkg_parent = str(Path(hutch.__file__).resolve().parent.parent)
+    code = (f"import sys; sys.path.insert(0, {pkg_parent!r}); "
+            f"from hutch.sandbox._host.gvisor.keeper import main; main({theirs.fileno()}, {os.getpid()})")
+    gv.keeper = subprocess.Popen([sys.executable, "-I", "-S", "-c", code], pass_fds=[theirs.fileno()],
+                                 stdin=subprocess.DEVNULL, close_fds=True, env={})
+    theirs.close()
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def event(msg, fds):
+        if msg["op"] == "ready" and not ready.done():
+            ready.set_result((msg, fds))
+            return
+        for fd in fds:
+            os.close(fd)
+        if msg["op"] == "ran":
+            fut = gv.runs.pop(msg["rid"], None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg["status"])
+        elif msg["op"] == "eof" and not ready.done():
+            ready.set_exception(SandboxError(f"the keeper of gVisor sandbox {gv.id} exited while starting; "
+                                             "see the daemon's log."))
+        else:
+            if msg["op"] == "eof":
+                for fut in gv.runs.values():
+                    if not fut.done():
+                        fut.set_result(-1)
+            on_event(msg)
+
+    gv.ctl = Channel(ours, event)
+    await gv.ctl.notify({"op": "config", "cgroup_procs": cgroup_procs, "root": str(gv.merged), "uid_base": uid_base})
+    msg, fds = await asyncio.wait_for(ready, START_TIMEOUT)
+    gv.files_pid = msg["files_pid"]
+    gv.files = Channel(socket.socket(fileno=fds[0]), lambda m, f: [os.close(x) for x in f])
+
+
+async def keeper_run(gv: GvSandbox, argv: list[str], stdio: tuple[int, int, int]) -> int:
+    """Run `argv` (runsc create/run/restore) as the keeper's child, with `stdio`; its wait status."""
+    rid = next(gv.rids)
+    fut = asyncio.get_running_loop().create_future()
+    gv.runs[rid] = fut
+    await gv.ctl.notify({"op": "run", "rid": rid, "argv": argv}, list(stdio))
+    return await asyncio.wait_for(fut, START_TIMEOUT)
+
+
+async def stop_keeper(gv: GvSandbox) -> None:
+    """Close the keeper's channel (it exits) and collect its exit status without blocking the loop."""
+    for ch in (gv.files, gv.ctl):
+        if ch is not None:
+            ch.close()
+    proc = gv.keeper
+    if proc is None or proc.poll() is not None:
+        return
+    pidfd = os.pidfd_open(proc.pid)
+    loop = asyncio.get_running_loop()
+    gone = loop.create_future()
+    loop.add_reader(pidfd, lambda: gone.done() or gone.set_result(None))
+    try:
+        try:
+            await asyncio.wait_for(asyncio.shield(gone), 2.0)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await gone
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    proc.wait()
+
+
+def write_bundle(gv: GvSandbox, config: dict) -> Path:
+    path = gv.dir / "config.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(config))
+    os.replace(tmp, path)
+    return gv.dir
+
+
+def wait_status(code: int) -> int:
+    """`runsc exec`'s exit code as a wait status: 128+N is a death by signal N (as a shell reports it)."""
+    if 128 < code <= 128 + 64:
+        return code - 128
+    return (code & 0xFF) << 8
+
+
+class GvisorChannel:
+    """What Execs and the store routes call on a sandbox (the native init's Channel), for a gVisor sandbox:
+    exec and kill through runsc, `upper` from the host, every file call to the files server."""
+
+    def __init__(self, gv: GvSandbox, calls: Runsc, on_event: Callable[[dict, list[int]], None], join: Callable):
+        self.gv = gv
+        self.calls = calls
+        self.on_event = on_event
+        self.join = join                   # puts a host pid into the sandbox's memory and cpu cgroups
+        self.closed = False
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.tasks: set[asyncio.Task] = set()
+
+    def drain(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+        for p in self.procs.values():
+            if p.returncode is None:
+                try:
+                    p.kill()
+                except ProcessLookupError:
+                    pass
+
+    async def request(self, msg: dict, fds=()) -> tuple[dict, list[int]]:
+        if self.closed:
+            raise StateError("the sandbox has ended; create a new sandbox.")
+        op = msg["op"]
+        if op == "exec":
+            return await self._exec(msg, list(fds)), []
+        if op == "upper":
+            return {"ok": True}, [os.open(self.gv.upper, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+        if op == "kill":
+            self._kill(msg)
+            return {"ok": True}, []
+        return await self.gv.files.request(msg, fds)
+
+    async def notify(self, msg: dict, fds=()) -> None:
+        if msg["op"] == "kill":
+            self._kill(msg)
+
+    async def _exec(self, msg: dict, fds: list[int]) -> dict:
+        eid = msg["eid"]
+        pidfile = self.gv.dir / f"exec-{eid}.pid"
+        args = ["exec", f"--internal-pid-file={pidfile}", f"--cwd={msg['cwd']}", f"--user={msg.get('uid', 0)}:"
+                f"{msg.get('uid', 0)}"]
+        for k, v in msg["env"].items():
+            args.append(f"--env={k}={v}")
+        args += ["--", self.gv.id, *msg["argv"]]
+        if any("\0" in a for a in args):
+            return {"ok": False, "error": "ConfigError", "message": "argv, env and workdir may not hold NUL bytes."}
+        passed = iter(fds)
+        stdio = [next(passed) if want else subprocess.DEVNULL for want in msg["streams"]]
+        try:
+            proc = await asyncio.create_subprocess_exec(*self.calls.argv(self.gv, *args), stdin=stdio[0],
+                                                        stdout=stdio[1], stderr=stdio[2])
+        except OSError as e:
+            return {"ok": False, "error": "SandboxError", "message": f"runsc exec could not start: {e}"}
+        self.join(proc.pid)
+        self.procs[eid] = proc
+        task = asyncio.get_running_loop().create_task(self._wait(eid, proc, pidfile))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return {"ok": True, "pid": proc.pid}
+
+    async def _wait(self, eid: str, proc, pidfile: Path) -> None:
+        code = await proc.wait()
+        self.procs.pop(eid, None)
+        try:
+            pidfile.unlink()
+        except FileNotFoundError:
+            pass
+        status = wait_status(code) if code >= 0 else -code
+        self.on_event({"op": "exec_exit", "eid": eid, "status": status}, [])
+
+    def _kill(self, msg: dict) -> None:
+        pidfile = self.gv.dir / f"exec-{msg['eid']}.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return   # not started yet, or ended
+        task = asyncio.get_running_loop().create_task(
+            self.calls.call(self.gv, "kill", f"--pid={pid}", self.gv.id, str(int(msg["signal"])), check=False))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+def kill_all(cgroups, sid: str, keep: int) -> None:
+    """SIGKILL every process of the sandbox's cgroups but its keeper (which reaps them), thawed first."""
+    cgroups.thaw(sid)
+    for pid in cgroups.pids(sid):
+        if pid != keep:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+__all__ = ["GvSandbox", "GvisorChannel", "Runsc", "kill_all", "keeper_run", "mount_root", "start_keeper",
+           "stop_keeper", "unmount_root", "wait_status", "write_bundle"]

@@ -1,0 +1,131 @@
+"""runtime="gvisor": the same API on runsc (exec, streams, files, limits, endings), and nothing left after."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from rt_support import host_state, wait_gone
+
+pytestmark = pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc is not installed (scripts/setup.sh)")
+
+
+def gv(api, image, **spec):
+    return api.create(image, runtime="gvisor", **spec)
+
+
+def _leftovers(daemon, sid) -> list[str]:
+    left = [f"cgroup {d}" for d in daemon.cgroup_dirs(sid) if d.exists()]
+    left += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/{daemon.cgroup_parent}/{sid}")]
+    left += [f"mount {ln.split()[4]}" for ln in Path("/proc/self/mountinfo").read_text().splitlines()
+             if f"/{sid}/" in ln.split()[4] + "/"]
+    gvdir = daemon.run_dir / "gvisor"
+    left += [f"file {p}" for p in gvdir.rglob(f"*{sid}*")] if gvdir.exists() else []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if f"/{daemon.cgroup_parent}/{sid}" in Path(f"/proc/{pid}/cgroup").read_text():
+                    left.append(f"process {pid}")
+            except OSError:
+                pass
+    return left
+
+
+def test_exec_streams_exit_codes_and_files(api, daemon, image):
+    sid = gv(api, image)["id"]
+    out, err, res = api.sh(sid, "echo out; echo err >&2; exit 7")
+    assert (out, err, res["returncode"], res["reason"]) == ("out\n", "err\n", 7, "exited")
+    out, _, _ = api.sh(sid, "cat /proc/version")
+    assert "gVisor" in out or "4.4.0" in out, out   # gVisor's own kernel, not the host's
+    base = f"/v1/sandboxes/{sid}/files"
+    data = bytes(range(256)) * 1024
+    assert api.http.put(f"{base}/write", params={"path": "/home/user/f.bin"}, content=data).status_code == 204
+    assert api.http.get(f"{base}/read", params={"path": "/home/user/f.bin"}).content == data
+    out, _, _ = api.sh(sid, "wc -c < /home/user/f.bin; ls -ln /home/user/f.bin")
+    assert out.split()[0] == str(len(data)) and " 0 " in out   # owned by root inside
+    api.sh(sid, "echo inside > /home/user/g")
+    assert api.http.get(f"{base}/read", params={"path": "/home/user/g"}).content == b"inside\n"
+    r = api.http.get(f"{base}/read", params={"path": "/../../../etc/shadow"})
+    assert r.status_code == 200 and b"sandbox-shadow" in r.content   # the sandbox's /etc/shadow, not the host's
+    api.terminate(sid)
+    assert _leftovers(daemon, sid) == []
+
+
+def test_an_exec_timeout_kills_the_command_inside(api, image):
+    sid = gv(api, image)["id"]
+    t0 = time.monotonic()
+    out, _, res = api.exec(sid, "sh", "-c", "echo started; sleep 30", timeout=1)
+    assert res["reason"] == "timeout" and out == b"started\n" and time.monotonic() - t0 < 10, res
+    out, _, _ = api.sh(sid, "ps -o comm | grep -c sleep || true")
+    assert out.strip() == "0", "the timed-out command still runs inside"
+
+
+def test_command_exit_ends_the_sandbox_with_its_code(api, daemon, image):
+    sid = gv(api, image, command=["sh", "-c", "exit 3"])["id"]
+    info = api.http.post(f"/v1/sandboxes/{sid}/wait", params={"timeout": 20}).json()   # answers once it is gone
+    assert (info["status"], info["returncode"]) == ("exited", 3), info
+    assert _leftovers(daemon, sid) == []
+
+
+def test_memory_limit_is_gvisors_total_memory(api, image):
+    sid = gv(api, image, limits={"memory": 128 * 1024**2})["id"]
+    out, _, _ = api.sh(sid, "head -1 /proc/meminfo")
+    assert int(out.split()[1]) <= 128 * 1024, out
+
+
+def test_pause_resume_and_terminate_leave_nothing(api, daemon, image):
+    sid = gv(api, image, command=["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /n; sleep 0.01; done"])["id"]
+    time.sleep(0.5)
+    assert api.http.post(f"/v1/sandboxes/{sid}/pause").json()["status"] == "paused"
+    upper = Path("/run/hutch-gvisor") / daemon.cgroup_parent / sid / "disk" / "upper" / "n"
+    a = upper.read_text()
+    time.sleep(0.3)
+    assert upper.read_text() == a, "the counter moved while paused"
+    assert api.http.post(f"/v1/sandboxes/{sid}/resume").json()["status"] == "running"
+    time.sleep(0.3)
+    assert upper.read_text() != a
+    api.http.post(f"/v1/sandboxes/{sid}/pause")
+    api.terminate(sid)
+    assert _leftovers(daemon, sid) == []
+
+
+def test_unsupported_mounts_are_refused_naming_native(api, image, tmp_path):
+    code, body = api.create_error(image, runtime="gvisor",
+                                  mounts=[{"kind": "bind", "source": str(tmp_path), "target": "/data", "readonly": True}])
+    assert code == 400 and body["error"] == "UnsupportedError" and 'runtime="native"' in body["message"]
+
+
+def test_doctor_reports_the_gvisor_runtime(api, daemon):
+    from click.testing import CliRunner
+
+    from hutch.cli import cli
+
+    doc = api.http.get("/v1/doctor").json()
+    assert doc["gvisor"]["available"] is True and "20240729" in doc["gvisor"]["version"], doc["gvisor"]
+    assert doc["freezer"] is True
+    r = CliRunner().invoke(cli, ["doctor"], env={"HUTCH_SOCKET": str(daemon.sock), "HUTCH_RUN_DIR": str(daemon.run_dir),
+                                                 "HUTCH_URL": None, "HUTCH_TOKEN": None})
+    assert r.exit_code == 0 and "gvisor:     available (runsc version 0.0~20240729" in r.output, r.output
+
+
+def test_an_old_or_missing_runsc_is_named_with_the_fix(monkeypatch, tmp_path):
+    from hutch.sandbox._host.gvisor import runsc
+
+    fake = tmp_path / "runsc"
+    fake.write_text("#!/bin/sh\necho 'runsc version 0.0~20221219.0'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    runsc.probe.cache_clear()
+    try:
+        p = runsc.probe()
+        assert not p.ok and "too old" in p.why and "scripts/setup.sh" in p.why, p
+        monkeypatch.setenv("PATH", str(tmp_path / "none"))
+        runsc.probe.cache_clear()
+        p = runsc.probe()
+        assert not p.ok and "not installed" in p.why and "scripts/setup.sh" in p.why
+    finally:
+        runsc.probe.cache_clear()
