@@ -76,6 +76,7 @@ _LAZY = {
     "SandboxFile": "hutch.sandbox._sbfile",
     "SandboxPool": "hutch.sandbox.pool",
     "Secret": "hutch.sandbox._spec",
+    "Snapshot": "hutch.sandbox.snapshot",
     "Version": "hutch.memory._entity",
     "Volume": "hutch.sandbox.volume",
 }
@@ -98,6 +99,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hutch.sandbox.interpreter import CodeContext, Execution, ExecutionError, Logs, Result
     from hutch.sandbox.pool import AsyncSandboxPool, SandboxPool
     from hutch.sandbox.sandbox import Sandbox
+    from hutch.sandbox.snapshot import Snapshot
     from hutch.sandbox.volume import Volume
 
 def __getattr__(name: str):

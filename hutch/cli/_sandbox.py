@@ -349,6 +349,52 @@ def resume(sandbox_ids):
         click.echo(sid)
 
 
+@sandbox.command("snapshot")
+@click.argument("sandbox_id")
+def snapshot(sandbox_id):
+    """Take a memory snapshot (processes, memory, filesystem) of a gVisor sandbox; print its id. It runs on.
+
+    \b
+    Example:
+      snap=$(hutch sandbox snapshot my-box) && hutch sandbox restore "$snap"
+    """
+    import hutch
+
+    click.echo(hutch.Sandbox.from_id(sandbox_id).snapshot_memory().id)
+
+
+@sandbox.command("restore")
+@click.argument("snapshot_id")
+@click.option("--tag", "-t", multiple=True, metavar="K=V", help="A tag of the new sandbox (repeatable).")
+def restore(snapshot_id, tag):
+    """Start a new (detached) sandbox from a memory snapshot, carrying on where its sandbox was; print its id.
+
+    \b
+    Example:
+      hutch sandbox restore 3f9c0d...
+    """
+    import hutch
+
+    click.echo(hutch.Sandbox.restore(snapshot_id, detach=True, tags=_pairs(tag, "--tag")).id)
+
+
+@sandbox.command("fork")
+@click.argument("sandbox_id")
+@click.option("-n", "count", type=int, default=1, show_default=True, help="How many copies.")
+def fork(sandbox_id, count):
+    """Make N running (detached) copies of a gVisor sandbox, each with its own filesystem and identity; print
+    their ids, one a line.
+
+    \b
+    Example:
+      hutch sandbox fork my-box -n 4
+    """
+    import hutch
+
+    for kid in hutch.Sandbox.from_id(sandbox_id).fork(count, detach=True):
+        click.echo(kid.id)
+
+
 @sandbox.command("netlog")
 @click.argument("sandbox_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole log (decisions and counters) as JSON.")

@@ -30,6 +30,7 @@ from hutch.sandbox._api import (
 from hutch.sandbox.image import Image
 from hutch.sandbox.interpreter import CodeContext, Execution
 from hutch.sandbox.sandbox import build_spec
+from hutch.sandbox.snapshot import Snapshot
 
 
 class AsyncSandbox(SandboxState):
@@ -111,6 +112,31 @@ class AsyncSandbox(SandboxState):
             pass
         finally:
             _client.release_lease(self.id)
+
+    async def snapshot_memory(self) -> Snapshot:
+        """Processes, memory and filesystem into a `hutch.Snapshot` (see `hutch.Sandbox.snapshot_memory`)."""
+        return Snapshot.from_json(await self._client.json("POST", f"/v1/sandboxes/{self.id}/snapshot-memory"))
+
+    @classmethod
+    async def restore(cls, snapshot: "Snapshot | str", *, detach: bool = False,
+                      tags: "dict | None" = None) -> "AsyncSandbox":
+        """A new sandbox carrying on where the snapshot's sandbox was (see `hutch.Sandbox.restore`)."""
+        client = _client.default_async_client()
+        snap = Snapshot.of(snapshot)
+        sb = cls(client, await client.json("POST", f"/v1/memory-snapshots/{snap.id}/restore",
+                                           json={"detach": detach, "tags": dict(tags or {})}))
+        if not detach:
+            await asyncio.to_thread(_client.hold_lease, client.ep, sb.id)
+        return sb
+
+    async def fork(self, n: int = 1, *, detach: bool = False) -> "list[AsyncSandbox]":
+        """`n` running copies of this sandbox (see `hutch.Sandbox.fork`)."""
+        d = await self._client.json("POST", f"/v1/sandboxes/{self.id}/fork", json={"n": n, "detach": detach})
+        kids = [type(self)(self._client, info) for info in d["sandboxes"]]
+        if not detach:
+            for k in kids:
+                await asyncio.to_thread(_client.hold_lease, self._client.ep, k.id)
+        return kids
 
     async def pause(self) -> None:
         """Stop every process of the sandbox where it is, memory kept (see `hutch.Sandbox.pause`)."""

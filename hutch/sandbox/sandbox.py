@@ -32,6 +32,7 @@ from hutch.sandbox._api import (
 )
 from hutch.sandbox.image import Image
 from hutch.sandbox.interpreter import CodeContext, Execution
+from hutch.sandbox.snapshot import Snapshot
 
 
 def build_spec(command, *, image, mounts, cpu, memory, pids, disk, timeout, idle_timeout, workdir, env, tags,
@@ -184,6 +185,35 @@ class Sandbox(SandboxState):
         """
         d = self._client.json("POST", f"/v1/sandboxes/{self.id}/snapshot", json={"name": name} if name else {})
         return Image(d["ref"])
+
+    def snapshot_memory(self) -> Snapshot:
+        """Processes, memory and filesystem of this sandbox into a `hutch.Snapshot`; the sandbox runs on (it is
+        stopped while the memory is written: ~0.1 s + 0.6 ms per MiB it holds). `runtime="gvisor"` only: a native
+        sandbox raises UnsupportedError. Restore it with `Sandbox.restore(snap)`."""
+        return Snapshot.from_json(self._client.json("POST", f"/v1/sandboxes/{self.id}/snapshot-memory"))
+
+    @classmethod
+    def restore(cls, snapshot: "Snapshot | str", *, detach: bool = False, tags: "dict | None" = None) -> "Sandbox":
+        """A new sandbox carrying on where the snapshot's sandbox was: the same processes and memory, a copy of
+        its filesystem, its own id, hostname and network attachment (under the snapshot's egress policy).
+        Open connections are gone; programs that keep their own random state should re-seed it."""
+        client = _client.default_client()
+        snap = Snapshot.of(snapshot)
+        sb = cls(client, client.json("POST", f"/v1/memory-snapshots/{snap.id}/restore",
+                                     json={"detach": detach, "tags": dict(tags or {})}))
+        if not detach:
+            _client.hold_lease(client.ep, sb.id)
+        return sb
+
+    def fork(self, n: int = 1, *, detach: bool = False) -> "list[Sandbox]":
+        """`n` running copies of this sandbox, each with its own filesystem and identity (a memory snapshot
+        restored `n` times at once; `runtime="gvisor"` only). This sandbox runs on."""
+        d = self._client.json("POST", f"/v1/sandboxes/{self.id}/fork", json={"n": n, "detach": detach})
+        kids = [type(self)(self._client, info) for info in d["sandboxes"]]
+        if not detach:
+            for k in kids:
+                _client.hold_lease(self._client.ep, k.id)
+        return kids
 
     def network_log(self) -> NetworkLog:
         """The egress gateway's log of this sandbox: its decisions kept, oldest first, and counts of all.

@@ -8,24 +8,30 @@ Execs); what differs is held in `LiveSandbox.gv` and its channel (gvisor.runtime
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import re
 import secrets
+import shutil
 import time
 from typing import TYPE_CHECKING
 
-from hutch._core.errors import SandboxError, StateError, UnsupportedError
-from hutch.sandbox._host.gvisor import runsc
+from hutch._core.errors import ConfigError, SandboxError, StateError, UnsupportedError
+from hutch.sandbox._host import images, layers
+from hutch.sandbox._host.gvisor import runsc, snapshots
 from hutch.sandbox._host.gvisor.runtime import (
     GvisorChannel, GvSandbox, Runsc, keeper_run, kill_all, mount_root, start_keeper, stop_keeper, unmount_root,
     write_bundle,
 )
 from hutch.sandbox._host.native.runtime import exec_env
+from hutch.sandbox._spec import SandboxSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from hutch.sandbox._host.daemon.manager import LiveSandbox, Manager
 
 SLEEP_FOREVER = [runsc.BUSYBOX_AT, "sleep", "2147483647"]   # pid 1 of a sandbox without a command
 DELETE_TIMEOUT = 10.0
+MAX_FORK = 16   # copies one fork call may make
 
 
 def check_supported(spec) -> None:
@@ -49,8 +55,10 @@ class Gvisor:
         self.calls = Runsc(mgr.run_dir, mgr.cgroups.parent)
 
     def prepare(self) -> None:
-        """At daemon start: clear what a crashed predecessor's gVisor sandboxes left (state files, mounts)."""
+        """At daemon start: clear what a crashed predecessor's gVisor sandboxes left (state files, mounts, a
+        half-taken snapshot)."""
         self.calls.reap()
+        snapshots.remove_partial()
 
     # --- start --------------------------------------------------------------------------
 
@@ -68,13 +76,7 @@ class Gvisor:
         mgr._prune()
         try:
             gv = await self._prepare(sb, spec, image)
-            config = runsc.bundle_config(
-                args=list(spec.command) or SLEEP_FOREVER, env=exec_env(spec, image, sb.hostname),
-                cwd=spec.workdir if spec.command else "/", root=str(gv.merged), hostname=sb.hostname,
-                netns=f"/proc/{gv.keeper.pid}/ns/net", cgroups_path=f"/{mgr.cgroups.parent}/{sb.id}",
-                memory=spec.limits.memory, cpu=spec.limits.cpu, pids=spec.limits.pids, uid_base=sb.uid_base,
-                caps=spec.capabilities, tmpfs=[(m.target, m.size or 64 * 1024**2) for m in spec.mounts])
-            write_bundle(gv, config)
+            write_bundle(gv, self._config(sb, gv))
             await self._run(gv, "run", "--detach", f"--bundle={gv.dir}", f"--pid-file={gv.dir}/pid", sb.id)
             self._running(sb, gv)
         except BaseException as e:
@@ -83,6 +85,17 @@ class Gvisor:
                 raise
             raise SandboxError(f"gVisor sandbox {sb.id} could not be started: {e}") from e
         return sb
+
+    def _config(self, sb: "LiveSandbox", gv: GvSandbox) -> dict:
+        """The sandbox's config.json: a restore's must list the same mounts as its source's, so both come from
+        here, from the same spec."""
+        spec, image = sb.spec, sb.image
+        return runsc.bundle_config(
+            args=list(spec.command) or SLEEP_FOREVER, env=exec_env(spec, image, sb.hostname),
+            cwd=spec.workdir if spec.command else "/", root=str(gv.merged), hostname=sb.hostname,
+            netns=f"/proc/{gv.keeper.pid}/ns/net", cgroups_path=f"/{self.mgr.cgroups.parent}/{sb.id}",
+            memory=spec.limits.memory, cpu=spec.limits.cpu, pids=spec.limits.pids, uid_base=sb.uid_base,
+            caps=spec.capabilities, tmpfs=[(m.target, m.size or 64 * 1024**2) for m in spec.mounts])
 
     async def _prepare(self, sb: "LiveSandbox", spec, image, lowerdirs=None) -> GvSandbox:
         """Everything before runsc: uid range, cgroups, root, keeper and files server, network."""
@@ -118,8 +131,7 @@ class Gvisor:
         finally:
             os.close(null)
         if status != 0:
-            tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
-            raise SandboxError(f"runsc {args[0]} of sandbox {gv.id} failed (wait status {status}): {tail}")
+            raise SandboxError(f"runsc {args[0]} of sandbox {gv.id} failed (wait status {status}): {_why(log)}")
         gv.sentry_pid = int((gv.dir / "pid").read_text().strip())
 
     def _running(self, sb: "LiveSandbox", gv: GvSandbox) -> None:
@@ -162,6 +174,128 @@ class Gvisor:
             sb.returncode = os.waitstatus_to_exitcode(status)
         self.mgr._on_init_exit(sb)
 
+    # --- memory snapshots, restore, fork ----------------------------------------------------
+
+    def flags(self) -> list[str]:
+        """The runsc flags a snapshot records and a restore must match (the state directory aside)."""
+        return runsc.global_flags("", True)[1:]
+
+    async def snapshot_memory(self, sb: "LiveSandbox", *, pinned: bool = True) -> dict:
+        """Processes, memory and filesystem of `sb` into a new memory snapshot; `sb` runs on (it is stopped
+        meanwhile: `runsc pause`, checkpoint, its writes committed as a layer, `runsc resume`)."""
+        if sb.gv is None:
+            raise UnsupportedError(f"sandbox {sb.id} runs on the native runtime, which has no memory snapshots on this "
+                                   "host (Debian 12's CRIU fails on this kernel); create it with runtime=\"gvisor\".")
+        if sb.status not in ("running", "paused"):
+            raise StateError(f"sandbox {sb.id} is {sb.status}, so it cannot be snapshotted; only a running one can.")
+        if snapshots.total_bytes() + sb.spec.limits.memory > snapshots.TOTAL_MAX:
+            raise SandboxError(f"the memory snapshots of this host hold {snapshots.total_bytes()} bytes, and another of "
+                               f"up to {sb.spec.limits.memory} would pass HUTCH_MEMORY_SNAPSHOTS_MAX "
+                               f"({snapshots.TOTAL_MAX}); delete some (hutch.Snapshot.list()).")
+        if self.mgr.execs.busy(sb):
+            raise StateError(f"sandbox {sb.id} runs a command started by exec, whose pipes are the host's (gVisor "
+                             "cannot restore those); wait for it or kill it first, and start long-lived processes as "
+                             "the sandbox's command= or detached from the exec's output (`cmd </dev/null >/dev/null "
+                             "2>&1 &`).")
+        gv, mgr = sb.gv, self.mgr
+        snap_id = snapshots.new_id()
+        async with gv.lock:
+            was_paused = sb.status == "paused"
+            tmp = snapshots.make_dir(snap_id)
+            try:
+                if was_paused:   # every runsc call hangs on a frozen sentry
+                    await asyncio.to_thread(mgr.cgroups.thaw, sb.id)
+                await self.calls.call(gv, "pause", sb.id)
+                try:
+                    await self.calls.call(gv, "checkpoint", f"--image-path={tmp / 'mem'}", "--leave-running",
+                                          "--compression=none", "--direct", sb.id, timeout=600)
+                    node = await asyncio.to_thread(self._commit_fs, sb, pinned)
+                finally:
+                    if sb.active:
+                        await self.calls.call(gv, "resume", sb.id, check=False)
+                    if was_paused and sb.status == "paused":
+                        await asyncio.to_thread(mgr.cgroups.freeze, sb.id)
+                size = snapshots.image_bytes(tmp / "mem")
+                if size > sb.spec.limits.memory + snapshots.IMAGE_SLACK:
+                    raise SandboxError(f"the memory image of sandbox {sb.id} came out at {size} bytes, more than its "
+                                       "memory limit allows; it was not kept.")
+                spec = dataclasses.replace(sb.spec, image=node["ref"])
+                meta = snapshots.Meta(snap_id, time.time(), runsc.probe().version, tuple(self.flags()),
+                                      spec.to_dict(), sb.id, size)
+                snapshots.write_meta(tmp, meta)
+                snapshots.complete(tmp, snap_id)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        sb.touch()
+        return {**meta.to_dict(), "image": node["ref"]}
+
+    @staticmethod
+    def _commit_fs(sb: "LiveSandbox", pinned: bool) -> dict:
+        """The sandbox's writes as a layer over its image (an image node), its ids shifted back to its own."""
+        upper = os.open(sb.gv.upper, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            digest, _ = layers.commit_tree(upper, sb.uid_base)
+        finally:
+            os.close(upper)
+        parent = sb.spec.image
+        return layers.put_node(layers.snapshot_id(parent, digest), parent, layer=digest, kind="snapshot",
+                               pinned=pinned, description=f"the filesystem of a memory snapshot of sandbox {sb.id}")
+
+    async def restore(self, snap_id: str, *, detach: bool = False, tags=None, memory_snapshot=True) -> "LiveSandbox":
+        """A new sandbox carrying on from the snapshot: its own id, hostname, root, uid range, cgroups, netns."""
+        from hutch.sandbox._host.daemon.manager import LiveSandbox
+
+        p = runsc.probe()
+        if not p.ok:
+            raise UnsupportedError(f'runtime="gvisor" is not available on this host: {p.why}.')
+        meta = await asyncio.to_thread(snapshots.load, snap_id, runsc_version=p.version, flags=self.flags())
+        spec = SandboxSpec.from_dict(meta.spec)
+        spec = dataclasses.replace(spec, name=None, detach=bool(detach), tags=tuple(sorted((tags or {}).items())))
+        check_supported(spec)
+        image = images.resolve_image(spec.image)
+        mgr = self.mgr
+        sb = LiveSandbox(id=secrets.token_hex(6), spec=spec, image=image, status="starting")
+        sb.hostname = f"hutch-{sb.id}"
+        sb.cgroups = mgr.cgroups.paths(sb.id)
+        sb.userns = mgr.idmap.userns_fd >= 0
+        mgr._write_record(sb)
+        mgr.sandboxes[sb.id] = sb
+        mgr._prune()
+        mem = snapshots.path_of(snap_id) / "mem"
+        try:
+            await asyncio.to_thread(snapshots.prefetch, mem)
+            gv = await self._prepare(sb, spec, image)
+            write_bundle(gv, self._config(sb, gv))
+            await self._run(gv, "restore", "--detach", f"--image-path={mem}", f"--bundle={gv.dir}",
+                            f"--pid-file={gv.dir}/pid", sb.id)
+            # identity: the image carries the source's hostname; give the copy its own
+            await self.calls.call(gv, "exec", "--cap=CAP_SYS_ADMIN", "--", sb.id, runsc.BUSYBOX_AT, "hostname",
+                                  sb.hostname, check=False)
+            self._running(sb, gv)
+        except BaseException as e:
+            await mgr.end(sb, "failed")
+            if isinstance(e, (SandboxError, StateError, UnsupportedError)):
+                raise
+            raise SandboxError(f"memory snapshot {snap_id} could not be restored: {e}") from e
+        return sb
+
+    async def fork(self, sb: "LiveSandbox", n: int, *, detach: bool = False) -> list["LiveSandbox"]:
+        """`n` running copies of `sb` (a memory snapshot, restored n times at once, then deleted)."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_FORK:
+            raise ConfigError(f"n={n!r} must be a number of copies from 1 to {MAX_FORK}.")
+        snap = await self.snapshot_memory(sb, pinned=False)
+        try:
+            results = await asyncio.gather(*(self.restore(snap["id"], detach=detach, tags=dict(sb.spec.tags))
+                                             for _ in range(n)), return_exceptions=True)
+        finally:
+            await asyncio.to_thread(snapshots.remove, snap["id"])
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(self.mgr.end(r, "terminated") for r in results if not isinstance(r, BaseException)))
+            raise failed[0]
+        return list(results)
+
     # --- end ----------------------------------------------------------------------------
 
     async def teardown(self, sb: "LiveSandbox") -> None:
@@ -179,6 +313,23 @@ class Gvisor:
                 pass
         await stop_keeper(gv)
         unmount_root(gv)
+
+
+def _why(log) -> str:
+    """runsc's reason from its log: a panic's first line, else its last error message."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return "(runsc wrote no log)"
+    if "no host FD available" in text:
+        return ("the snapshot holds a process that an exec left running with the exec's own output pipes, which "
+                "are the host's and cannot be restored; start long-lived processes as the sandbox's command= or "
+                "detached from the exec's output (`cmd </dev/null >/dev/null 2>&1 &`), then snapshot again")
+    i = text.find("panic:")
+    if i >= 0:
+        return text[i:i + 600].replace("\\n", " | ")
+    msgs = re.findall(r'"msg":"((?:[^"\\]|\\.)*)"', text)
+    return msgs[-1][:800] if msgs else text[-800:]
 
 
 __all__ = ["Gvisor", "check_supported"]

@@ -586,6 +586,10 @@ class Manager:
             return
         if sb.status != "running":
             raise StateError(f"sandbox {sb.id} is {sb.status}, so it cannot be paused; only a running sandbox can.")
+        if sb.gv is not None and sb.gv.lock.locked():   # a memory snapshot is being taken: runsc must reach it
+            async with sb.gv.lock:
+                pass
+            return await self.pause(sb)
         sb.status = "paused"   # before the wait: an exec arriving meanwhile resumes it (after the freeze)
         try:
             await asyncio.to_thread(self.cgroups.freeze, sb.id)

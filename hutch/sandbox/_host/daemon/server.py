@@ -20,6 +20,7 @@ from hutch.sandbox._host.daemon.http import json_body, send_fd
 from hutch.sandbox._host.daemon.manager import Manager
 from hutch.sandbox._host.daemon.openapi import openapi_document
 from hutch.sandbox._host.daemon.store_routes import add_routes as add_store_routes
+from hutch.sandbox._host.gvisor import snapshots as memsnaps
 from hutch.sandbox._api import EXIT, FRAMES_CONTENT_TYPE, STDERR, STDOUT, encode_frame
 from hutch.sandbox._spec import Network, SandboxSpec
 
@@ -96,6 +97,12 @@ def make_app(mgr: Manager, gate=None) -> web.Application:
     r.add_post("/v1/sandboxes/{id}/wait", h.wait)
     r.add_post("/v1/sandboxes/{id}/pause", h.pause)
     r.add_post("/v1/sandboxes/{id}/resume", h.resume)
+    r.add_post("/v1/sandboxes/{id}/snapshot-memory", h.snapshot_memory)
+    r.add_post("/v1/sandboxes/{id}/fork", h.fork)
+    r.add_get("/v1/memory-snapshots", h.memory_snapshots)
+    r.add_get("/v1/memory-snapshots/{sid}", h.memory_snapshot)
+    r.add_delete("/v1/memory-snapshots/{sid}", h.delete_memory_snapshot)
+    r.add_post("/v1/memory-snapshots/{sid}/restore", h.restore)
     r.add_get("/v1/sandboxes/{id}/lease", h.lease)
     r.add_post("/v1/sandboxes/{id}/exec", h.exec)
     r.add_post("/v1/sandboxes/{id}/exec/{eid}/stdin", h.stdin)
@@ -179,6 +186,50 @@ class Handlers:
         sb = self.mgr.get(request.match_info["id"])
         await asyncio.shield(self.mgr.resume(sb))
         return web.json_response(sb.info())
+
+    # --- memory snapshots, restore, fork (gVisor) --------------------------------------------
+
+    async def snapshot_memory(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        task = asyncio.ensure_future(self.mgr.gvisor.snapshot_memory(sb))
+        try:
+            snap = await asyncio.shield(task)
+        except asyncio.CancelledError:   # the client went away: finish (runsc cannot be stopped), keep nothing
+            task.add_done_callback(_drop_snapshot)
+            raise
+        return web.json_response(snap, status=201)
+
+    async def fork(self, request):
+        sb = self.mgr.get(request.match_info["id"])
+        body = await json_body(request, optional=True)
+        n = body.get("n", 1)
+        # shielded as a create is: copies a client leaves behind lose their lease and end after the grace period
+        kids = await asyncio.shield(self.mgr.gvisor.fork(sb, n, detach=bool(body.get("detach"))))
+        return web.json_response({"sandboxes": [k.info() for k in kids]}, status=201)
+
+    async def restore(self, request):
+        body = await json_body(request, optional=True)
+        tags = body.get("tags") or {}
+        if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
+            raise ConfigError("tags must map strings to strings.")
+        sb = await asyncio.shield(self.mgr.gvisor.restore(request.match_info["sid"], detach=bool(body.get("detach")),
+                                                          tags=tags))
+        return web.json_response(sb.info(), status=201)
+
+    async def memory_snapshots(self, request):
+        return web.json_response({"snapshots": await asyncio.to_thread(memsnaps.list_all)})
+
+    async def memory_snapshot(self, request):
+        sid = request.match_info["sid"]
+        for s in await asyncio.to_thread(memsnaps.list_all):
+            if s["id"] == sid:
+                return web.json_response(s)
+        memsnaps.path_of(sid)   # a malformed id: ConfigError
+        raise errors.NotFoundError(f"no memory snapshot {sid}; list them with hutch.Snapshot.list().")
+
+    async def delete_memory_snapshot(self, request):
+        await asyncio.to_thread(memsnaps.remove, request.match_info["sid"])
+        return web.Response(status=204)
 
     async def wait(self, request):
         sb = self.mgr.get(request.match_info["id"])
@@ -438,6 +489,10 @@ class Handlers:
             raise NetworkPolicyError("this daemon runs no egress gateway, so a sandbox's network cannot change; "
                                      "sandboxes here have Network.none().")
         live_channel(sb)
+        if sb.gv is not None and not sb.gv.network and net.mode != "none":
+            raise errors.UnsupportedError(f"gVisor sandbox {sb.id} was created without a network, and gVisor cannot "
+                                          "be given a network link afterwards; create it with network= set (a policy "
+                                          "can then change freely).")
         await self.mgr.network.update(sb.id, net)
         await self.mgr.trust_egress_ca(sb)
         return web.Response(status=204)
@@ -447,6 +502,14 @@ class Handlers:
         if self.mgr.network is None:
             return web.json_response({"decisions": []})
         return web.json_response(self.mgr.network.log(sb.id))
+
+
+def _drop_snapshot(task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is None:
+        try:
+            memsnaps.remove(task.result()["id"])
+        except Exception:  # noqa: BLE001 - gone already
+            pass
 
 
 def _built_images() -> list[dict]:

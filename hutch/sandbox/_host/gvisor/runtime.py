@@ -53,7 +53,8 @@ class GvSandbox:
     sentry_pid: int = 0
     mounts: list[str] = field(default_factory=list)   # what the daemon mounted for it, innermost last
     runs: dict[int, asyncio.Future] = field(default_factory=dict)
-    reaped: dict[int, int] = field(default_factory=dict)   # exits the keeper reported: the sentry's may come first
+    reaped: dict[int, int] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)   # a snapshot, a pause or a resume at a time   # exits the keeper reported: the sentry's may come first
     rids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     @property

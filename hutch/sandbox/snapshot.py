@@ -1,0 +1,60 @@
+"""`hutch.Snapshot`: a memory snapshot of a gVisor sandbox (processes, memory and filesystem), kept by the host.
+
+    sb = hutch.Sandbox.create(runtime="gvisor")
+    snap = sb.snapshot_memory()          # sb runs on
+    sb2 = hutch.Sandbox.restore(snap)    # a new sandbox carrying on where sb was
+    kids = sb.fork(4)                    # four running copies, each with its own filesystem and identity
+
+A snapshot lives in the daemon's state directory until `delete()`; its filesystem is an image
+(`snap.image`), kept while the snapshot is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hutch._core.errors import ConfigError
+from hutch.sandbox import _client
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A memory snapshot on the host: `id` (32 hex digits), the sandbox it was taken of (`source`), when,
+    its memory image's size in bytes, and the image holding its filesystem."""
+
+    id: str
+    source: str = ""
+    created_at: float = 0.0
+    memory_bytes: int = 0
+    image: str = ""
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Snapshot":
+        return cls(id=d["id"], source=d.get("source") or "", created_at=float(d.get("created_at") or 0),
+                   memory_bytes=int(d.get("memory_bytes") or 0), image=d.get("image") or "")
+
+    @classmethod
+    def of(cls, value: "Snapshot | str") -> "Snapshot":
+        if isinstance(value, Snapshot):
+            return value
+        if isinstance(value, str) and value:
+            return cls(id=value)
+        raise ConfigError(f"{value!r} is not a memory snapshot; pass what Sandbox.snapshot_memory() returned, or its id.")
+
+    @classmethod
+    def from_id(cls, snapshot_id: str) -> "Snapshot":
+        """The snapshot of that id on this host (NotFoundError if none)."""
+        return cls.from_json(_client.default_client().json("GET", f"/v1/memory-snapshots/{snapshot_id}"))
+
+    @classmethod
+    def list(cls) -> "list[Snapshot]":
+        """Every memory snapshot on this host."""
+        d = _client.default_client().json("GET", "/v1/memory-snapshots")
+        return [cls.from_json(s) for s in d["snapshots"]]
+
+    def delete(self) -> None:
+        """Remove the snapshot's memory image from the host (sandboxes restored from it run on)."""
+        _client.default_client().request("DELETE", f"/v1/memory-snapshots/{self.id}")
+
+
+__all__ = ["Snapshot"]

@@ -1,0 +1,132 @@
+"""Memory snapshots, restore and fork on runtime="gvisor": a counter carries on in every copy, copies diverge,
+memory survives (hash), files of one copy are invisible to the others, a snapshot from outside is checked,
+and nothing is left once a copy or its source ends."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from rt_support import private_state_daemon, Api
+
+pytestmark = pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc is not installed (scripts/setup.sh)")
+
+# a counter that holds 8 MiB of random bytes and prints its count and their hash to a file, every 20 ms
+COUNTER = ("dd if=/dev/urandom of=/m bs=1M count=8 2>/dev/null; h=$(md5sum < /m | cut -c1-32); i=0; "
+           "while :; do i=$((i+1)); echo \"$i $h $(hostname)\" > /n.tmp; mv /n.tmp /n; sleep 0.02; done")
+
+
+@pytest.fixture(scope="module")
+def gvd(tmp_path_factory):
+    with private_state_daemon(tmp_path_factory.mktemp("gvsnap")) as d:
+        yield d
+
+
+@pytest.fixture
+def gapi(gvd):
+    a = Api(gvd.sock, gvd.run_dir)
+    try:
+        yield a
+    finally:
+        a.close()
+
+
+def _read(api, sid) -> tuple[int, str, str]:
+    r = api.http.get(f"/v1/sandboxes/{sid}/files/read", params={"path": "/n"})
+    assert r.status_code == 200, r.text
+    n, h, host = r.content.decode().split()
+    return int(n), h, host
+
+
+def _counter(api, image) -> str:
+    sid = api.create(image, runtime="gvisor", command=["sh", "-c", COUNTER])["id"]
+    deadline = time.monotonic() + 20
+    while api.http.get(f"/v1/sandboxes/{sid}/files/stat", params={"path": "/n"}).status_code != 200:
+        assert time.monotonic() < deadline, "the counter never started"
+        time.sleep(0.05)
+    return sid
+
+
+def test_snapshot_restore_carries_on_with_the_same_memory(gapi, gvd, image):
+    sid = _counter(gapi, image)
+    time.sleep(0.3)
+    r = gapi.http.post(f"/v1/sandboxes/{sid}/snapshot-memory")
+    assert r.status_code == 201, r.text
+    snap = r.json()
+    n_at, h_src, _ = _read(gapi, sid)
+    time.sleep(0.2)
+    assert _read(gapi, sid)[0] > n_at, "the source stopped after the snapshot"
+    r = gapi.http.post(f"/v1/memory-snapshots/{snap['id']}/restore", json={"detach": True})
+    assert r.status_code == 201, r.text
+    copy = r.json()["id"]
+    gapi.created.append(copy)
+    time.sleep(0.3)
+    n1, h1, host1 = _read(gapi, copy)
+    time.sleep(0.3)
+    n2, _, host2 = _read(gapi, copy)
+    assert n2 > n1 > 0 and h1 == h_src, (n1, n2, h1, h_src)      # it counts on, with the source's memory
+    assert host2 == f"hutch-{copy}", host2                          # its own hostname
+    out, _, res = gapi.sh(copy, "echo alive")
+    assert out == "alive\n"
+    assert {s["id"] for s in gapi.http.get("/v1/memory-snapshots").json()["snapshots"]} >= {snap["id"]}
+    assert gapi.http.delete(f"/v1/memory-snapshots/{snap['id']}").status_code == 204
+    assert gapi.http.get(f"/v1/memory-snapshots/{snap['id']}").status_code == 404
+
+
+def test_fork_makes_copies_that_diverge(gapi, image):
+    sid = _counter(gapi, image)
+    r = gapi.http.post(f"/v1/sandboxes/{sid}/fork", json={"n": 3, "detach": True})
+    assert r.status_code == 201, r.text
+    kids = [k["id"] for k in r.json()["sandboxes"]]
+    gapi.created.extend(kids)
+    assert len(set(kids)) == 3 and sid not in kids
+    gapi.sh(kids[0], "echo mine > /home-of-0")
+    for k in kids[1:]:
+        out, _, res = gapi.sh(k, "test -e /home-of-0 && echo seen || echo unseen")
+        assert out == "unseen\n", k
+    out, _, _ = gapi.sh(sid, "test -e /home-of-0 && echo seen || echo unseen")
+    assert out == "unseen\n"
+    time.sleep(0.2)
+    hashes = {_read(gapi, k)[1] for k in kids} | {_read(gapi, sid)[1]}
+    assert len(hashes) == 1, hashes
+    gapi.terminate(kids[1])   # one copy ends: the others and the source go on
+    a = _read(gapi, kids[2])[0]
+    time.sleep(0.2)
+    assert _read(gapi, kids[2])[0] > a
+    assert gapi.http.get("/v1/memory-snapshots").json()["snapshots"] == [] or all(
+        s["source"] != sid for s in gapi.http.get("/v1/memory-snapshots").json()["snapshots"])   # fork's own is gone
+
+
+def test_a_native_sandbox_has_no_memory_snapshot(gapi, image):
+    sid = gapi.create(image)["id"]
+    r = gapi.http.post(f"/v1/sandboxes/{sid}/snapshot-memory")
+    assert r.status_code == 400 and r.json()["error"] == "UnsupportedError", r.text
+    assert 'runtime="gvisor"' in r.json()["message"]
+    r = gapi.http.post(f"/v1/sandboxes/{sid}/fork", json={"n": 2})
+    assert r.status_code == 400 and r.json()["error"] == "UnsupportedError", r.text
+
+
+def test_a_tampered_snapshot_is_refused_before_runsc_sees_it(gapi, gvd, image):
+    sid = gapi.create(image, runtime="gvisor")["id"]
+    snap = gapi.http.post(f"/v1/sandboxes/{sid}/snapshot-memory").json()
+    d = Path(gvd.state_dir) / "memory-snapshots" / snap["id"]
+    meta = json.loads((d / "meta.json").read_text())
+    (d / "meta.json").write_text(json.dumps({**meta, "runsc": "runsc version 0.0~20221219.0"}))
+    r = gapi.http.post(f"/v1/memory-snapshots/{snap['id']}/restore", json={"detach": True})
+    assert r.status_code == 409 and "same runsc build" in r.json()["message"], r.text
+    (d / "meta.json").write_text(json.dumps(meta))
+    (d / "mem" / "extra").write_bytes(b"x")
+    r = gapi.http.post(f"/v1/memory-snapshots/{snap['id']}/restore", json={"detach": True})
+    assert r.status_code == 400 and "extra" in r.json()["message"], r.text
+    (d / "mem" / "extra").unlink()
+    (d / "mem" / "link").symlink_to("/etc/shadow")
+    r = gapi.http.post(f"/v1/memory-snapshots/{snap['id']}/restore", json={"detach": True})
+    assert r.status_code == 400, r.text
+    (d / "mem" / "link").unlink()
+    r = gapi.http.post("/v1/memory-snapshots/..%2f..%2fetc/restore", json={})
+    assert r.status_code in (400, 404), r.text
+    gapi.http.delete(f"/v1/memory-snapshots/{snap['id']}")
