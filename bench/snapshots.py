@@ -1,0 +1,127 @@
+"""Pause/resume, memory snapshots, restore and fork, side by side with issue 19's targets, through the SDK.
+
+    .venv/bin/python bench/snapshots.py [--runs 5] [--sizes 0,64,256]
+
+Per memory size (a gVisor sandbox holding N MiB of random bytes in its tmpfs /dev, so incompressible):
+snapshot_memory, restore (a new sandbox answering), fork(4), the first exec of a restored copy; pause and
+resume for both runtimes (the cgroup freezer); per-MiB costs by least squares. p50 / p99 in ms. Runs on a
+private daemon with a private state directory (started and removed by this script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT_DIR))
+sys.path.insert(0, str(ROOT_DIR / "tests"))
+
+import hutch  # noqa: E402
+from hutch_testing import make_busybox_root, start_daemon, stop_daemon  # noqa: E402
+
+TARGETS = {"pause gvisor": 25, "resume gvisor": 25, "pause native": 2, "resume native": 2,
+           "snapshot 256": 600, "restore 256": 400, "fork4 256": 1300, "first exec": 50}
+PEERS = "E2B (published): pause ~4 s per GiB, resume ~1 s"
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return (time.perf_counter() - t0) * 1000, out
+
+
+def fit(points):
+    """Least squares: ms = a + b * MiB."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    return my - b * mx, b
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--sizes", default="0,64,256")
+    a = ap.parse_args()
+    sizes = [int(s) for s in a.sizes.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix="hutch-bench-snap-"))
+    os.environ["HUTCH_STATE_DIR"] = str(tmp / "state")
+    (tmp / "run").mkdir()
+    proc = start_daemon(tmp / "run")
+    os.environ.update(HUTCH_RUN_DIR=str(tmp / "run"), HUTCH_SOCKET=str(tmp / "run" / "hutch.sock"))
+    rows: dict[str, list[float]] = {}
+    made = []
+    failures: dict[str, int] = {}
+    try:
+        image = hutch.Image.from_directory(make_busybox_root(tmp / "root"))
+        for runtime in ("native", "gvisor"):
+            sb = hutch.Sandbox.create("sh", "-c", "while :; do sleep 0.01; done", image=image, runtime=runtime)
+            made.append(sb)
+            for _ in range(a.runs * 4):
+                try:
+                    rows.setdefault(f"pause {runtime}", []).append(timed(sb.pause)[0])
+                except hutch.SandboxError as e:   # a freeze that did not complete in time: counted, not timed
+                    failures[runtime] = failures.get(runtime, 0) + 1
+                    print(f"{runtime}: {e}", file=sys.stderr)
+                    continue
+                time.sleep(0.02)
+                rows.setdefault(f"resume {runtime}", []).append(timed(sb.resume)[0])
+                time.sleep(0.02)
+            sb.terminate()
+        for n in sizes:
+            hold = f"dd if=/dev/urandom of=/dev/held bs=1M count={n} 2>/dev/null; exec sleep 1000000"
+            sb = hutch.Sandbox.create("sh", "-c", hold, image=image, runtime="gvisor", memory=f"{n + 256}M")
+            made.append(sb)
+            time.sleep(0.5 + n / 100)
+            for _ in range(a.runs):
+                dt, snap = timed(sb.snapshot_memory)
+                rows.setdefault(f"snapshot {n}", []).append(dt)
+                dt, copy = timed(lambda: hutch.Sandbox.restore(snap))
+                rows.setdefault(f"restore {n}", []).append(dt)
+                rows.setdefault("first exec", []).append(timed(lambda: copy.run("true"))[0])
+                copy.terminate()
+                snap.delete()
+            for _ in range(max(1, a.runs // 2)):
+                dt, kids = timed(lambda: sb.fork(4))
+                rows.setdefault(f"fork4 {n}", []).append(dt)
+                for k in kids:
+                    k.terminate()
+            sb.terminate()
+    finally:
+        for sb in made:
+            try:
+                sb.terminate()
+            except hutch.Error:
+                pass
+        stop_daemon(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"load average {os.getloadavg()[0]:.1f}; {a.runs} runs per size\n")
+    print(f"| measure | p50 ms | p99 ms | target ms | met |\n|---|---|---|---|---|")
+    for k, xs in rows.items():
+        t = TARGETS.get(k)
+        p50 = statistics.median(xs)
+        print(f"| {k} | {p50:.1f} | {pct(xs, 99):.1f} | {t if t else ''} | {'' if t is None else ('yes' if p50 <= t else 'no')} |")
+    for what in ("snapshot", "restore", "fork4"):
+        pts = [(n, statistics.median(rows[f"{what} {n}"])) for n in sizes if f"{what} {n}" in rows]
+        if len(pts) > 1:
+            base, per = fit(pts)
+            print(f"{what}: {base:.0f} ms + {per:.2f} ms per MiB")
+    print(f"pauses that did not freeze within 5 s: {failures or 'none'}")
+    print(f"\npeers: {PEERS}")
+
+
+if __name__ == "__main__":
+    main()
