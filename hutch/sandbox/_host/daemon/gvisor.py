@@ -207,8 +207,15 @@ class Gvisor:
                     await asyncio.to_thread(mgr.cgroups.thaw, sb.id)
                 await self.calls.call(gv, "pause", sb.id)
                 try:
-                    await self.calls.call(gv, "checkpoint", f"--image-path={tmp / 'mem'}", "--leave-running",
-                                          "--compression=none", "--direct", sb.id, timeout=600)
+                    try:
+                        await self.calls.call(gv, "checkpoint", f"--image-path={tmp / 'mem'}", "--leave-running",
+                                              "--compression=none", "--direct", sb.id, timeout=600)
+                    except SandboxError as e:
+                        if "unsupported networking state" in str(e):   # gVisor saves no open TCP connection
+                            raise StateError(f"sandbox {sb.id} has an open network connection, which gVisor cannot "
+                                             "snapshot; close its connections (or wait for them to end) and "
+                                             "retry.") from None
+                        raise
                     node = await asyncio.to_thread(self._commit_fs, sb, pinned)
                 finally:
                     if sb.active:

@@ -91,7 +91,9 @@ class Runsc:
             raise SandboxError(f"`runsc {args[0]}` of sandbox {gv.id} did not finish within {timeout:.0f} s.") from None
         text = out.decode(errors="replace").strip()
         if check and proc.returncode:
-            raise SandboxError(f"`runsc {args[0]}` of sandbox {gv.id} failed ({proc.returncode}): {text[-800:]}")
+            i = text.find("panic:")   # a Go panic: its first lines say why, the stack after them does not
+            why = text[i:i + 800] if i >= 0 else text[:800]
+            raise SandboxError(f"`runsc {args[0]}` of sandbox {gv.id} failed ({proc.returncode}): {why}")
         return proc.returncode, text
 
     def reap(self) -> None:
