@@ -130,3 +130,25 @@ def test_a_tampered_snapshot_is_refused_before_runsc_sees_it(gapi, gvd, image):
     r = gapi.http.post("/v1/memory-snapshots/..%2f..%2fetc/restore", json={})
     assert r.status_code in (400, 404), r.text
     gapi.http.delete(f"/v1/memory-snapshots/{snap['id']}")
+
+
+def test_a_client_gone_mid_snapshot_leaves_nothing(gapi, gvd, image):
+    import httpx
+
+    sid = gapi.create(image, runtime="gvisor", limits={"memory": 256 * 1024**2},
+                      command=["sh", "-c", "dd if=/dev/urandom of=/dev/held bs=1M count=64 2>/dev/null; exec sleep 1000"])["id"]
+    time.sleep(1.5)
+    short = httpx.Client(transport=httpx.HTTPTransport(uds=str(gvd.sock)), base_url="http://hutch", timeout=0.05)
+    with pytest.raises(httpx.TimeoutException):
+        short.post(f"/v1/sandboxes/{sid}/snapshot-memory")
+    short.close()
+    store = Path(gvd.state_dir) / "memory-snapshots"
+    deadline = time.monotonic() + 20
+    while True:   # the daemon lets runsc finish, then deletes what it made
+        left = [p.name for p in store.iterdir()] if store.exists() else []
+        if not left and not gapi.http.get("/v1/memory-snapshots").json()["snapshots"]:
+            break
+        assert time.monotonic() < deadline, f"left behind: {left}"
+        time.sleep(0.1)
+    out, _, res = gapi.sh(sid, "echo still running")   # and the source runs on
+    assert out == "still running\n"
