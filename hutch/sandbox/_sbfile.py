@@ -40,7 +40,7 @@ FORMAT_VERSION = 1
 #: Env names that hold secrets by convention: such a value is taken from the environment, never written inline.
 SECRET_NAME_RE = re.compile(r"(^|_)(KEY|APIKEY|TOKEN|SECRET|PASSWORD|PASSWD|PASS|CREDENTIALS?|PRIVATE)(_|$)", re.I)
 _CREATE_KEYS = ("image", "mounts", "cpu", "memory", "pids", "disk", "timeout", "idle_timeout", "workdir", "env",
-                "tags", "name", "network", "detach")
+                "tags", "name", "network", "detach", "runtime", "on_idle")
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class SandboxFile:
         kw = dict(image=self.image, mounts=list(s.mounts) + list(self.provided), cpu=s.limits.cpu,
                   memory=s.limits.memory, pids=s.limits.pids, disk=s.limits.disk, timeout=s.timeout,
                   idle_timeout=s.idle_timeout, workdir=s.workdir, env=env, tags=dict(s.tags), name=s.name,
-                  network=network, detach=s.detach)
+                  network=network, detach=s.detach, runtime=s.runtime, on_idle=s.on_idle)
         command = overrides.pop("command", s.command)
         unknown = sorted(set(overrides) - set(_CREATE_KEYS))
         if unknown:
@@ -267,7 +267,7 @@ class _Builder:
                 env[k] = v
             self.at(("env", k), lambda k=k: SandboxSpec.build(env={k: ""}))
         kw = {k: _seconds(d[k]) for k in ("timeout", "idle_timeout") if k in d}
-        kw.update({k: d[k] for k in ("workdir", "name", "detach", "tags") if k in d})
+        kw.update({k: d[k] for k in ("workdir", "name", "detach", "tags", "runtime", "on_idle") if k in d})
         for k, v in kw.items():
             self.at((k,), lambda k=k, v=v: SandboxSpec.build(**{k: v}))
         spec = self.at(("mounts",), lambda: SandboxSpec.build(
@@ -564,7 +564,7 @@ def _render(f: SandboxFile) -> str:
     if s.command:
         top.append(("command", list(s.command)))
     defaults = SandboxSpec()
-    for k in ("name", "detach", "workdir"):
+    for k in ("name", "detach", "workdir", "runtime", "on_idle"):
         if getattr(s, k) != getattr(defaults, k):
             top.append((k, getattr(s, k)))
     for k in ("timeout", "idle_timeout"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
-from hutch.sandbox._spec import BUILD_CAPABILITIES, Limits, Network, SandboxSpec
+from hutch.sandbox._spec import BUILD_CAPABILITIES, ON_IDLE, RUNTIMES, Limits, Network, SandboxSpec
 
 #: Bounds of an untrusted file, beyond the file's size (_sbfile.MAX_FILE_BYTES).
 MAX_ITEMS = 256          # entries of any array (mounts, steps, command, domains ...)
@@ -102,6 +102,8 @@ _FIELDS = {
     "tags": {"type": "object", "maxProperties": MAX_KEYS, "additionalProperties": _STR},
     "name": {**_NAME, "description": "a unique name to find the sandbox by"},
     "detach": {"type": "boolean", "description": "outlive the creating process (until timeout or kill)"},
+    "runtime": {"enum": list(RUNTIMES), "description": "the kernel's namespaces (native, default) or gVisor's runsc"},
+    "on_idle": {"enum": list(ON_IDLE), "description": "what idle_timeout does: terminate (default) or pause"},
 }
 _LIMITS = {"memory": {**_SIZE, "description": "RAM limit (default 512M)"},
            "cpu": {"type": "number", "minimum": 0.01, "maximum": 1024, "description": "CPUs (default 1.0)"},
