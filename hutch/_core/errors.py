@@ -10,6 +10,7 @@
     ├── StateError             an operation on something in the wrong state (exec on a terminated sandbox)
     ├── SandboxError           a sandbox failed to start or broke while running
     │   ├── ImageError         an image could not be found or built
+    │   │   └── InvalidArchiveError   an image archive refused on import (also a ConfigError: 400)
     │   └── ExecError          a command did not succeed (carries argv, stdout, stderr, returncode, reason)
     │       ├── SandboxTimeout     ... because it, or its sandbox, ran past a timeout and was killed
     │       └── OutOfMemoryError   ... because the kernel killed it at its sandbox's memory limit
@@ -77,6 +78,10 @@ class ImageError(SandboxError):
         self.step = step
         self.output = output
         self.returncode = returncode
+
+
+class InvalidArchiveError(ImageError, ConfigError):
+    """An image archive given to import that is not one `export` makes, or is over a limit; nothing was stored."""
 
 
 class ExecError(SandboxError):
@@ -163,6 +168,7 @@ __all__ = [
     "Error",
     "ExecError",
     "ImageError",
+    "InvalidArchiveError",
     "InvalidSpecError",
     "MalformedEntityError",
     "MemoryStoreError",

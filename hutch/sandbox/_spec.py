@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
@@ -39,6 +40,7 @@ ON_IDLE = ("terminate", "pause")
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB]?)?\s*$")
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+MAX_SIZE = 1 << 50   # 1 PiB: more than any host has; a larger size is a typo (the kernel would take it as "no limit")
 
 
 def parse_size(value: int | str, what: str) -> int:
@@ -53,11 +55,13 @@ def parse_size(value: int | str, what: str) -> int:
         raise InvalidSpecError(f"{what}={value!r} is not a size; give bytes as an int or a string like '512M' or '2G'.")
     if n <= 0:
         raise InvalidSpecError(f"{what}={value!r} must be positive; give a size like '512M'.")
+    if n > MAX_SIZE:
+        raise InvalidSpecError(f"{what}={value!r} is more than 1 PiB, more than any host has; give a size like '2G'.")
     return n
 
 
 def abs_path(path: str, what: str) -> str:
-    if not isinstance(path, str) or not path.startswith("/"):
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
         raise InvalidSpecError(f"{what}={path!r} must be an absolute path inside the sandbox, like '/data'.")
     p = PurePosixPath(path)
     if ".." in p.parts:
@@ -85,7 +89,9 @@ def parse_owner(owner, readonly: bool) -> tuple[int, int] | None:
 
 
 #: A volume's name, checked alike by the SDK and by the daemon (whose directory under volumes/ it names).
-VOLUME_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+#: (NAME_PATTERN is its JSON Schema form; the regex ends at \Z, as `$` would take a trailing newline.)
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+VOLUME_NAME_RE = re.compile(NAME_PATTERN[:-1] + r"\Z")
 
 
 def check_volume_name(name) -> str:
@@ -307,7 +313,7 @@ def matching_domain(domains, name: str) -> str | None:
     return None
 
 
-_DOMAIN_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_DOMAIN_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 
 
 @dataclass(frozen=True)
@@ -349,12 +355,10 @@ class Network:
 
         `credentials` maps an allowed host (an exact name) to a `hutch.Secret` that the gateway adds to the
         sandbox's HTTPS requests to it, so the sandbox never holds the key (docs/egress.md, Credentials)."""
-        if ports is None:
-            ports = ()
-        elif not isinstance(ports, (str, int)) and not list(ports):
+        every_port = ports is None
+        domains, cidrs, ports = (_entries(v) for v in (domains, cidrs, () if every_port else ports))
+        if not every_port and not ports:
             raise NetworkPolicyError("ports=[] allows nothing; give ports like [443, 80], or ports=None for every port.")
-        if isinstance(domains, str) or isinstance(cidrs, str) or isinstance(ports, (str, int)):
-            raise NetworkPolicyError("domains, cidrs and ports must be lists, e.g. domains=['api.example.com'].")
         doms = []
         for d in domains:
             if not isinstance(d, str):
@@ -437,10 +441,21 @@ class Network:
             return cls.open()
         if mode == "allow":
             ports = d.get("ports", (443, 80))
-            return cls.allow(domains=d.get("domains") or (), cidrs=d.get("cidrs") or (),
-                             ports=None if ports is not None and len(ports) == 0 else ports,
+            if isinstance(ports, (list, tuple)) and len(ports) == 0:
+                ports = None   # to_dict's form of "every port"
+            return cls.allow(domains=d.get("domains") or (), cidrs=d.get("cidrs") or (), ports=ports,
                              credentials={h: Secret.from_dict(c) for h, c in (creds or {}).items()})
         raise NetworkPolicyError(f"network mode {mode!r} is unknown; use 'none', 'allow' or 'open'.")
+
+
+def _entries(value) -> list:
+    """A policy list given as any iterable but a string or a mapping (whose keys would pass for entries)."""
+    if isinstance(value, (str, bytes, dict)):
+        value = None
+    try:
+        return list(value)
+    except TypeError:
+        raise NetworkPolicyError("domains, cidrs and ports must be lists, e.g. domains=['api.example.com'].") from None
 
 
 @dataclass(frozen=True)
@@ -464,8 +479,8 @@ class Limits:
 def _timeout(value, what: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise InvalidSpecError(f"{what}={value!r} must be a positive number of seconds, or None.")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise InvalidSpecError(f"{what}={value!r} must be a positive, finite number of seconds, or None.")
     return float(value)
 
 
@@ -513,14 +528,16 @@ class SandboxSpec:
         if not isinstance(network, Network):
             raise InvalidSpecError(f"network={network!r} is not a Network; use hutch.Network.none(), .allow(...) or .open().")
         envs = _str_pairs(env, "env")
-        for k, _ in envs:
+        for k, v in envs:
             if not k or "=" in k or "\0" in k:
                 raise InvalidSpecError(f"env name {k!r} is not a valid environment variable name.")
+            if "\0" in v:
+                raise InvalidSpecError(f"env {k}={v!r} holds a NUL byte, which no environment can carry.")
         tgs = _str_pairs(tags, "tags")
         caps = tuple(sorted(set(capabilities or ())))
         if not set(caps) <= set(BUILD_CAPABILITIES):
             raise InvalidSpecError(f"capabilities={list(caps)!r}: a sandbox may keep only {list(BUILD_CAPABILITIES)}.")
-        if name is not None and (not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name)):
+        if name is not None and (not isinstance(name, str) or not VOLUME_NAME_RE.match(name)):
             raise InvalidSpecError(f"name={name!r} must be 1-63 letters, digits, '_', '.', '-', starting with a letter or digit.")
         if runtime not in RUNTIMES:
             raise InvalidSpecError(f"runtime={runtime!r} must be one of {', '.join(map(repr, RUNTIMES))}: 'native' "

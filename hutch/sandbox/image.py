@@ -26,7 +26,7 @@ from hutch.sandbox._spec import DEFAULT_IMAGE, Network, abs_path
 #: What `Image.code_interpreter()` adds to the default image (which has python3, pip and venv).
 CODE_INTERPRETER_PIP = ("ipykernel>=7,<8", "jupyter_client>=8,<9", "numpy>=2,<3", "pandas>=2,<4",
                         "matplotlib>=3.8,<4")
-_APT_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]*(:[a-z0-9-]+)?(=[A-Za-z0-9.+:~_-]+)?$")
+_APT_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]*(:[a-z0-9-]+)?(=[A-Za-z0-9.+:~_-]+)?\Z")
 
 
 @dataclass(frozen=True)

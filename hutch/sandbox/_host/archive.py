@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import tarfile
 import time
 
-from hutch._core.errors import ImageError
+from hutch._core.errors import InvalidArchiveError
 from hutch.sandbox._host.layers import (
-    ID_RE, PREFIX, chain, commit_dir, find, layer_fs, layers_dir, measure_tree, private_dir, put_node,
+    ID_RE, KINDS, NAME_RE, PREFIX, chain, commit_dir, find, layer_fs, layers_dir, measure_tree, private_dir, put_node,
 )
 from hutch.sandbox._host.untar import MANIFEST, ImportLimits, components, read_archive, refuse
 
@@ -27,8 +26,6 @@ MAX_NODES = 4096           # nodes in one manifest
 _TEXT_MAX = 4096           # a workdir, base path, description, env name
 _ENV_MAX = 1024            # env entries of one node
 _VALUE_MAX = 32 << 10      # one env value
-_KINDS = ("step", "snapshot", "import")
-_NAME_RE = re.compile(r"^[A-Za-z0-9:][A-Za-z0-9_.:-]{0,127}$")   # as hutch.Image names (image.py)
 
 
 def export(key: str, fileobj) -> dict:
@@ -67,8 +64,8 @@ def _node(n, parent: str, layers: dict) -> dict:
     if layer is not None and layer not in layers:
         raise refuse(MANIFEST, f"has {what} whose layer is not among the archive's layers")
     kind = n.get("kind", "import")
-    if kind not in _KINDS:
-        raise refuse(MANIFEST, f"has {what} of kind {str(kind)[:20]!r} (one of {', '.join(_KINDS)})")
+    if kind not in KINDS:
+        raise refuse(MANIFEST, f"has {what} of kind {str(kind)[:20]!r} (one of {', '.join(KINDS)})")
     env = n.get("env") or {}
     if not isinstance(env, dict) or len(env) > _ENV_MAX:
         raise refuse(MANIFEST, f"has {what} whose env is not an object of at most {_ENV_MAX} entries")
@@ -80,7 +77,7 @@ def _node(n, parent: str, layers: dict) -> dict:
     if workdir is not None and not _text(workdir, f"the workdir of {what}").startswith("/"):
         raise refuse(MANIFEST, f"has {what} whose workdir is not an absolute path")
     name = n.get("name")
-    if name is not None and (not isinstance(name, str) or not _NAME_RE.match(name)):
+    if name is not None and (not isinstance(name, str) or not NAME_RE.match(name)):
         raise refuse(MANIFEST, f"has {what} whose name is not letters, digits, '_', '.', ':', '-'")
     pinned = n.get("pinned", False)
     if not isinstance(pinned, bool):
@@ -101,7 +98,7 @@ def _layer_meta(digest, meta) -> dict:
 
 
 def check_manifest(m, limits: ImportLimits) -> dict:
-    """The manifest, validated like any other input (see the module docstring); refused as an ImageError."""
+    """The manifest, validated like any other input (see the module docstring); refused as an InvalidArchiveError."""
     if not isinstance(m, dict) or m.get("format") != 1:
         raise refuse(MANIFEST, "is not a hutch image manifest of format 1")
     nodes, layers, base = m.get("nodes"), m.get("layers"), m.get("base")
@@ -114,7 +111,7 @@ def check_manifest(m, limits: ImportLimits) -> dict:
         raise refuse(MANIFEST, "names a base that is neither 'debian-slim' nor 'dir:/<absolute path>'")
     metas = {d: _layer_meta(d, meta) for d, meta in layers.items()}
     if sum(v["files"] for v in metas.values()) >= limits.entries:
-        raise ImageError(f"the image archive declares more than {limits.entries} entries (HUTCH_IMPORT_MAX_ENTRIES "
+        raise InvalidArchiveError(f"the image archive declares more than {limits.entries} entries (HUTCH_IMPORT_MAX_ENTRIES "
                          "of the daemon); raise that limit if the archive is yours.")
     out, parent, seen = [], base, set()
     for n in nodes:
@@ -149,7 +146,7 @@ def import_(fileobj, limits: ImportLimits | None = None) -> dict:
         for digest, tree in trees.items():
             meta = measure_tree(tree.fs)
             if meta["digest"] != digest:
-                raise ImageError(f"layer {digest[:12]} in the archive does not match its digest (got "
+                raise InvalidArchiveError(f"layer {digest[:12]} in the archive does not match its digest (got "
                                  f"{meta['digest'][:12]}); nothing was imported: the file is damaged or forged, "
                                  "export it again.")
             metas[digest] = meta

@@ -45,7 +45,7 @@ IMAGE_ENV = (
 )
 IMAGE_WORKDIR = "/home/user"
 _META = "image.json"
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
 _TMP_PREFIX = ".tmp-"
 
 

@@ -34,7 +34,9 @@ from hutch._core.atomic import atomic_write
 from hutch._core.errors import ConfigError, ImageError, NotFoundError, StateError
 
 PREFIX = "image:"
-ID_RE = re.compile(r"^[0-9a-f]{64}$")
+ID_RE = re.compile(r"^[0-9a-f]{64}\Z")   # \Z: `$` would take a trailing newline
+NAME_RE = re.compile(r"^[A-Za-z0-9:][A-Za-z0-9_.:-]{0,127}\Z")   # an image's name, as hutch.Image names it
+KINDS = ("step", "snapshot", "import")
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
 _OVERLAY_XATTR = ("trusted.overlay.", "user.overlay.")
 TMP_PREFIX = ".tmp-"
@@ -301,12 +303,28 @@ def chain(node_id: str) -> tuple[list[dict], str]:
     return out, ref
 
 
+def _check_fields(kind, env, workdir, name) -> None:
+    """What a node records is used later (as a sandbox's env and workdir, as a name to look up): checked here,
+    whoever writes it."""
+    if kind not in KINDS:
+        raise ConfigError(f"image kind {kind!r} must be one of {', '.join(KINDS)}.")
+    for k, v in (env or {}).items():
+        if not isinstance(k, str) or not k or "=" in k or "\0" in k or not isinstance(v, str) or "\0" in v:
+            raise ConfigError(f"image env {k!r}={v!r}: names are non-empty without '=' or NUL, values strings "
+                              "without NUL.")
+    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/") or "\0" in workdir):
+        raise ConfigError(f"image workdir {workdir!r} must be an absolute path, like '/home/user'.")
+    if name is not None and (not isinstance(name, str) or not NAME_RE.match(name)):
+        raise ConfigError(f"image name {name!r} must be 1-128 letters, digits, '_', '.', ':', '-'.")
+
+
 def put_node(node_id: str, parent: str, *, layer: str | None, kind: str, env: dict | None = None,
              workdir: str | None = None, name: str | None = None, description: str = "",
              pinned: bool = False) -> dict:
     """Record an image node (idempotent: an existing node is kept, a name or pin is added to it)."""
-    if not ID_RE.match(node_id):
+    if not isinstance(node_id, str) or not ID_RE.match(node_id):
         raise ConfigError(f"image id {node_id!r} must be 64 hex digits.")
+    _check_fields(kind, env, workdir, name)
     nodes_dir().mkdir(parents=True, exist_ok=True)
     with store_lock():
         path = nodes_dir() / f"{node_id}.json"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from hutch._core.errors import ConfigError, ImageError
+from hutch._core.errors import ConfigError, ImageError, InvalidArchiveError
 from hutch.sandbox._host.layers import OPAQUE_XATTRS, TMP_PREFIX
 
 MANIFEST = "hutch-image.json"
@@ -76,8 +76,8 @@ def _env_int(name: str, default: int) -> int:
     return value
 
 
-def refuse(name: str, why: str) -> ImageError:
-    return ImageError(f"the image archive is refused: {name!r} {why}; {_FIX}")
+def refuse(name: str, why: str) -> InvalidArchiveError:
+    return InvalidArchiveError(f"the image archive is refused: {name!r} {why}; {_FIX}")
 
 
 class _Counted:
@@ -90,7 +90,7 @@ class _Counted:
         data = self.f.read(n)
         self.seen += len(data)
         if self.seen > self.limit:
-            raise ImageError(f"the image archive is larger than {self.limit} bytes (HUTCH_IMPORT_MAX_BYTES of the "
+            raise InvalidArchiveError(f"the image archive is larger than {self.limit} bytes (HUTCH_IMPORT_MAX_BYTES of the "
                              "daemon); raise that limit if the archive is yours, else " + _FIX)
         return data
 
@@ -319,7 +319,7 @@ def read_archive(fileobj, store: Path, limits: ImportLimits,
                     tar.members.clear()   # stream mode keeps every header it read: memory would grow with the count
                     count += 1
                     if count > limits.entries:
-                        raise ImageError(f"the image archive holds more than {limits.entries} entries "
+                        raise InvalidArchiveError(f"the image archive holds more than {limits.entries} entries "
                                          "(HUTCH_IMPORT_MAX_ENTRIES of the daemon); " + _FIX)
                     parts = components(m.name, m.name)
                     if len(parts) < 2 or parts[0] != "layers" or parts[1] not in layers:
@@ -334,7 +334,7 @@ def read_archive(fileobj, store: Path, limits: ImportLimits,
                         raise ImageError(f"the image archive's entry {m.name!r} could not be extracted "
                                          f"({e.strerror}); nothing was imported.") from e
         except (tarfile.TarError, EOFError, UnicodeError) as e:
-            raise ImageError(f"the image archive is not readable ({e}); give a file made by "
+            raise InvalidArchiveError(f"the image archive is not readable ({e}); give a file made by "
                              "`hutch image export`.") from e
         for digest, meta in layers.items():
             if digest not in trees:

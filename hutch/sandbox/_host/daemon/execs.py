@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import math
 import os
 import secrets
 import signal
@@ -70,8 +71,9 @@ class Execs:
         if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
                                                                   for k, v in env.items())):
             raise ConfigError("env must map strings to strings.")
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds, or null.")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not 0 < timeout < math.inf):
+            raise ConfigError(f"timeout={timeout!r} must be a positive, finite number of seconds, or null.")
         if not (isinstance(stdout, bool) and isinstance(stderr, bool)):
             raise ConfigError("stdout and stderr must be true (a pipe) or false (the command gets /dev/null).")
         if max_output is not None and (isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 0):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hutch
+from hutch.sandbox._spec import BUILD_CAPABILITIES, EXEC_USERS, NAME_PATTERN
 
 _ERR = {"description": "a hutch error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 _INFO = {"description": "sandbox info", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Sandbox"}}}}
@@ -13,8 +14,8 @@ def _q(name: str, desc: str, required: bool = False, schema: dict | None = None)
     return {"name": name, "in": "query", "required": required, "description": desc, "schema": schema or {"type": "string"}}
 
 
-def _json_body(schema: dict) -> dict:
-    return {"required": True, "content": {"application/json": {"schema": schema}}}
+def _json_body(schema: dict, required: bool = True) -> dict:
+    return {"required": required, "content": {"application/json": {"schema": schema}}}
 
 
 def _raw_body() -> dict:
@@ -25,12 +26,16 @@ def _json_ok(schema: dict, desc: str = "ok", code: str = "200") -> dict:
     return {code: {"description": desc, "content": {"application/json": {"schema": schema}}}}
 
 
-_PATH_Q = _q("path", "a path inside the sandbox", True)
+_PATH_Q = _q("path", "a path inside the sandbox (relative: from its workdir)", True, {"type": "string", "minLength": 1})
+_FLAG = {"type": "string", "enum": ["0", "1", "true", "false", "yes", "no"]}
+_MODE = {"type": "string", "pattern": "^[0-7]{1,4}$"}
+_TIMEOUT_Q = _q("timeout", "seconds to wait at most", schema={"type": "number", "minimum": 0})
 
 # (method, path) -> operation
 OPERATIONS: dict[tuple[str, str], dict] = {
     ("get", "/v1/health"): {"summary": "Daemon version and pid; 503 with the reason while it cannot start sandboxes",
-                            "responses": _json_ok({"type": "object", "properties": {"version": {"type": "string"}, "pid": {"type": "integer"}}})},
+                            "responses": {**_json_ok({"type": "object", "properties": {"version": {"type": "string"}, "pid": {"type": "integer"}}}),
+                                          "503": _ERR}},
     ("get", "/v1/openapi.json"): {"summary": "This document", "responses": _json_ok({"type": "object"})},
     ("get", "/v1/doctor"): {"summary": "How this daemon runs sandboxes: isolation mode and why, cgroups, idmap, "
                                        "egress, warm pool, image cache",
@@ -66,17 +71,19 @@ OPERATIONS: dict[tuple[str, str], dict] = {
     ("post", "/v1/memory-snapshots/{sid}/restore"): {"summary": "A new sandbox from a memory snapshot; body {detach, tags}",
                                                      "responses": {"201": _INFO}},
     ("post", "/v1/sandboxes/{id}/wait"): {"summary": "Long poll until the sandbox ends or the timeout passes",
-                                          "parameters": [_q("timeout", "seconds", schema={"type": "number"})],
+                                          "parameters": [_TIMEOUT_Q],
                                           "responses": {"200": _INFO}},
     ("get", "/v1/sandboxes/{id}/lease"): {"summary": "Held open by the creator; closing it ends a non-detached sandbox",
                                           "responses": {"200": {"description": "a response that stays open"}}},
     ("post", "/v1/sandboxes/{id}/exec"): {
         "summary": "Run a command; the body streams its output frames",
         "requestBody": _json_body({"type": "object", "required": ["argv"], "properties": {
-            "argv": {"type": "array", "items": {"type": "string"}}, "env": {"type": "object"},
-            "workdir": {"type": "string", "nullable": True}, "timeout": {"type": "number", "nullable": True},
+            "argv": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            "env": {"type": "object", "additionalProperties": {"type": "string"}},
+            "workdir": {"type": "string", "nullable": True, "pattern": "^/"},
+            "timeout": {"type": "number", "nullable": True, "exclusiveMinimum": True, "minimum": 0},
             "stdin": {"type": "boolean"},
-            "user": {"type": "string", "enum": ["root", "user"],
+            "user": {"type": "string", "enum": list(EXEC_USERS),
                      "description": "user: the sandbox's unprivileged user, uid/gid 1000 (default root)"},
             "stdout": {"type": "boolean", "description": "false: the command's stdout is /dev/null (default true)"},
             "stderr": {"type": "boolean", "description": "false: the command's stderr is /dev/null (default true)"},
@@ -87,22 +94,23 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                               "headers": {"X-Hutch-Exec-Id": {"schema": {"type": "string"}}},
                               "content": {"application/x-hutch-frames": {"schema": {"type": "string", "format": "binary"}}}}}},
     ("post", "/v1/sandboxes/{id}/exec/{eid}/stdin"): {"summary": "Write to a command's stdin",
-                                                      "parameters": [_q("eof", "1 closes stdin after the bytes")],
+                                                      "parameters": [_q("eof", "1 closes stdin after the bytes", schema=_FLAG)],
                                                       "requestBody": _raw_body(), "responses": {"204": _NO_CONTENT}},
     ("post", "/v1/sandboxes/{id}/exec/{eid}/wait"): {
         "summary": "Long poll until the command ends or the timeout passes (its output stays on its stream)",
-        "parameters": [_q("timeout", "seconds", schema={"type": "number"})],
+        "parameters": [_TIMEOUT_Q],
         "responses": _json_ok({"type": "object", "properties": {
             "returncode": {"type": "integer", "nullable": True, "description": "null while it runs"},
             "reason": {"type": "string", "nullable": True}}})},
     ("post", "/v1/sandboxes/{id}/exec/{eid}/kill"): {"summary": "Signal a command's process group",
-                                                     "requestBody": _json_body({"type": "object", "properties": {"signal": {"type": "integer"}}}),
+                                                     "requestBody": _json_body({"type": "object", "properties": {
+                                                         "signal": {"type": "integer", "minimum": 1, "maximum": 64}}}, required=False),
                                                      "responses": {"204": _NO_CONTENT}},
     ("get", "/v1/sandboxes/{id}/files/read"): {"summary": "Read a file", "parameters": [_PATH_Q],
                                                "responses": {"200": {"description": "its bytes", "content": {
                                                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}},
     ("put", "/v1/sandboxes/{id}/files/write"): {"summary": "Write a file atomically (parents are created)",
-                                                "parameters": [_PATH_Q, _q("mode", "octal permission bits, default 0644")],
+                                                "parameters": [_PATH_Q, _q("mode", "octal permission bits, default 0644", schema=_MODE)],
                                                 "requestBody": _raw_body(), "responses": {"204": _NO_CONTENT}},
     ("get", "/v1/sandboxes/{id}/files/list"): {"summary": "List a directory", "parameters": [_PATH_Q],
                                                "responses": _json_ok({"type": "object", "properties": {"entries": {
@@ -111,10 +119,10 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                                                "parameters": [_PATH_Q],
                                                "responses": _json_ok({"$ref": "#/components/schemas/Entry"})},
     ("post", "/v1/sandboxes/{id}/files/remove"): {"summary": "Remove a file or directory",
-                                                  "parameters": [_PATH_Q, _q("recursive", "0 or 1")],
+                                                  "parameters": [_PATH_Q, _q("recursive", "1: a directory and everything in it", schema=_FLAG)],
                                                   "responses": {"204": _NO_CONTENT}},
     ("post", "/v1/sandboxes/{id}/files/mkdir"): {"summary": "Make a directory",
-                                                 "parameters": [_PATH_Q, _q("parents", "0 or 1")],
+                                                 "parameters": [_PATH_Q, _q("parents", "1: make missing parents too", schema=_FLAG)],
                                                  "responses": {"204": _NO_CONTENT}},
     ("post", "/v1/images/ensure"): {"summary": "Build an image if it is missing; streams NDJSON progress",
                                     "requestBody": _json_body({"type": "object", "required": ["ref"], "properties": {"ref": {"type": "string"}}}),
@@ -123,7 +131,8 @@ OPERATIONS: dict[tuple[str, str], dict] = {
     ("get", "/v1/images"): {"summary": "Cached images",
                             "responses": _json_ok({"type": "object", "properties": {"images": {"type": "array", "items": {"type": "object"}}}})},
     ("put", "/v1/sandboxes/{id}/network"): {"summary": "Replace a running sandbox's egress policy",
-                                            "requestBody": _json_body({"type": "object", "properties": {"network": {"type": "object"}}}),
+                                            "requestBody": _json_body({"type": "object", "required": ["network"], "properties": {
+                                                "network": {"$ref": "#/components/schemas/Network"}}}),
                                             "responses": {"204": _NO_CONTENT}},
     ("get", "/v1/sandboxes/{id}/network/log"): {"summary": "The egress gateway's decisions kept, and counts of all of them",
                                                 "responses": _json_ok({"type": "object", "properties": {
@@ -148,7 +157,42 @@ _SCHEMAS = {
         "cgroups": {"type": "array", "items": {"type": "string"},
                     "description": "the sandbox's cgroup directories on the daemon's host while it runs: a host "
                                    "process that works for it (a memory view) joins them"}}},
-    "SandboxSpec": {"type": "object", "description": "hutch.sandbox._spec.SandboxSpec.to_dict()"},
+    "SandboxSpec": {"type": "object", "description": "hutch.sandbox._spec.SandboxSpec.to_dict(); every field optional",
+                    "properties": {
+        "command": {"type": "array", "items": {"type": "string"}, "description": "argv of its main command"},
+        "image": {"type": "string", "minLength": 1,
+                  "description": "debian-slim, dir:<absolute root>, image:<64 hex>, or a built image's name"},
+        "mounts": {"type": "array", "items": {"$ref": "#/components/schemas/Mount"}},
+        "network": {"$ref": "#/components/schemas/Network"},
+        "limits": {"$ref": "#/components/schemas/Limits"},
+        "timeout": {"type": "number", "nullable": True, "exclusiveMinimum": True, "minimum": 0},
+        "idle_timeout": {"type": "number", "nullable": True, "exclusiveMinimum": True, "minimum": 0},
+        "workdir": {"type": "string", "pattern": "^/"},
+        "env": {"$ref": "#/components/schemas/Pairs"}, "tags": {"$ref": "#/components/schemas/Pairs"},
+        "name": {"type": "string", "nullable": True, "pattern": NAME_PATTERN},
+        "detach": {"type": "boolean", "description": "false: ended when its creator's lease closes"},
+        "capabilities": {"type": "array", "items": {"type": "string", "enum": list(BUILD_CAPABILITIES)}}}},
+    "Pairs": {"type": "array", "description": "[name, value] pairs",
+              "items": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2}},
+    "Mount": {"type": "object", "required": ["kind", "target"], "properties": {
+        "kind": {"type": "string", "enum": ["bind", "tmpfs", "volume"]},
+        "target": {"type": "string", "pattern": "^/", "description": "absolute, without '..'"},
+        "source": {"type": "string", "nullable": True, "description": "bind: a host path; volume: its name"},
+        "readonly": {"type": "boolean"},
+        "size": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}], "nullable": True,
+                 "description": "tmpfs only: bytes or a size like '64M'"},
+        "owner": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2,
+                  "nullable": True, "description": "bind only: host (uid, gid) that is root inside the bind"}}},
+    "Network": {"type": "object", "properties": {
+        "mode": {"type": "string", "enum": ["none", "allow", "open"]},
+        "domains": {"type": "array", "items": {"type": "string"}},
+        "cidrs": {"type": "array", "items": {"type": "string"}},
+        "ports": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 65535}}}},
+    "Limits": {"type": "object", "properties": {
+        "memory": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}], "description": "bytes or '512M'"},
+        "cpu": {"type": "number", "minimum": 0.01, "maximum": 1024},
+        "pids": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
+        "disk": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}], "description": "bytes or '1G'"}}},
     "Entry": {"type": "object", "properties": {
         "name": {"type": "string"}, "path": {"type": "string"},
         "type": {"type": "string", "enum": ["file", "dir", "symlink", "other"]},
@@ -170,7 +214,8 @@ def openapi_document(app=None) -> dict:
                   for n in ("id", "eid", "key", "name") if "{" + n + "}" in path]
         if params:
             op["parameters"] = params + op.get("parameters", [])
-        op.setdefault("responses", {})["default"] = _ERR
+        # every error is a 4xx with an Error body; a 5xx is a daemon bug, except 503 while it cannot serve
+        op = {**op, "responses": {**op.get("responses", {}), "4XX": _ERR}}
         paths.setdefault(path, {})[method] = op
     return {
         "openapi": "3.0.3",

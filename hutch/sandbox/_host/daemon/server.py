@@ -16,7 +16,7 @@ from hutch._core.errors import ConfigError, NetworkPolicyError
 from hutch.sandbox._host import images
 from hutch.sandbox._host.daemon.doctor import report as doctor_report
 from hutch.sandbox._host.daemon.execs import live_channel
-from hutch.sandbox._host.daemon.http import json_body, send_fd
+from hutch.sandbox._host.daemon.http import json_body, query_flag, query_mode, query_path, query_seconds, send_fd
 from hutch.sandbox._host.daemon.manager import Manager
 from hutch.sandbox._host.daemon.openapi import openapi_document
 from hutch.sandbox._host.daemon.store_routes import add_routes as add_store_routes
@@ -122,17 +122,6 @@ def make_app(mgr: Manager, gate=None) -> web.Application:
     return app
 
 
-def _flag(request: web.Request, name: str) -> bool:
-    return request.query.get(name, "0").lower() in ("1", "true", "yes")
-
-
-def _path(request: web.Request) -> str:
-    path = request.query.get("path")
-    if not path:
-        raise ConfigError("the query parameter path= is required, e.g. ?path=/home/user/a.txt.")
-    return path
-
-
 class Handlers:
     def __init__(self, mgr: Manager):
         self.mgr = mgr
@@ -233,13 +222,8 @@ class Handlers:
 
     async def wait(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        timeout = request.query.get("timeout")
         try:
-            t = float(timeout) if timeout is not None else None
-        except ValueError as e:
-            raise ConfigError(f"timeout={timeout!r} must be a number of seconds.") from e
-        try:
-            await asyncio.wait_for(sb.gone.wait(), t)
+            await asyncio.wait_for(sb.gone.wait(), query_seconds(request))
         except asyncio.TimeoutError:
             pass
         return web.json_response(sb.info())
@@ -329,7 +313,7 @@ class Handlers:
         ex = self.mgr.execs.find(sb, request.match_info["eid"])
         data = await request.read()
         if ex.stdin_w is None:
-            if data or not _flag(request, "eof"):
+            if data or not query_flag(request, "eof"):
                 raise errors.StateError("this exec's stdin is closed or was not requested; pass stdin=True to exec.")
             return web.Response(status=204)
         fd = ex.stdin_w
@@ -349,7 +333,7 @@ class Handlers:
                         loop.remove_writer(fd)
         except BrokenPipeError as e:
             raise errors.StateError("the command closed its stdin or has exited.") from e
-        if _flag(request, "eof"):
+        if query_flag(request, "eof"):
             ex.stdin_w = None
             os.close(fd)
         sb.touch()
@@ -360,13 +344,8 @@ class Handlers:
         holds the rest back) still learns that the command exited, was killed or timed out."""
         sb = self.mgr.get(request.match_info["id"])
         ex = self.mgr.execs.find(sb, request.match_info["eid"])
-        timeout = request.query.get("timeout")
         try:
-            t = float(timeout) if timeout is not None else None
-        except ValueError as e:
-            raise ConfigError(f"timeout={timeout!r} must be a number of seconds.") from e
-        try:
-            await asyncio.wait_for(asyncio.shield(ex.exited), t)
+            await asyncio.wait_for(asyncio.shield(ex.exited), query_seconds(request))
         except asyncio.TimeoutError:
             return web.json_response({"returncode": None, "reason": None})
         return web.json_response(self.mgr.execs.result(sb, ex))
@@ -385,18 +364,13 @@ class Handlers:
 
     async def read(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        reply, fds = await self.mgr.execs.file_call(sb, "read", _path(request))
+        reply, fds = await self.mgr.execs.file_call(sb, "read", query_path(request, "/home/user/a.txt"))
         return await send_fd(request, fds[0], reply["size"])
 
     async def write(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        path = _path(request)
-        try:
-            mode = int(request.query.get("mode", "0644"), 8)
-        except ValueError as e:
-            raise ConfigError(f"mode={request.query.get('mode')!r} must be octal, like 0644.") from e
-        if not 0 <= mode <= 0o7777:
-            raise ConfigError(f"mode={oct(mode)} is out of range; give permission bits like 0644.")
+        path = query_path(request, "/home/user/a.txt")
+        mode = query_mode(request)
         reply, fds = await self.mgr.execs.file_call(sb, "write_open", path, mode=mode)
         fd, tmp = fds[0], reply["tmp"]
         try:
@@ -417,22 +391,24 @@ class Handlers:
 
     async def list_files(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        reply, _ = await self.mgr.execs.file_call(sb, "list", _path(request))
+        reply, _ = await self.mgr.execs.file_call(sb, "list", query_path(request, "/home/user/a.txt"))
         return web.json_response({"entries": reply["entries"]})
 
     async def stat(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        reply, _ = await self.mgr.execs.file_call(sb, "stat", _path(request))
+        reply, _ = await self.mgr.execs.file_call(sb, "stat", query_path(request, "/home/user/a.txt"))
         return web.json_response(reply["entry"])
 
     async def remove(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        await self.mgr.execs.file_call(sb, "remove", _path(request), recursive=_flag(request, "recursive"))
+        await self.mgr.execs.file_call(sb, "remove", query_path(request, "/home/user/a.txt"),
+                                       recursive=query_flag(request, "recursive"))
         return web.Response(status=204)
 
     async def mkdir(self, request):
         sb = self.mgr.get(request.match_info["id"])
-        await self.mgr.execs.file_call(sb, "mkdir", _path(request), parents=_flag(request, "parents"))
+        await self.mgr.execs.file_call(sb, "mkdir", query_path(request, "/home/user/a.txt"),
+                                       parents=query_flag(request, "parents"))
         return web.Response(status=204)
 
     # --- images -------------------------------------------------------------------------

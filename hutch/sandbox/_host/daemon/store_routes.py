@@ -9,17 +9,13 @@ import tempfile
 
 from aiohttp import web
 
-from hutch._core.errors import ConfigError, ImageError, StateError
+from hutch._core.errors import ConfigError, InvalidArchiveError, StateError
 from hutch.sandbox._host import archive, images, layers, volumes
 from hutch.sandbox._host.daemon.execs import error_from_reply, live_channel
-from hutch.sandbox._host.daemon.http import json_body, send_fd
-from hutch.sandbox._spec import check_volume_name
+from hutch.sandbox._host.daemon.http import json_body, query_flag, query_mode, query_path, send_fd
+from hutch.sandbox._spec import NAME_PATTERN, check_volume_name
 
 CHUNK = 1 << 18
-
-
-def _flag(request: web.Request, name: str) -> bool:
-    return request.query.get(name, "0").lower() in ("1", "true", "yes")
 
 
 def _str_or_none(body: dict, key: str) -> str | None:
@@ -117,7 +113,7 @@ class StoreRoutes:
 
     async def remove(self, request):
         nodes, _ = self._in_use()
-        removed = await _run(layers.remove, request.match_info["key"], nodes, force=_flag(request, "force"))
+        removed = await _run(layers.remove, request.match_info["key"], nodes, force=query_flag(request, "force"))
         return web.json_response({"removed": removed})
 
     async def prune(self, request):
@@ -126,6 +122,8 @@ class StoreRoutes:
 
     async def export(self, request):
         key = request.match_info["key"]
+        await _run(layers.chain, (await _run(layers.find, key))["id"])   # 404 before anything is spooled
+        layers.private_dir(layers.layers_dir())   # a host that never stored a layer has no store yet
         fd, tmp = tempfile.mkstemp(prefix=".tmp-export-", dir=layers.layers_dir())
         try:
             with os.fdopen(fd, "wb") as f:
@@ -151,7 +149,7 @@ class StoreRoutes:
                 async for chunk in request.content.iter_chunked(CHUNK):
                     size += len(chunk)
                     if size > limits.bytes:   # the spool is bounded too, not only what is extracted from it
-                        raise ImageError(f"the image archive is larger than {limits.bytes} bytes "
+                        raise InvalidArchiveError(f"the image archive is larger than {limits.bytes} bytes "
                                          "(HUTCH_IMPORT_MAX_BYTES of the daemon); raise that limit if it is yours.")
                     f.write(chunk)
             with open(tmp, "rb") as f:
@@ -179,7 +177,7 @@ class StoreRoutes:
     async def remove_volume(self, request):
         name = check_volume_name(request.match_info["name"])
         users = self._users(name)
-        if users and not _flag(request, "force"):
+        if users and not query_flag(request, "force"):
             raise StateError(f"volume {name!r} is mounted by running sandbox(es) {', '.join(users)}; terminate "
                              "them first, or pass --force (force=1) to remove it anyway (they see it emptied).")
         await _run(volumes.remove_volume, name)
@@ -190,28 +188,19 @@ class StoreRoutes:
         return web.json_response({"entries": entries})
 
     async def vol_read(self, request):
-        fd, size = await _run(volumes.open_read, request.match_info["name"], _path(request))
+        fd, size = await _run(volumes.open_read, request.match_info["name"], query_path(request, "/data.csv"))
         return await send_fd(request, fd, size)
 
     async def vol_write(self, request):
-        try:
-            mode = int(request.query.get("mode", "0644"), 8)
-        except ValueError as e:
-            raise ConfigError(f"mode={request.query.get('mode')!r} must be octal, like 0644.") from e
+        mode = query_mode(request)
         data = await request.read()   # a volume file call: bounded by client_max_size
-        await _run(volumes.write, request.match_info["name"], _path(request), [data], mode & 0o7777)
+        await _run(volumes.write, request.match_info["name"], query_path(request, "/data.csv"), [data], mode)
         return web.Response(status=204)
 
     async def vol_remove(self, request):
-        await _run(volumes.remove, request.match_info["name"], _path(request), recursive=_flag(request, "recursive"))
+        await _run(volumes.remove, request.match_info["name"], query_path(request, "/data.csv"),
+                   recursive=query_flag(request, "recursive"))
         return web.Response(status=204)
-
-
-def _path(request: web.Request) -> str:
-    path = request.query.get("path")
-    if not path:
-        raise ConfigError("the query parameter path= is required, e.g. ?path=/data.csv.")
-    return path
 
 
 def add_routes(r: web.UrlDispatcher, mgr) -> None:
@@ -235,32 +224,52 @@ def add_routes(r: web.UrlDispatcher, mgr) -> None:
 __all__ = ["add_routes"]
 
 
-def _op(summary: str, code: str = "200", body: str | None = None, query: tuple = ()) -> dict:
+_FLAG = {"type": "string", "enum": ["0", "1", "true", "false", "yes", "no"]}
+_QUERY = {"path": {"type": "string", "minLength": 1}, "force": _FLAG, "recursive": _FLAG,
+          "mode": {"type": "string", "pattern": "^[0-7]{1,4}$"}}
+_STR = {"type": "string"}
+_ENV = {"type": "object", "additionalProperties": {"type": "string"}}
+_HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+_VOLUME_NAME = {"type": "string", "pattern": NAME_PATTERN}
+
+
+def _op(summary: str, code: str = "200", body: str | None = None, query: tuple = (), schema: dict | None = None) -> dict:
     op: dict = {"summary": summary, "responses": {code: {"description": "ok"}}}
     if body == "json":
-        op["requestBody"] = {"required": False, "content": {"application/json": {"schema": {"type": "object"}}}}
+        op["requestBody"] = {"required": False, "content": {"application/json": {"schema": schema or {"type": "object"}}}}
     elif body:
         op["requestBody"] = {"required": True, "content": {body: {"schema": {"type": "string", "format": "binary"}}}}
     if query:
-        op["parameters"] = [{"name": q, "in": "query", "required": q == "path", "schema": {"type": "string"}}
-                            for q in query]
+        op["parameters"] = [{"name": q.rstrip("?"), "in": "query", "required": q == "path",   # "path?": optional
+                             "schema": _QUERY[q.rstrip("?")]} for q in query]
     return op
 
 
 #: The OpenAPI operations of these routes (merged into openapi.OPERATIONS).
 OPERATIONS = {
-    ("post", "/v1/sandboxes/{id}/snapshot"): _op("Freeze the sandbox's writable layer into an image", "201", "json"),
-    ("post", "/v1/images/nodes"): _op("Record an image without a layer (env, workdir) or name/pin one", "201", "json"),
+    ("post", "/v1/sandboxes/{id}/snapshot"): _op(
+        "Freeze the sandbox's writable layer into an image", "201", "json",
+        schema={"type": "object", "properties": {"name": {**_STR, "nullable": True}, "key": {**_HEX64, "nullable": True},
+                                                 "env": _ENV, "workdir": {**_STR, "nullable": True},
+                                                 "description": {**_STR, "nullable": True}}}),
+    ("post", "/v1/images/nodes"): _op(
+        "Record an image without a layer (env, workdir) or name/pin one", "201", "json",
+        schema={"type": "object", "required": ["id", "parent"], "properties": {
+            "id": _HEX64, "parent": _STR, "env": _ENV, "workdir": {**_STR, "nullable": True},
+            "name": {**_STR, "nullable": True}, "description": {**_STR, "nullable": True}, "pinned": {"type": "boolean"},
+            "kind": {"type": "string", "enum": ["step", "snapshot"]}}}),
     ("post", "/v1/images/prune"): _op("Remove unpinned build cache and unused layers"),
     ("post", "/v1/images/import"): _op("Import an image archive (tar)", "201", "application/x-tar"),
     ("get", "/v1/images/{key}"): _op("One image (id, prefix or name), 404 unless every layer is present"),
     ("delete", "/v1/images/{key}"): _op("Remove an image", query=("force",)),
     ("get", "/v1/images/{key}/export"): _op("The image as a tar archive (its layers, not its base)"),
     ("get", "/v1/volumes"): _op("List volumes and the sandboxes that mount them"),
-    ("post", "/v1/volumes"): _op("Look up (or with create: true, create) a volume", body="json"),
+    ("post", "/v1/volumes"): _op("Look up (or with create: true, create) a volume", body="json",
+                                 schema={"type": "object", "required": ["name"], "properties": {
+                                     "name": _VOLUME_NAME, "create": {"type": "boolean"}}}),
     ("delete", "/v1/volumes/{name}"): _op("Remove a volume (refused while mounted unless force=1)", "204",
                                           query=("force",)),
-    ("get", "/v1/volumes/{name}/files/list"): _op("List a directory of a volume", query=("path",)),
+    ("get", "/v1/volumes/{name}/files/list"): _op("List a directory of a volume (default /)", query=("path?",)),
     ("get", "/v1/volumes/{name}/files/read"): _op("Read a file of a volume", query=("path",)),
     ("put", "/v1/volumes/{name}/files/write"): _op("Write a file of a volume (temp file + rename)", "204",
                                                    "application/octet-stream", ("path", "mode")),

@@ -313,7 +313,9 @@ _ERRNO_CLASS = {
     errno.EEXIST: "ConfigError", errno.ENOTEMPTY: "ConfigError", errno.ENOSPC: "SandboxError",
     errno.EDQUOT: "SandboxError", errno.EACCES: "ConfigError", errno.EPERM: "ConfigError",
     errno.EROFS: "ConfigError", errno.ELOOP: "ConfigError", errno.ENAMETOOLONG: "ConfigError",
-    errno.ENOEXEC: "ConfigError", errno.EINVAL: "ConfigError",
+    errno.ENOEXEC: "ConfigError", errno.EINVAL: "ConfigError", errno.EBUSY: "StateError",
+    errno.ETXTBSY: "StateError", errno.EXDEV: "ConfigError", errno.ENXIO: "ConfigError", errno.ENODEV: "ConfigError",
+    errno.EFBIG: "ConfigError", errno.EMLINK: "ConfigError", errno.EOVERFLOW: "ConfigError",
 }
 
 
@@ -329,6 +331,10 @@ def _error(rid, e: OSError, what: str) -> dict:
         errno.EROFS: "that path is on a read-only mount",
         errno.EINVAL: "only regular files can be read this way",
         errno.ELOOP: "the path leads through a /proc link of a process or too many symlinks; give a plain path",
+        errno.EBUSY: "it is a mount point or in use; what the sandbox was created with stays until it ends",
+        errno.ETXTBSY: "a running program is that file; end the command first",
+        errno.ENXIO: "it is a device or socket, not a file",
+        errno.ENODEV: "it is a device or socket, not a file",
     }.get(e.errno, "check the path and try again")
     return {"rid": rid, "ok": False, "error": _ERRNO_CLASS.get(e.errno, "SandboxError"),
             "message": f"{what}: {os.strerror(e.errno or 0)}; {fix}.", "errno": e.errno}
