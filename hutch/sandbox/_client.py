@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import os
+import random
 import re
 import select
 import socket
@@ -30,7 +32,7 @@ import httpx
 from hutch._core import paths
 from hutch._core.errors import DaemonError, NotFoundError
 from hutch.sandbox._remote import ENV_URL, Remote
-from hutch.sandbox._remote import unverified_hint, verification_failure
+from hutch.sandbox._remote import CONNECT_BACKOFF, reset_while_connecting, unverified_hint, verification_failure
 from hutch.sandbox._api import error_from_answer
 AUTOSTART_TIMEOUT = 20.0   # seconds to wait for a spawned daemon's socket
 _CONNECT_TIMEOUT = 10.0
@@ -421,7 +423,8 @@ class Client:
     def request(self, method: str, path: str, *, stream: bool = False, **kw) -> httpx.Response:
         """Send a request; map error answers to hutch errors; start the local daemon if none runs."""
         quick = self._quick
-        for attempt in (0, 1):
+        backoff = iter(CONNECT_BACKOFF)
+        for attempt in itertools.count():
             try:
                 resp = quick.quick(method, path, kw) if quick is not None else None
                 if resp is None:
@@ -430,6 +433,9 @@ class Client:
                     resp.read()
                 break
             except httpx.ConnectError as e:
+                if self.ep.url and reset_while_connecting(e) and (delay := next(backoff, None)) is not None:
+                    time.sleep(delay * random.uniform(0.5, 1.5))   # the listener's per-address cap: nothing was sent
+                    continue
                 if attempt or self.ep.url or _denied(e):
                     raise _unreachable(self.ep, e) from e
                 _no_autostart_for(self.ep, path)
@@ -461,11 +467,15 @@ class AsyncClient:
     async def request(self, method: str, path: str, *, stream: bool = False, **kw) -> httpx.Response:
         import asyncio
 
-        for attempt in (0, 1):
+        backoff = iter(CONNECT_BACKOFF)
+        for attempt in itertools.count():
             try:
                 resp = await self.http.send(self.http.build_request(method, path, **kw), stream=stream)
                 break
             except httpx.ConnectError as e:
+                if self.ep.url and reset_while_connecting(e) and (delay := next(backoff, None)) is not None:
+                    await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+                    continue
                 if attempt or self.ep.url or _denied(e):
                     raise _unreachable(self.ep, e) from e
                 _no_autostart_for(self.ep, path)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 
 from hutch._core.errors import DaemonError
@@ -130,16 +132,44 @@ class Remote:
                               "`hutch serve --listen HOST:PORT --token-file PATH`.") from e
 
     def connect(self, timeout: float) -> socket.socket:
-        """A TLS socket to the daemon, verified (for the lease and health pings)."""
-        raw = socket.create_connection((self.host, self.port), timeout=timeout)
-        try:
-            return self.ssl_context().wrap_socket(raw, server_hostname=self.host)
-        except ssl.SSLCertVerificationError as e:
-            raw.close()
-            raise DaemonError(f"{unverified_hint(self.url)} ({e.verify_message}).") from e
-        except BaseException:
-            raw.close()
-            raise
+        """A TLS socket to the daemon, verified (for the lease and health pings); a connection reset before
+        the handshake ended (the daemon's cap of unauthenticated connections per address) is retried."""
+        for delay in (*CONNECT_BACKOFF, None):
+            raw = socket.create_connection((self.host, self.port), timeout=timeout)
+            try:
+                return self.ssl_context().wrap_socket(raw, server_hostname=self.host)
+            except ssl.SSLCertVerificationError as e:
+                raw.close()
+                raise DaemonError(f"{unverified_hint(self.url)} ({e.verify_message}).") from e
+            except BaseException as e:
+                raw.close()
+                if not reset_while_connecting(e):
+                    raise
+                if delay is None:
+                    raise DaemonError(f"the hutch daemon at {self.url} reset every connection for "
+                                      f"{sum(CONNECT_BACKOFF):.0f} s ({e}): more clients from this address are "
+                                      "connecting at once than its --max-tcp-per-peer allows; raise that cap, or "
+                                      "open fewer connections at once.") from e
+            time.sleep(delay * random.uniform(0.5, 1.5))
+        raise AssertionError("unreachable")
+
+
+#: Seconds between attempts to connect when the daemon reset the connection during the TLS handshake: its
+#: listener resets a peer's connections beyond its cap of unauthenticated ones (docs/api.md), so a burst of
+#: clients from one address (a platform's host, a NAT) retries rather than fails. Nothing was sent yet, so
+#: any request may be retried.
+CONNECT_BACKOFF = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 2.0, 3.0)
+
+
+def reset_while_connecting(e: BaseException) -> bool:
+    """Whether `e` (or a cause of it) is a connection reset or closed by the peer during the handshake."""
+    seen = 0
+    while e is not None and seen < 10:
+        if isinstance(e, (ConnectionResetError, ConnectionAbortedError, ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
 
 
 def verification_failure(e: BaseException) -> ssl.SSLCertVerificationError | None:
@@ -161,5 +191,5 @@ def _fmt(h: str) -> str:
 _lock = threading.Lock()
 _contexts: dict[tuple, ssl.SSLContext] = {}
 
-__all__ = ["ENV_CA", "ENV_FINGERPRINT", "ENV_TOKEN", "ENV_TOKEN_FILE", "ENV_URL", "Remote", "unverified_hint",
-           "verification_failure"]
+__all__ = ["CONNECT_BACKOFF", "ENV_CA", "ENV_FINGERPRINT", "ENV_TOKEN", "ENV_TOKEN_FILE", "ENV_URL", "Remote", "unverified_hint",
+           "reset_while_connecting", "verification_failure"]
