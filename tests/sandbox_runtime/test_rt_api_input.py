@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -41,7 +42,7 @@ def test_json_bodies_refuse_nan_infinity_deep_nesting_and_oversize(api, image):
     _error(_raw(api, f"/v1/sandboxes/{sid}/exec", body), 400, "ConfigError", "not JSON")
 
 
-def test_long_polls_refuse_nan_infinity_and_negative_timeouts(api, image):
+def test_long_polls_refuse_nan_infinity_and_negative_timeouts(api, daemon, image):
     sid = api.create(image)["id"]
     for t in ("nan", "inf", "1e400", "-1", "soon"):
         t0 = time.monotonic()
@@ -49,6 +50,8 @@ def test_long_polls_refuse_nan_infinity_and_negative_timeouts(api, image):
         _error(r, 400, "ConfigError", "seconds")
         assert time.monotonic() - t0 < 5
     assert api.http.post(f"/v1/sandboxes/{sid}/wait", params={"timeout": "0"}).json()["status"] == "running"
+    # the refusal came after the wait's coroutine was made, which then was never awaited
+    assert "was never awaited" not in Path(daemon.log).read_text(errors="replace")
 
 
 def test_a_long_poll_is_capped():

@@ -35,6 +35,7 @@ from schemathesis.generation import GenerationMode  # noqa: E402
 
 from hutch._core import errors  # noqa: E402
 from hutch.sandbox._host.daemon.openapi import OPERATIONS  # noqa: E402
+from hutch.sandbox._host.instance import names_for  # noqa: E402
 from rt_support import Daemon  # noqa: E402
 
 schemathesis.serializer.alias("application/x-tar", "application/octet-stream")   # an archive is raw bytes
@@ -91,6 +92,9 @@ def world(busybox_root, tmp_path_factory):
             r = unix.post(f"/v1/sandboxes/{sid}/exec", json={"argv": ["sh", "-c", "mkdir -p /home/user/d && "
                                                                       "echo hi > /home/user/f.txt && ln -s / /home/user/link"]})
             assert r.status_code == 200
+        r = unix.put(f"/v1/sandboxes/{ids[1]}/network", json={"network": {"mode": "allow", "domains": ["example.com"]}})
+        assert r.status_code == 204, r.text
+        assert _links(d), "a sandbox with a network policy has a veth: the leak check must see it"
         assert unix.post("/v1/volumes", json={"name": "fuzzvol", "create": True}).status_code == 200
         assert unix.put("/v1/volumes/fuzzvol/files/write", params={"path": "/a.txt"}, content=b"a").status_code == 204
         # a command that waits on its stdin: the exec routes get a real exec id to chew on
@@ -114,12 +118,26 @@ def world(busybox_root, tmp_path_factory):
         tcp.close()
         d.stop()
         d.cleanup_cgroups()
+    assert not _links(d), f"veths left after the daemon stopped: {_links(d)}"
+    assert not _nft_table(d), "the daemon's nftables table was left after it stopped"
     stopped = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(d.run_dir) in line]
     assert not stopped, f"mounts left after the daemon stopped: {stopped}"
     assert not _cgroups(d), "cgroups left after the daemon stopped"
     assert set(os.listdir("/")) <= root_before, f"new entries on the host's /: {set(os.listdir('/')) - root_before}"
     escaped = sorted(p.name for p in base.iterdir()) + sorted(os.listdir(bind_src))
     assert escaped == ["bind-src", "run", "run-daemon.log", "state"], f"files outside a volume: {escaped}"
+
+
+def _links(d: Daemon) -> list[str]:
+    """The veths of this daemon's egress gateway (its own prefix: other daemons' are not counted)."""
+    prefix = names_for(d.run_dir).link_prefix
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=10).stdout
+    return [n for n in (ln.split(":")[1].strip().split("@")[0] for ln in out.splitlines()) if n.startswith(prefix)]
+
+
+def _nft_table(d: Daemon) -> bool:
+    out = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, timeout=10).stdout
+    return names_for(d.run_dir).nft_table in out
 
 
 def _fd_count(pid: int) -> int:
@@ -153,12 +171,16 @@ def _leftovers(w) -> list[str]:
         mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
                   if str(d.run_dir / "mnt") in line]
         fds = _fd_count(d.proc.pid)
-        if (len(extra) <= pool and not mounts and fds <= w["fds"] + 8) or time.monotonic() > deadline:
+        links = _links(d)
+        if (len(extra) <= pool and not mounts and not links and fds <= w["fds"] + 8) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     if len(extra) > pool:
         left.append(f"{len(extra)} cgroups beyond the warm pool's {pool}: {sorted(extra)[:5]}")
-    left += [f"mount {m}" for m in mounts]
+    left += [f"mount {m}" for m in mounts] + [f"veth {n}" for n in links]
+    log = Path(d.log).read_text(errors="replace")   # an exception nobody handled, a coroutine never awaited
+    left += [f"daemon log: {line.strip()[:200]}" for line in log.splitlines()
+             if "Traceback" in line or "Warning:" in line or "Error handling request" in line][:5]
     if fds > w["fds"] + 8:
         left.append(f"daemon descriptors {w['fds']} -> {fds}: " +
                     ", ".join(sorted({os.readlink(f"/proc/{d.proc.pid}/fd/{n}").split(":")[0]

@@ -222,8 +222,9 @@ class Handlers:
 
     async def wait(self, request):
         sb = self.mgr.get(request.match_info["id"])
+        seconds = query_seconds(request)   # before the coroutine below exists: a refusal must not orphan it
         try:
-            await asyncio.wait_for(sb.gone.wait(), query_seconds(request))
+            await asyncio.wait_for(sb.gone.wait(), seconds)
         except asyncio.TimeoutError:
             pass
         return web.json_response(sb.info())
@@ -344,8 +345,9 @@ class Handlers:
         holds the rest back) still learns that the command exited, was killed or timed out."""
         sb = self.mgr.get(request.match_info["id"])
         ex = self.mgr.execs.find(sb, request.match_info["eid"])
+        seconds = query_seconds(request)
         try:
-            await asyncio.wait_for(asyncio.shield(ex.exited), query_seconds(request))
+            await asyncio.wait_for(asyncio.shield(ex.exited), seconds)
         except asyncio.TimeoutError:
             return web.json_response({"returncode": None, "reason": None})
         return web.json_response(self.mgr.execs.result(sb, ex))
