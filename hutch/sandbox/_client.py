@@ -32,7 +32,7 @@ import httpx
 from hutch._core import paths
 from hutch._core.errors import DaemonError, NotFoundError
 from hutch.sandbox._remote import ENV_URL, Remote
-from hutch.sandbox._remote import CONNECT_BACKOFF, reset_while_connecting, unverified_hint, verification_failure
+from hutch.sandbox._remote import CONNECT_BACKOFF, cap_hint, reset_while_connecting, unverified_hint, verification_failure
 from hutch.sandbox._api import error_from_answer
 AUTOSTART_TIMEOUT = 20.0   # seconds to wait for a spawned daemon's socket
 _CONNECT_TIMEOUT = 10.0
@@ -209,6 +209,8 @@ def _unreachable(ep: Endpoint, e: Exception) -> DaemonError:
         return DaemonError(f"you may not connect to the hutch daemon's socket {ep.socket} (permission denied): it "
                            "serves root and the members of the group it was started with (`hutch serve --group "
                            "NAME`); ask its operator to add you to that group.")
+    if ep.url and reset_while_connecting(e):   # retried with backoff already (Client.request)
+        return DaemonError(cap_hint(ep.url, e))
     return DaemonError(
         f"cannot reach the hutch daemon at {ep.describe()} ({e}); start it with `hutch serve`"
         + (" there." if ep.url else ", or unset HUTCH_SOCKET to use the default socket.")

@@ -123,35 +123,50 @@ class Remote:
         probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         probe.check_hostname = False
         probe.verify_mode = ssl.CERT_NONE   # only to read the certificate; it is compared with the pin below
-        try:
+
+        def once() -> bytes:
             with socket.create_connection((self.host, self.port), timeout=PROBE_TIMEOUT) as raw:
                 with probe.wrap_socket(raw, server_hostname=self.host) as s:
                     return s.getpeercert(binary_form=True)
+        try:
+            return self._retrying(once)
         except (OSError, ssl.SSLError) as e:
             raise DaemonError(f"cannot reach the hutch daemon at {self.url} ({e}); start it there with "
                               "`hutch serve --listen HOST:PORT --token-file PATH`.") from e
 
     def connect(self, timeout: float) -> socket.socket:
-        """A TLS socket to the daemon, verified (for the lease and health pings); a connection reset before
-        the handshake ended (the daemon's cap of unauthenticated connections per address) is retried."""
-        for delay in (*CONNECT_BACKOFF, None):
+        """A TLS socket to the daemon, verified (for the lease and health pings)."""
+        def once() -> socket.socket:
             raw = socket.create_connection((self.host, self.port), timeout=timeout)
             try:
                 return self.ssl_context().wrap_socket(raw, server_hostname=self.host)
             except ssl.SSLCertVerificationError as e:
                 raw.close()
                 raise DaemonError(f"{unverified_hint(self.url)} ({e.verify_message}).") from e
-            except BaseException as e:
+            except BaseException:
                 raw.close()
+                raise
+        return self._retrying(once)
+
+    def _retrying(self, once):
+        """`once()`, again after a connection reset before the handshake ended (the daemon's cap of
+        unauthenticated connections per address, CONNECT_BACKOFF); past the backoff, an error naming the cap."""
+        for delay in (*CONNECT_BACKOFF, None):
+            try:
+                return once()
+            except (OSError, ssl.SSLError) as e:
                 if not reset_while_connecting(e):
                     raise
                 if delay is None:
-                    raise DaemonError(f"the hutch daemon at {self.url} reset every connection for "
-                                      f"{sum(CONNECT_BACKOFF):.0f} s ({e}): more clients from this address are "
-                                      "connecting at once than its --max-tcp-per-peer allows; raise that cap, or "
-                                      "open fewer connections at once.") from e
+                    raise DaemonError(cap_hint(self.url, e)) from e
             time.sleep(delay * random.uniform(0.5, 1.5))
         raise AssertionError("unreachable")
+
+
+def cap_hint(url: str, e: BaseException) -> str:
+    return (f"the hutch daemon at {url} reset every connection for {sum(CONNECT_BACKOFF):.0f} s ({e}): more "
+            "clients from this address are connecting at once than its --max-tcp-per-peer allows; raise that "
+            "cap, or open fewer connections at once.")
 
 
 #: Seconds between attempts to connect when the daemon reset the connection during the TLS handshake: its
@@ -191,5 +206,5 @@ def _fmt(h: str) -> str:
 _lock = threading.Lock()
 _contexts: dict[tuple, ssl.SSLContext] = {}
 
-__all__ = ["CONNECT_BACKOFF", "ENV_CA", "ENV_FINGERPRINT", "ENV_TOKEN", "ENV_TOKEN_FILE", "ENV_URL", "Remote", "unverified_hint",
-           "reset_while_connecting", "verification_failure"]
+__all__ = ["CONNECT_BACKOFF", "ENV_CA", "ENV_FINGERPRINT", "ENV_TOKEN", "ENV_TOKEN_FILE", "ENV_URL", "Remote",
+           "cap_hint", "reset_while_connecting", "unverified_hint", "verification_failure"]

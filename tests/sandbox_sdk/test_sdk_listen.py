@@ -238,3 +238,23 @@ def test_a_burst_of_clients_from_one_address_is_served(work, busybox_root):
         assert "unauthenticated connections" in Path(r.log).read_text()   # the cap did reset some
     finally:
         stop_remote(r)
+
+
+def test_a_cap_that_stays_full_names_itself(work):
+    """While the address's unauthenticated connections stay at the cap, the SDK's retries run out and the
+    error names the cap to raise (not "start the daemon")."""
+    r = start_remote(work, "--max-tcp-per-peer", "2", "--header-timeout", "60")
+    held = [socket.create_connection(("127.0.0.1", r.port), timeout=5) for _ in range(2)]   # never speak TLS
+    try:
+        time.sleep(0.3)
+        os.environ.update(HUTCH_URL=r.url, HUTCH_TOKEN_FILE=str(r.token_file), HUTCH_FINGERPRINT=r.fingerprint,
+                          HUTCH_SOCKET=str(r.run_dir / "no-such.sock"))
+        os.environ.pop("HUTCH_TOKEN", None)
+        t0 = time.monotonic()
+        with pytest.raises(hutch.DaemonError, match="max-tcp-per-peer"):
+            hutch.Sandbox.list()
+        assert 3 < time.monotonic() - t0 < 30   # it retried with backoff first
+    finally:
+        for s in held:
+            s.close()
+        stop_remote(r)
