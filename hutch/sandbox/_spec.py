@@ -534,7 +534,11 @@ class SandboxSpec:
             if "\0" in v:
                 raise InvalidSpecError(f"env {k}={v!r} holds a NUL byte, which no environment can carry.")
         tgs = _str_pairs(tags, "tags")
-        caps = tuple(sorted(set(capabilities or ())))
+        caps = capabilities or ()
+        if isinstance(caps, str) or not isinstance(caps, (list, tuple, set, frozenset)) or \
+                not all(isinstance(c, str) for c in caps):
+            raise InvalidSpecError(f"capabilities={caps!r} must be a list of names from {list(BUILD_CAPABILITIES)}.")
+        caps = tuple(sorted(set(caps)))
         if not set(caps) <= set(BUILD_CAPABILITIES):
             raise InvalidSpecError(f"capabilities={list(caps)!r}: a sandbox may keep only {list(BUILD_CAPABILITIES)}.")
         if name is not None and (not isinstance(name, str) or not VOLUME_NAME_RE.match(name)):
@@ -589,7 +593,8 @@ def _pairs_dict(value, what: str) -> dict | None:
     """to_dict's sorted [key, value] pairs -> the dict `build` takes (which checks the strings)."""
     if value is None:
         return None
-    if not isinstance(value, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
+    if not isinstance(value, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2
+                                                       and isinstance(p[0], str) for p in value):
         raise InvalidSpecError(f"{what}={value!r} must be a list of [name, value] pairs, as SandboxSpec.to_dict() makes.")
     return dict(value)
 

@@ -91,9 +91,14 @@ def test_specs_refuse_nul_nonfinite_absurd_sizes_and_non_list_ports(api, image):
         ({"limits": {"disk": 10**30}}, "1 PiB"),                     # was a 500 "disk full"
         ({"limits": {"memory": "99999999T"}}, "1 PiB"),
         ({"mounts": [{"kind": "tmpfs", "target": "/t", "size": 10**30}]}, "1 PiB"),
+        ({"env": [[["A"], "x"]]}, "pairs"),                           # was a 500: unhashable list as a key
+        ({"tags": [[{"k": 1}, "v"]]}, "pairs"),
     ]:
         code, body = api.create_error(image, **extra)
         assert (code, body["error"]) == (400, "InvalidSpecError") and words in body["message"], (extra, body)
+    for caps in (True, 5, "CHOWN", [["CHOWN"]]):                     # True and 5 were a 500 TypeError
+        code, body = api.create_error(image, capabilities=caps)
+        assert (code, body["error"]) == (400, "InvalidSpecError") and "capabilities" in body["message"], (caps, body)
     for ports in (5, 5.5, "443", {"443": 1}):                        # 5 and 5.5 were a 500 TypeError
         code, body = api.create_error(image, network={"mode": "allow", "domains": ["example.com"], "ports": ports})
         assert (code, body["error"]) == (400, "NetworkPolicyError") and "lists" in body["message"], (ports, body)
