@@ -24,7 +24,7 @@ import hutch
 from hutch.integrations._common import MAX_ENTRIES, MAX_TEXT, number_arg, text_arg
 
 ROOT = "/memories"
-_CLASS = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+_CLASS = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}\Z")
 _FACT_BULLETS = re.compile(r"(?m)^##[ \t]+Facts[ \t]*\r?\n(?:[ \t]*\r?\n)*[ \t]*[-*] ")
 NUMBER_WIDTH = 6
 #: Characters a view shows at most (a model's context is not a place for megabytes): past it, view a range.

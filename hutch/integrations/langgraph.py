@@ -33,9 +33,9 @@ from hutch.integrations._common import MAX_TEXT, as_memory, require
 BaseStore, Item, SearchItem = _base.BaseStore, _base.Item, _base.SearchItem
 GetOp, PutOp, SearchOp, ListNamespacesOp = _base.GetOp, _base.PutOp, _base.SearchOp, _base.ListNamespacesOp
 
-_PART = re.compile(r"^[a-z0-9]+(?:[-_][a-z0-9]+)*$")
-_HASHED_PART = re.compile(r"^x[0-9a-f]{16}$")
-_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+=-]{0,99}$")
+_PART = re.compile(r"^[a-z0-9]+(?:[-_][a-z0-9]+)*\Z")
+_HASHED_PART = re.compile(r"^x[0-9a-f]{16}\Z")
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+=-]{0,99}\Z")
 _META = "langgraph"
 
 

@@ -26,8 +26,8 @@ STANDARD_KEYS = (
 #: Names that may never be an entity class (derived state, git, link dirs).
 RESERVED_CLASSES = frozenset({".hutch", ".git"})
 LINKS_SUFFIX = ".links"
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
-_SLUG_RE = re.compile(r"^[^\s/\\.][^/\\]{0,119}$")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}\Z")
+_SLUG_RE = re.compile(r"^[^\s/\\.][^/\\]{0,119}\Z")
 MAX_SLUG = 80
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -274,7 +274,7 @@ def fast_meta(fm: str) -> dict[str, Any] | None:
 
 # ----------------------------------------------------------------- rendering
 
-_PLAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9 _.:/@+\-]*$")
+_PLAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9 _.:/@+\-]*\Z")
 _AMBIGUOUS_RE = re.compile(
     r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF"
     r"|null|Null|NULL|~|[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?|0x[0-9a-fA-F_]+|0o?[0-7_]+"

@@ -190,8 +190,8 @@ class Mount:
 #: Request headers a credential may not set: they frame the request or steer the connection.
 _HEADERS_NOT_SET = {"host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer",
                     "keep-alive", "expect", "proxy-connection"}
-_HEADER_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_HEADER_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}\Z")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 MIN_SECRET = 8          # characters: a shorter one could not be told from ordinary text when it is redacted
 MAX_SECRET = 8192
 

@@ -57,3 +57,12 @@ def test_responses_are_counted_by_their_framing_and_kept_in_bounded_memory():
     for _ in range(100):
         r.feed(b"x" * 65536)          # a body that ends with the connection is not kept
     assert len(r._buf) < 65536 and r.done == 3
+
+
+def test_a_header_or_variable_name_with_a_final_newline_is_refused():
+    import hutch
+
+    with pytest.raises(hutch.NetworkPolicyError):
+        hutch.Secret.from_value("s3cr3t-value", header="Authorization\n")
+    with pytest.raises(hutch.NetworkPolicyError):
+        hutch.Secret.from_env("EXAMPLE_KEY\n")

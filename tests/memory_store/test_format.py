@@ -148,9 +148,10 @@ def test_slugify():
 
 
 def test_reserved_class_names_are_refused(mem):
-    for cls in [".hutch", ".git", "Actors", "a/b", ""]:
+    for cls in [".hutch", ".git", "Actors", "a/b", "", "notes\n"]:   # `$` matched before a final newline
         with pytest.raises(hutch.StorePathError):
             mem.put(cls, "x")
+    assert not fmt.is_name("notes\n")
 
 
 def test_symlinked_entity_file_is_refused(mem, store_dir, tmp_path):

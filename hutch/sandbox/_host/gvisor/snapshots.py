@@ -22,7 +22,7 @@ from pathlib import Path
 from hutch._core import paths
 from hutch._core.errors import ConfigError, NotFoundError, StateError
 
-ID_RE = re.compile(r"^[0-9a-f]{32}$")
+ID_RE = re.compile(r"^[0-9a-f]{32}\Z")
 #: The files `runsc checkpoint --compression=none` writes (more than these: not an image of ours).
 IMAGE_FILES = frozenset({"checkpoint.img", "pages_meta.img", "pages.img"})
 #: What an image may hold beyond the sandbox's memory limit: the sentry's own state (6.5 MiB measured).
