@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hutch
-from hutch.sandbox._spec import BUILD_CAPABILITIES, EXEC_USERS, NAME_PATTERN
+from hutch.sandbox._spec import BUILD_CAPABILITIES, EXEC_USERS, NAME_PATTERN, ON_IDLE, RUNTIMES
 
 _ERR = {"description": "a hutch error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 _INFO = {"description": "sandbox info", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Sandbox"}}}}
@@ -62,13 +62,21 @@ OPERATIONS: dict[tuple[str, str], dict] = {
     ("post", "/v1/sandboxes/{id}/resume"): {"summary": "Let a paused sandbox run again", "responses": {"200": _INFO}},
     ("post", "/v1/sandboxes/{id}/snapshot-memory"): {"summary": "Memory snapshot of a gVisor sandbox (it runs on)",
                                                      "responses": {"201": {"description": "the snapshot"}}},
-    ("post", "/v1/sandboxes/{id}/fork"): {"summary": "n running copies of a gVisor sandbox; body {n, detach}",
+    ("post", "/v1/sandboxes/{id}/fork"): {"summary": "n running copies of a gVisor sandbox",
+                                          "requestBody": _json_body({"type": "object", "properties": {
+                                              "n": {"type": "integer", "minimum": 1, "maximum": 16},
+                                              "detach": {"type": "boolean"}}}, required=False),
                                           "responses": {"201": {"description": "{sandboxes: [info, ...]}"}}},
     ("get", "/v1/memory-snapshots"): {"summary": "The memory snapshots of this host",
                                       "responses": {"200": {"description": "{snapshots: [...]}"}}},
     ("get", "/v1/memory-snapshots/{sid}"): {"summary": "One memory snapshot", "responses": {"200": {"description": "it"}}},
     ("delete", "/v1/memory-snapshots/{sid}"): {"summary": "Delete a memory snapshot", "responses": {"204": {"description": "gone"}}},
-    ("post", "/v1/memory-snapshots/{sid}/restore"): {"summary": "A new sandbox from a memory snapshot; body {detach, tags}",
+    ("post", "/v1/memory-snapshots/{sid}/restore"): {"summary": "A new sandbox from a memory snapshot",
+                                                     "requestBody": _json_body({"type": "object", "properties": {
+                                                         "detach": {"type": "boolean"},
+                                                         "tags": {"type": "object",
+                                                                  "additionalProperties": {"type": "string"}}}},
+                                                         required=False),
                                                      "responses": {"201": _INFO}},
     ("post", "/v1/sandboxes/{id}/wait"): {"summary": "Long poll until the sandbox ends or the timeout passes",
                                           "parameters": [_TIMEOUT_Q],
@@ -171,7 +179,9 @@ _SCHEMAS = {
         "env": {"$ref": "#/components/schemas/Pairs"}, "tags": {"$ref": "#/components/schemas/Pairs"},
         "name": {"type": "string", "nullable": True, "pattern": NAME_PATTERN},
         "detach": {"type": "boolean", "description": "false: ended when its creator's lease closes"},
-        "capabilities": {"type": "array", "items": {"type": "string", "enum": list(BUILD_CAPABILITIES)}}}},
+        "capabilities": {"type": "array", "items": {"type": "string", "enum": list(BUILD_CAPABILITIES)}},
+        "runtime": {"type": "string", "enum": list(RUNTIMES), "description": "native (default) or gvisor (runsc)"},
+        "on_idle": {"type": "string", "enum": list(ON_IDLE), "description": "what idle_timeout does"}}},
     "Pairs": {"type": "array", "description": "[name, value] pairs",
               "items": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2}},
     "Mount": {"type": "object", "required": ["kind", "target"], "properties": {
@@ -187,7 +197,15 @@ _SCHEMAS = {
         "mode": {"type": "string", "enum": ["none", "allow", "open"]},
         "domains": {"type": "array", "items": {"type": "string"}},
         "cidrs": {"type": "array", "items": {"type": "string"}},
-        "ports": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 65535}}}},
+        "ports": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 65535}},
+        "credentials": {"type": "object", "description": "allowed host -> Secret.to_dict(reveal=True): the gateway "
+                                                         "adds it to the sandbox's HTTPS requests to that host",
+                        "additionalProperties": {"$ref": "#/components/schemas/Secret"}}}},
+    "Secret": {"type": "object", "properties": {
+        "env": {"type": "string", "nullable": True}, "header": {"type": "string"}, "format": {"type": "string"},
+        "requests_per_minute": {"type": "integer", "minimum": 1, "nullable": True},
+        "bytes_per_minute": {"type": "integer", "minimum": 1, "nullable": True},
+        "value": {"type": "string", "nullable": True, "description": "the secret; never in an answer"}}},
     "Limits": {"type": "object", "properties": {
         "memory": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}], "description": "bytes or '512M'"},
         "cpu": {"type": "number", "minimum": 0.01, "maximum": 1024},
@@ -211,7 +229,7 @@ def openapi_document(app=None) -> dict:
     for (method, path), op in OPERATIONS.items():
         op = {**op, "operationId": f"{method}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '').replace('.', '_')}"}
         params = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
-                  for n in ("id", "eid", "key", "name") if "{" + n + "}" in path]
+                  for n in ("id", "eid", "key", "name", "sid") if "{" + n + "}" in path]
         if params:
             op["parameters"] = params + op.get("parameters", [])
         # every error is a 4xx with an Error body; a 5xx is a daemon bug, except 503 while it cannot serve

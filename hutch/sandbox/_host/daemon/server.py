@@ -193,7 +193,7 @@ class Handlers:
         body = await json_body(request, optional=True)
         n = body.get("n", 1)
         # shielded as a create is: copies a client leaves behind lose their lease and end after the grace period
-        kids = await asyncio.shield(self.mgr.gvisor.fork(sb, n, detach=bool(body.get("detach"))))
+        kids = await asyncio.shield(self.mgr.gvisor.fork(sb, n, detach=_flag(body.get("detach", False), "detach")))
         return web.json_response({"sandboxes": [k.info() for k in kids]}, status=201)
 
     async def restore(self, request):
@@ -201,7 +201,7 @@ class Handlers:
         tags = body.get("tags") or {}
         if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
             raise ConfigError("tags must map strings to strings.")
-        sb = await asyncio.shield(self.mgr.gvisor.restore(request.match_info["sid"], detach=bool(body.get("detach")),
+        sb = await asyncio.shield(self.mgr.gvisor.restore(request.match_info["sid"], detach=_flag(body.get("detach", False), "detach"),
                                                           tags=tags))
         return web.json_response(sb.info(), status=201)
 
@@ -480,6 +480,12 @@ class Handlers:
         if self.mgr.network is None:
             return web.json_response({"decisions": []})
         return web.json_response(self.mgr.network.log(sb.id))
+
+
+def _flag(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} must be true or false.")
+    return value
 
 
 def _drop_snapshot(task: asyncio.Future) -> None:
