@@ -25,6 +25,12 @@ OUTPUT_BUFFER = 2 << 20
 WAIT_POLL = 30.0   # seconds per long-poll request of a wait() (of a sandbox, or of a command's exit)
 _HEADER = struct.Struct(">BI")
 FRAMES_CONTENT_TYPE = "application/x-hutch-frames"
+#: An exec on a terminal is a WebSocket on this route; its first message, the exec's body, is due within
+#: PTY_START_TIMEOUT seconds (docs/api.md, "Terminals").
+PTY_ROUTE = "/v1/sandboxes/{id}/exec/pty"
+PTY_START_TIMEOUT = 10.0
+PTY_DEFAULT_SIZE = (24, 80)
+PTY_MAX_SIZE = 0xFFFF   # rows and columns: what struct winsize holds
 
 # Statuses after which a sandbox runs nothing more.
 ENDED = frozenset({"exited", "terminated", "timeout", "idle_timeout", "oom", "failed"})
@@ -334,6 +340,42 @@ def exec_body(argv, *, timeout=None, workdir=None, env=None, stdin=False, stdout
     if user != "root":   # only when said: a daemon of an earlier version knows no such field
         body["user"] = user
     return body
+
+
+def pty_size(pty) -> "tuple[int, int]":
+    """exec(pty=...) -> (rows, cols): True for 24 x 80, or a (rows, cols) pair."""
+    if pty is True:
+        return PTY_DEFAULT_SIZE
+    if isinstance(pty, (tuple, list)) and len(pty) == 2:
+        return check_pty_dims(*pty)
+    raise errors.InvalidSpecError(f"pty={pty!r} must be True (a 24 x 80 terminal) or (rows, cols), like (40, 120).")
+
+
+def check_pty_dims(rows, cols) -> "tuple[int, int]":
+    for name, v in (("rows", rows), ("cols", cols)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= PTY_MAX_SIZE:
+            raise errors.InvalidSpecError(f"{name}={v!r} must be a whole number from 1 to {PTY_MAX_SIZE} "
+                                          "(a terminal's size).")
+    return rows, cols
+
+
+def pty_body(argv, *, size, timeout=None, workdir=None, env=None, user="root") -> dict[str, Any]:
+    """The first message of an exec on a terminal: exec_body's checks, and the terminal's size."""
+    body = exec_body(argv, timeout=timeout, workdir=workdir, env=env, user=user)
+    del body["stdin"]
+    body["pty"] = {"rows": size[0], "cols": size[1]}
+    return body
+
+
+def pty_message(text: str) -> dict:
+    """A daemon's text message on a terminal: {"eid"}, {"exit": {returncode, reason}} or {"error", "message"}."""
+    try:
+        d = json.loads(text)
+    except ValueError:
+        d = None
+    if not isinstance(d, dict):
+        raise errors.DaemonError(f"the daemon sent a terminal message that is not a JSON object ({text[:200]!r}).")
+    return d
 
 
 def stdin_payload(stdin) -> tuple[bool, bytes | None]:

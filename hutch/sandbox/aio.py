@@ -25,8 +25,9 @@ from hutch.sandbox._sbfile import SandboxFile
 from hutch.sandbox._spec import DEFAULT_CPU, DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TIMEOUT, DEFAULT_WORKDIR, Network
 from hutch.sandbox._api import (
     DEFAULT_MAX_OUTPUT, ENDED, WAIT_POLL, ExecResult, NetworkLog, SandboxState, check_max_output, exec_body,
-    stdin_payload, tag_params, terminated_error,
+    pty_size, stdin_payload, tag_params, terminated_error,
 )
+from hutch.sandbox._terminal import AsyncPtyProcess
 from hutch.sandbox.image import Image
 from hutch.sandbox.interpreter import CodeContext, Execution
 from hutch.sandbox.sandbox import build_spec
@@ -194,9 +195,16 @@ class AsyncSandbox(SandboxState):
 
     async def exec(self, *argv: str, timeout: "float | None" = None, workdir: "str | None" = None,
                    env: "dict | None" = None, stdin: "bool | bytes | str" = True, text: bool = True,
-                   stdout: bool = True, stderr: bool = True, user: str = "root") -> AsyncProcess:
+                   stdout: bool = True, stderr: bool = True, user: str = "root",
+                   pty: "bool | tuple[int, int]" = False) -> "AsyncProcess | AsyncPtyProcess":
         """Start `argv` in the sandbox and return its handle (similar to asyncio.subprocess.Process;
-        flow control and stdout=/stderr= as in `Sandbox.exec`)."""
+        flow control and stdout=/stderr= as in `Sandbox.exec`). `pty=True` (or (rows, cols)): on a terminal of
+        its own, an `AsyncPtyProcess` (see `Sandbox.exec`)."""
+        if pty is not False:
+            if self._info.get("status") in ENDED:
+                raise terminated_error(self.id, self._info)
+            return await AsyncPtyProcess.start(self._client, self.id, argv, pty_size(pty), timeout=timeout,
+                                               workdir=workdir, env=env, user=user)
         return await self._exec(argv, timeout, workdir, env, stdin, text, stdout, stderr, None, background=True,
                                 user=user)
 

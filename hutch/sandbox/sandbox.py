@@ -28,8 +28,9 @@ from hutch.sandbox._spec import (
 )
 from hutch.sandbox._api import (
     DEFAULT_MAX_OUTPUT, ENDED, WAIT_POLL, ExecResult, NetworkLog, SandboxState, check_max_output,
-    exec_body, stdin_payload, tag_params, terminated_error,
+    exec_body, pty_size, stdin_payload, tag_params, terminated_error,
 )
+from hutch.sandbox._terminal import PtyProcess
 from hutch.sandbox.image import Image
 from hutch.sandbox.interpreter import CodeContext, Execution
 from hutch.sandbox.snapshot import Snapshot
@@ -228,7 +229,8 @@ class Sandbox(SandboxState):
 
     def exec(self, *argv: str, timeout: "float | None" = None, workdir: "str | None" = None,
              env: "dict | None" = None, stdin: "bool | bytes | str" = True, text: bool = True,
-             stdout: bool = True, stderr: bool = True, user: str = "root") -> Process:
+             stdout: bool = True, stderr: bool = True, user: str = "root",
+             pty: "bool | tuple[int, int]" = False) -> "Process | PtyProcess":
         """Start `argv` in the sandbox and return its handle (similar to subprocess.Popen).
 
         `timeout` ends the command (not the sandbox) after that many seconds. `stdin=True` opens a
@@ -239,8 +241,18 @@ class Sandbox(SandboxState):
         at OUTPUT_BUFFER unread bytes of a stream (2 MiB) the command blocks until it is read, so read
         every stream you keep (see hutch.Process).
 
+        `pty=True` (a 24 x 80 terminal, or `pty=(rows, cols)`) runs it on a terminal of its own, made inside
+        the sandbox (colours, line editing, Ctrl-C, job control work as in a terminal) and returns a
+        `hutch.PtyProcess`: `write()`, `read()`, `read_until()`, `resize(rows, cols)`, `wait()`; stdin,
+        stdout, stderr and text do not apply (the terminal is all three, in bytes).
+
         Example: `for line in sb.exec("ls", "-l", "/").stdout: print(line, end="")`
         """
+        if pty is not False:
+            if self._info.get("status") in ENDED:
+                raise terminated_error(self.id, self._info)
+            return PtyProcess.start(self._client, self.id, argv, pty_size(pty), timeout=timeout, workdir=workdir,
+                                    env=env, user=user)
         return self._exec(argv, timeout, workdir, env, stdin, text, stdout, stderr, None, background=True, user=user)
 
     def run(self, *argv: str, check: bool = False, timeout: "float | None" = None, workdir: "str | None" = None,

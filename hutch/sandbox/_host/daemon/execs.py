@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from hutch._core import errors
 from hutch._core.errors import ConfigError, NotFoundError, SandboxError, StateError
 from hutch.sandbox._host.native.runtime import Channel, exec_env
+from hutch.sandbox._api import PTY_DEFAULT_SIZE, PTY_MAX_SIZE
 from hutch.sandbox._spec import EXEC_USERS, SANDBOX_USER_ID
 
 PIPE_SIZE = 1 << 20
@@ -41,6 +42,7 @@ class Exec:
     timer: asyncio.TimerHandle | None = None
     streaming: bool = True             # its output response is still open (the record is kept for /wait)
     result: dict | None = None         # how it ended, worked out once (the OOM check reads a counter)
+    pty: int | None = None             # its terminal's master (a pty of the sandbox's devpts), else None
 
 
 def live_channel(sb: LiveSandbox) -> Channel:
@@ -63,9 +65,12 @@ class Execs:
     # --- exec -----------------------------------------------------------------------------
 
     async def start(self, sb: LiveSandbox, argv, env=None, workdir=None, timeout=None, stdin=False,
-                    stdout=True, stderr=True, max_output=None, user="root") -> Exec:
+                    stdout=True, stderr=True, max_output=None, user="root", pty=None) -> Exec:
+        """Start `argv` in `sb`. `pty` ({"rows", "cols"}): on a terminal of its own, made inside the sandbox,
+        whose master the record holds (`Exec.pty`) instead of pipes."""
         ch = live_channel(sb)
         await self.resume(sb)
+        size = _pty_size(pty) if pty is not None else None
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise ConfigError(f"argv={argv!r} must be a non-empty list of strings, like ['python3', '-c', 'print(1)'].")
         if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
@@ -88,6 +93,8 @@ class Execs:
         if not isinstance(cwd, str) or not cwd.startswith("/"):
             raise ConfigError(f"workdir={cwd!r} must be an absolute path inside the sandbox.")
         sb.touch()
+        if size is not None:   # the terminal is its stdin, stdout and stderr
+            stdin, stdout, stderr = False, False, False
         out_r, out_w = _output_pipe() if stdout else (None, None)
         err_r, err_w = _output_pipe() if stderr else (None, None)
         in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (None, None)
@@ -96,21 +103,29 @@ class Execs:
         ex = Exec(eid, argv, out_r, err_r, in_w, self.cgroups.oom_kills(sb.id), loop.create_future(), max_output)
         sb.exec_records[eid] = ex  # before the request: its exit may arrive right behind the reply
         fds = [fd for fd in (in_r, out_w, err_w) if fd is not None]
+        cmd_env = exec_env(sb.spec, sb.image, sb.hostname, {**sb.egress_env, **(env or {})})
+        msg = {"op": "exec", "eid": eid, "argv": argv, "env": cmd_env, "cwd": cwd,
+               "streams": [bool(stdin), stdout, stderr], "uid": SANDBOX_USER_ID if user == "user" else 0}
+        if size is not None:
+            cmd_env.setdefault("TERM", "xterm-256color")
+            msg["pty"] = list(size)
+        rfds: list[int] = []
         try:
-            reply, _ = await ch.request({"op": "exec", "eid": eid, "argv": argv,
-                                         "env": exec_env(sb.spec, sb.image, sb.hostname, {**sb.egress_env, **(env or {})}),
-                                         "cwd": cwd, "streams": [bool(stdin), stdout, stderr],
-                                         "uid": SANDBOX_USER_ID if user == "user" else 0}, fds)
+            reply, rfds = await ch.request(msg, fds)
         except BaseException:
             sb.exec_records.pop(eid, None)
             _close(out_r, err_r, in_w)
             raise
         finally:
             _close(out_w, err_w, in_r)
-        if not reply["ok"]:
+        if not reply["ok"] or (size is not None and len(rfds) != 1):
             sb.exec_records.pop(eid, None)
-            _close(out_r, err_r, in_w)
-            raise error_from_reply(reply)
+            _close(out_r, err_r, in_w, *rfds)
+            raise error_from_reply(reply) if not reply["ok"] else SandboxError("the sandbox's init sent no terminal.")
+        if size is not None:
+            ex.pty = rfds[0]
+        else:
+            _close(*rfds)
         if timeout:
             ex.timer = loop.call_later(timeout, lambda: loop.create_task(self.kill(sb, ex, signal.SIGKILL, "timeout")))
         ex.exited.add_done_callback(lambda _f: (ex.timer and ex.timer.cancel(), sb.touch()))
@@ -188,6 +203,20 @@ class Execs:
         return reply, fds
 
 
+def _pty_size(pty) -> tuple[int, int]:
+    """A pty request {"rows", "cols"} -> (rows, cols), checked."""
+    if not isinstance(pty, dict):
+        raise ConfigError(f"pty={pty!r} must be an object {{\"rows\": 24, \"cols\": 80}} (the terminal's size).")
+    return pty_dims(pty.get("rows", PTY_DEFAULT_SIZE[0]), pty.get("cols", PTY_DEFAULT_SIZE[1]))
+
+
+def pty_dims(rows, cols) -> tuple[int, int]:
+    for name, v in (("rows", rows), ("cols", cols)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= PTY_MAX_SIZE:
+            raise ConfigError(f"{name}={v!r} must be a whole number from 1 to {PTY_MAX_SIZE} (a terminal's size).")
+    return rows, cols
+
+
 def _output_pipe() -> tuple[int, int]:
     r, w = os.pipe2(os.O_CLOEXEC)
     try:  # bigger pipes: fewer, larger reads and frames for bulky output
@@ -214,4 +243,4 @@ def error_from_reply(reply: dict) -> Exception:
     return cls(reply.get("message") or "the sandbox refused the call.")
 
 
-__all__ = ["Exec", "Execs", "error_from_reply", "live_channel"]
+__all__ = ["Exec", "Execs", "error_from_reply", "live_channel", "pty_dims"]

@@ -18,6 +18,7 @@ from hutch.sandbox._host.daemon.doctor import report as doctor_report
 from hutch.sandbox._host.daemon.execs import live_channel
 from hutch.sandbox._host.daemon.http import json_body, query_flag, query_mode, query_path, query_seconds, send_fd
 from hutch.sandbox._host.daemon.manager import Manager
+from hutch.sandbox._host.daemon.terminal import serve_pty
 from hutch.sandbox._host.daemon.openapi import openapi_document
 from hutch.sandbox._host.daemon.store_routes import add_routes as add_store_routes
 from hutch.sandbox._host.gvisor import snapshots as memsnaps
@@ -105,6 +106,7 @@ def make_app(mgr: Manager, gate=None) -> web.Application:
     r.add_post("/v1/memory-snapshots/{sid}/restore", h.restore)
     r.add_get("/v1/sandboxes/{id}/lease", h.lease)
     r.add_post("/v1/sandboxes/{id}/exec", h.exec)
+    r.add_get("/v1/sandboxes/{id}/exec/pty", h.exec_pty)
     r.add_post("/v1/sandboxes/{id}/exec/{eid}/stdin", h.stdin)
     r.add_post("/v1/sandboxes/{id}/exec/{eid}/kill", h.kill)
     r.add_post("/v1/sandboxes/{id}/exec/{eid}/wait", h.exec_wait)
@@ -255,6 +257,9 @@ class Handlers:
     async def exec(self, request):
         sb = self.mgr.get(request.match_info["id"])
         body = await json_body(request)
+        if body.get("pty") is not None:
+            raise ConfigError("an exec on a terminal (pty) is a WebSocket: GET /v1/sandboxes/{id}/exec/pty, its "
+                              "first message this body (docs/api.md); the SDK's exec(..., pty=True) speaks it.")
         ex = await self.mgr.execs.start(sb, body.get("argv"), body.get("env"), body.get("workdir"),
                                        body.get("timeout"), bool(body.get("stdin")), body.get("stdout", True),
                                        body.get("stderr", True), body.get("max_output"), body.get("user", "root"))
@@ -308,6 +313,9 @@ class Handlers:
                 except OSError:
                     pass
                 ex.stdin_w = None
+
+    async def exec_pty(self, request):
+        return await serve_pty(request, self.mgr, self.mgr.get(request.match_info["id"]))
 
     async def stdin(self, request):
         sb = self.mgr.get(request.match_info["id"])

@@ -7,11 +7,13 @@ cgroups and new namespaces. Standard library only.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import select
 import signal
 import socket
 import stat
+import struct
 
 from hutch.sandbox._host.native import linux as L
 from hutch.sandbox._host.native import initwire
@@ -430,6 +432,30 @@ def _which(name: str, path: str) -> str | None:
     return None
 
 
+def _open_pty(uid: int, rows: int, cols: int) -> tuple[int, int]:
+    """A new pty of the sandbox's devpts: (master, slave), the slave owned by `uid` (as which the init opens
+    its master: devpts gives the slave the opener's ids) and sized rows x cols. /dev/pts/ptmx, not /dev/ptmx:
+    root inside may replace that symlink, not the devpts mount. The slave comes from its master (TIOCGPTPEER),
+    never through a path a process of the sandbox could swap."""
+    if uid and _USER_KEPT:
+        os.setresgid(-1, uid, -1)
+        os.setresuid(-1, uid, -1)
+    try:
+        master = os.open("/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    finally:
+        if uid and _USER_KEPT:
+            os.setresuid(-1, 0, -1)
+            os.setresgid(-1, 0, -1)
+    try:
+        fcntl.ioctl(master, L.TIOCSPTLCK, struct.pack("i", 0))
+        fcntl.ioctl(master, L.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        slave = fcntl.ioctl(master, L.TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except BaseException:
+        os.close(master)
+        raise
+    return master, slave
+
+
 class Init:
     def __init__(self, ctl: socket.socket, plan: dict):
         self.ctl = ctl
@@ -510,6 +536,8 @@ class Init:
             raise _SpawnError("NotFoundError" if e.errno in (errno.ENOENT, errno.ENOTDIR) else "ConfigError",
                               f"working directory {cwd!r}: {os.strerror(e.errno or 0)}; create it or pass another workdir.")
         try:
+            if msg.get("pty"):
+                return self._spawn_as(int(msg.get("uid") or 0), prog, argv, env, msg["streams"], fds, tty=fds[0])
             if msg.get("uid"):
                 return self._spawn_as(int(msg["uid"]), prog, argv, env, msg["streams"], fds)
             return os.posix_spawn(prog, argv, env, file_actions=actions, setsid=True,
@@ -526,22 +554,29 @@ class Init:
             os.chdir("/")
 
     @staticmethod
-    def _spawn_as(uid: int, prog: str, argv, env, streams, fds) -> int:
-        """fork + setresgid/setresuid + execve: posix_spawn cannot change ids. The child reports a failed
-        execve's errno on a close-on-exec pipe (nothing read: it runs)."""
+    def _spawn_as(uid: int, prog: str, argv, env, streams, fds, tty: "int | None" = None) -> int:
+        """fork + setresgid/setresuid + execve: posix_spawn cannot change ids, nor take a controlling terminal.
+        `tty`: a pty's slave, made the child's controlling terminal and its stdin, stdout and stderr. The child
+        reports a failed execve's errno on a close-on-exec pipe (nothing read: it runs)."""
         r, w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:   # the child: only async-signal-safe-ish calls, then exec or _exit
             try:
                 os.setsid()
-                passed = iter(fds)
-                for target, want in enumerate(streams):
-                    src = next(passed) if want else os.open("/dev/null", os.O_RDWR)
-                    os.dup2(src, target)
+                if tty is not None:
+                    fcntl.ioctl(tty, L.TIOCSCTTY, 0)
+                    for target in (0, 1, 2):
+                        os.dup2(tty, target)
+                else:
+                    passed = iter(fds)
+                    for target, want in enumerate(streams):
+                        src = next(passed) if want else os.open("/dev/null", os.O_RDWR)
+                        os.dup2(src, target)
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
-                os.setresgid(uid, uid, uid)
-                os.setresuid(uid, uid, uid)
+                if uid:
+                    os.setresgid(uid, uid, uid)
+                    os.setresuid(uid, uid, uid)
                 os.execve(prog, argv, env)
             except OSError as e:
                 os.write(w, str(e.errno or 0).encode())
@@ -558,14 +593,34 @@ class Init:
         return pid
 
     def op_exec(self, msg, fds):
+        master = None
+        if msg.get("pty"):   # its terminal: a pty of the sandbox's own devpts, its master for the daemon
+            try:
+                master, slave = _open_pty(int(msg.get("uid") or 0), *msg["pty"])
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                return {"rid": msg["rid"], "ok": False, "error": "SandboxError", "message":
+                        f"the sandbox holds all the {MAX_PTYS} terminals it may have open; end some of its "
+                        "terminal sessions first."}
+            fds.insert(0, slave)   # closed with the passed fds once the command has it
         try:
             pid = self._spawn(msg, fds)
         except _SpawnError as e:
+            if master is not None:
+                os.close(master)
             return {"rid": msg["rid"], "ok": False, "error": e.cls, "message": e.message}
+        except BaseException:
+            if master is not None:
+                os.close(master)
+            raise
         self.procs[pid] = msg["eid"]
         if msg.get("main"):
             self.main_pid = pid
-        return {"rid": msg["rid"], "ok": True, "pid": pid}
+        reply = {"rid": msg["rid"], "ok": True, "pid": pid}
+        if master is not None:
+            reply["_fds"] = [master]
+        return reply
 
     def op_kill(self, msg, fds):
         # Signalled as the sandbox's user too: kill() needs the sender's real or effective uid to be the

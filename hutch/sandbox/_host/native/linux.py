@@ -39,6 +39,12 @@ CLONE_NEWNET = 0x40000000
 # mount namespace comes last, when the plan arrives: its copy of the host's mounts is then current.
 UNSHARE_NS_FLAGS = CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET
 
+# tty ioctls (asm-generic/ioctls.h) termios does not name
+TIOCSCTTY = 0x540E
+TIOCSWINSZ = 0x5414
+TIOCSPTLCK = 0x40045431
+TIOCGPTPEER = 0x5441
+
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4

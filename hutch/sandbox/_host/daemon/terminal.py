@@ -1,0 +1,192 @@
+"""An exec on a terminal (`GET /v1/sandboxes/{id}/exec/pty`, docs/api.md): a WebSocket to a pty of the sandbox.
+
+The pty is made by the sandbox's init in the sandbox's own devpts (owned by the exec's user); the daemon holds
+only its master, and moves bytes: binary messages are the terminal's bytes both ways, text messages JSON
+control (the exec's body first; then resize and signal from the client; the exec id, an error or the exit
+from the daemon). Nothing of the host's terminals is involved: the client's local terminal is a byte stream
+to the sandbox, so nothing it runs can push input into it (TIOCSTI) or resize it.
+
+Flow control, as for piped output: the daemon reads the master only once the client took the last chunk
+(aiohttp's WebSocket writer drains past 64 KiB), so a client that stops reading blocks the command in its
+write() on the full pty; and input is written to the master only as fast as the command reads it, while
+aiohttp stops reading the connection past its queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import json
+import os
+import signal
+import struct
+import termios
+
+from aiohttp import WSMsgType, web
+
+from hutch._core import errors
+from hutch._core.errors import ConfigError
+from hutch.sandbox._api import PTY_START_TIMEOUT
+from hutch.sandbox._host.daemon.execs import pty_dims
+
+DRAIN_AFTER_EXIT = 0.2   # seconds to keep reading output a background child may still hold the terminal for
+READ_CHUNK = 1 << 16
+MAX_MESSAGE = 1 << 20    # a client's input message
+
+
+async def serve_pty(request: web.Request, mgr, sb) -> web.WebSocketResponse:
+    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE, compress=False, autoping=True)
+    await ws.prepare(request)
+    task = asyncio.current_task()
+    mgr.streams.add(task)
+    ex = None
+    try:
+        try:
+            body = await _first_message(ws)
+            ex = await mgr.execs.start(sb, body.get("argv"), body.get("env"), body.get("workdir"), body.get("timeout"),
+                                       user=body.get("user", "root"), pty=body.get("pty", {}))
+        except errors.Error as e:
+            await ws.send_str(json.dumps({"error": type(e).__name__, "message": str(e)}))
+            await ws.close()
+            return ws
+        await ws.send_str(json.dumps({"eid": ex.eid}))
+        if await _pump(ws, sb, ex, mgr):
+            status = mgr.execs.result(sb, ex)
+            await ws.send_str(json.dumps({"exit": status}))
+            await ws.close()
+        return ws
+    finally:
+        mgr.streams.discard(task)
+        if ex is not None:
+            ex.streaming = False
+            if ex.pty is not None:
+                os.close(ex.pty)   # its session loses its terminal (SIGHUP) if anything still holds it
+                ex.pty = None
+            if not ex.exited.done():   # the client went away: the command goes with it
+                await mgr.execs.kill(sb, ex, signal.SIGKILL, "killed")
+
+
+async def _first_message(ws: web.WebSocketResponse) -> dict:
+    try:
+        msg = await asyncio.wait_for(ws.receive(), PTY_START_TIMEOUT)
+    except asyncio.TimeoutError:
+        raise ConfigError(f"no exec body within {PTY_START_TIMEOUT:g} s; send it as the first (text) message.") from None
+    if msg.type != WSMsgType.TEXT:
+        raise ConfigError("the first message must be the exec's JSON body as text, like "
+                          '{"argv": ["bash"], "pty": {"rows": 24, "cols": 80}}.')
+    try:
+        body = json.loads(msg.data)
+    except ValueError as e:
+        raise ConfigError(f"the first message is not JSON ({e}); send the exec's JSON body.") from None
+    if not isinstance(body, dict):
+        raise ConfigError("the exec body must be a JSON object.")
+    return body
+
+
+async def _pump(ws, sb, ex, mgr) -> bool:
+    """Move the terminal's bytes until the command has ended and its output is read (True), or the client
+    went away (False)."""
+    loop = asyncio.get_running_loop()
+    master = ex.pty
+    os.set_blocking(master, False)
+    out = asyncio.create_task(_output(loop, ws, master))
+    inp = asyncio.create_task(_input(loop, ws, sb, ex, master, mgr))
+    try:
+        await asyncio.wait({out, inp, ex.exited}, return_when=asyncio.FIRST_COMPLETED)
+        if not inp.done() and not out.done():   # exited: what it wrote before is still to come
+            await asyncio.wait({out, inp}, timeout=DRAIN_AFTER_EXIT, return_when=asyncio.FIRST_COMPLETED)
+        elif out.done() and not inp.done():      # every holder of the terminal closed it: the exit follows
+            await asyncio.wait({inp, ex.exited}, return_when=asyncio.FIRST_COMPLETED)
+        if out.done() and out.exception() is not None:
+            raise out.exception()
+        return not inp.done() and ex.exited.done()
+    finally:
+        for t in (out, inp):
+            t.cancel()
+        await asyncio.gather(out, inp, return_exceptions=True)
+
+
+async def _output(loop, ws, master: int) -> None:
+    while True:
+        try:
+            data = os.read(master, READ_CHUNK)
+        except BlockingIOError:
+            await _ready(loop, master, False)
+            continue
+        except OSError as e:
+            if e.errno == errno.EIO:   # no slave open any more (the kernel's EOF of a pty)
+                return
+            raise
+        if not data:
+            return
+        await ws.send_bytes(data)   # waits while the client is slow: backpressure on the terminal
+
+
+async def _input(loop, ws, sb, ex, master: int, mgr) -> None:
+    """Until the client closes: its bytes to the terminal, its resize and signal requests."""
+    async for msg in ws:
+        if msg.type == WSMsgType.BINARY:
+            view = memoryview(msg.data)
+            while view:
+                try:
+                    view = view[os.write(master, view):]
+                except BlockingIOError:
+                    await _ready(loop, master, True)
+                except OSError as e:
+                    if e.errno != errno.EIO:
+                        raise
+                    view = view[:0]   # nobody holds the terminal any more: input goes nowhere
+            sb.touch()
+        elif msg.type == WSMsgType.TEXT:
+            await _control(ws, sb, ex, master, mgr, msg.data)
+        else:
+            return
+
+
+async def _control(ws, sb, ex, master: int, mgr, text: str) -> None:
+    try:
+        d = json.loads(text)
+        if not isinstance(d, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        d = {}
+    if "resize" in d:
+        size = d["resize"]
+        if not (isinstance(size, list) and len(size) == 2):
+            return await _refuse(ws, "resize must be [rows, cols], like [24, 80].")
+        try:
+            rows, cols = pty_dims(*size)
+        except ConfigError as e:
+            return await _refuse(ws, str(e))
+        # the kernel tells the terminal's foreground process group (SIGWINCH)
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    elif "signal" in d:
+        sig = d["signal"]
+        if isinstance(sig, bool) or not isinstance(sig, int) or not 1 <= sig <= 64:
+            return await _refuse(ws, f"signal={sig!r} must be a signal number, like 2 or 15.")
+        await mgr.execs.kill(sb, ex, sig, "killed")
+    else:
+        await _refuse(ws, 'a control message is {"resize": [rows, cols]} or {"signal": N}.')
+
+
+async def _refuse(ws, message: str) -> None:
+    # a bad control message is answered, not fatal: the session goes on
+    await ws.send_str(json.dumps({"error": "ConfigError", "message": message}))
+
+
+def _ready(loop, fd: int, write: bool) -> asyncio.Future:
+    fut = loop.create_future()
+    add, remove = (loop.add_writer, loop.remove_writer) if write else (loop.add_reader, loop.remove_reader)
+
+    def fire():
+        remove(fd)
+        if not fut.done():
+            fut.set_result(None)
+
+    add(fd, fire)
+    fut.add_done_callback(lambda _f: remove(fd))
+    return fut
+
+
+__all__ = ["serve_pty"]
