@@ -165,14 +165,32 @@ def _sandbox_ended(sb) -> int:
     return code
 
 
+def terminal_options(f):
+    f = click.option("--tty", "-t", is_flag=True,
+                     help="Run COMMAND on a terminal in the sandbox (a pty: colours, line editing, Ctrl-C, resize).")(f)
+    return click.option("--interactive", "-i", is_flag=True,
+                        help="With -t: type into it (this terminal in raw mode). Without -t stdin is forwarded anyway.")(f)
+
+
+def _on_terminal(sb, command, interactive: bool, **kw) -> int:
+    """COMMAND on a terminal in `sb`, joined to ours; the CLI's exit code."""
+    from hutch.cli._terminal import attach, local_size, pty_env
+
+    p = sb.exec(*command, pty=local_size(), env=pty_env(kw.pop("env", None) or {}), **kw)
+    attach(p, interactive)
+    return _command_ended(p, sb)
+
+
 @click.command(context_settings={"ignore_unknown_options": False})
 @sandbox_options
 @_file_option
+@terminal_options
 @click.argument("command", nargs=-1)
-def run(command, sandbox_file, **opts):
+def run(command, sandbox_file, interactive, tty, **opts):
     """Run COMMAND in a fresh sandbox, stream its output, and exit with its exit code.
 
-    Standard input is forwarded. The sandbox has no network unless --allow-domain
+    Standard input is forwarded. With -it, COMMAND runs on a terminal in the sandbox
+    joined to this one (hutch run -it -- bash). The sandbox has no network unless --allow-domain
     or --allow-cidr is given, and nothing of it remains when the command ends.
     A command that did not end by itself gets one line on stderr saying why, and
     exit code 124 (timeout), 137 (out of memory) or 128+N (killed by signal N).
@@ -183,6 +201,7 @@ def run(command, sandbox_file, **opts):
       hutch run --memory 1G -v ./data:/data -- ls -l /data
       echo hi | hutch run --image /srv/rootfs -- cat
       hutch run -f sandbox.toml -- python3 agent.py
+      hutch run -it -- bash
     """
     import hutch
 
@@ -193,7 +212,10 @@ def run(command, sandbox_file, **opts):
     if not command:
         raise click.UsageError("give the COMMAND to run (after --), or a sandbox file whose command = [...] it is.")
     with hutch.Sandbox.create(**kw) as sb:
-        rc = _command_ended(_stream(sb.exec(*command, stdin=True, text=False)), sb)
+        if tty:
+            rc = _on_terminal(sb, command, interactive)
+        else:
+            rc = _command_ended(_stream(sb.exec(*command, stdin=True, text=False)), sb)
     sys.exit(rc)
 
 
@@ -262,17 +284,25 @@ def create(command, name, tag, idle_timeout, on_idle, detach, sandbox_file, **op
 @click.option("--env", "-e", multiple=True, metavar="K=V", help="An environment variable (repeatable).")
 @click.option("--workdir", "-w", help="Working directory inside the sandbox.")
 @click.option("--timeout", type=float, help="End the command (not the sandbox) after this many seconds.")
-def exec_(sandbox_id, command, env, workdir, timeout):
+@click.option("--user", type=click.Choice(["root", "user"]), default="root", show_default=True,
+              help="Run as the sandbox's root (no capabilities) or its unprivileged user (uid 1000).")
+@terminal_options
+def exec_(sandbox_id, command, env, workdir, timeout, user, interactive, tty):
     """Run COMMAND in the sandbox SANDBOX_ID (id or name), streaming its output and stdin.
 
     \b
-    Example:
+    Examples:
       hutch sandbox exec my-box -- sh -c 'ls /home/user'
+      hutch sandbox exec -it my-box -- python3
     """
     import hutch
 
     sb = hutch.Sandbox.from_id(sandbox_id)
-    p = sb.exec(*command, env=_pairs(env, "--env"), workdir=workdir, timeout=timeout, stdin=True, text=False)
+    if tty:
+        sys.exit(_on_terminal(sb, command, interactive, env=_pairs(env, "--env"), workdir=workdir, timeout=timeout,
+                              user=user))
+    p = sb.exec(*command, env=_pairs(env, "--env"), workdir=workdir, timeout=timeout, stdin=True, text=False,
+                user=user)
     sys.exit(_command_ended(_stream(p), sb))
 
 

@@ -138,8 +138,11 @@ class Execs:
         if ex.exited.done() or sb.channel is None or sb.channel.closed:
             return
         ex.reason = ex.reason or reason
+        msg = {"op": "kill", "eid": ex.eid, "signal": int(sig)}
+        if ex.pty is not None and sig == signal.SIGKILL:   # ending a terminal's command ends its session's jobs
+            msg["session"] = True
         try:
-            await sb.channel.notify({"op": "kill", "eid": ex.eid, "signal": int(sig)})
+            await sb.channel.notify(msg)
         except StateError:
             pass
 

@@ -60,11 +60,11 @@ async def serve_pty(request: web.Request, mgr, sb) -> web.WebSocketResponse:
         mgr.streams.discard(task)
         if ex is not None:
             ex.streaming = False
-            if ex.pty is not None:
-                os.close(ex.pty)   # its session loses its terminal (SIGHUP) if anything still holds it
-                ex.pty = None
-            if not ex.exited.done():   # the client went away: the command goes with it
+            if not ex.exited.done():   # the client went away: the command and its session's jobs go with it
                 await mgr.execs.kill(sb, ex, signal.SIGKILL, "killed")
+            if ex.pty is not None:
+                os.close(ex.pty)   # what still holds the terminal gets a hangup
+                ex.pty = None
 
 
 async def _first_message(ws: web.WebSocketResponse) -> dict:

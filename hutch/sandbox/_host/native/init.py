@@ -456,6 +456,22 @@ def _open_pty(uid: int, rows: int, cols: int) -> tuple[int, int]:
     return master, slave
 
 
+def _session_members(sid: int) -> list[int]:
+    """The sandbox's processes in session `sid` (its /proc is the sandbox's pid namespace)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:   # state, ppid, pgrp, session
+            out.append(int(name))
+    return out
+
+
 class Init:
     def __init__(self, ctl: socket.socket, plan: dict):
         self.ctl = ctl
@@ -635,6 +651,12 @@ class Init:
                             fn(pid, msg["signal"])
                         except OSError:
                             pass
+                    if msg.get("session"):   # a terminal's session: every job of its shell has a group of its own
+                        for other in _session_members(pid):
+                            try:
+                                os.kill(other, msg["signal"])
+                            except OSError:
+                                pass
         finally:
             if _USER_KEPT:
                 os.setresuid(-1, 0, -1)

@@ -1,0 +1,315 @@
+"""Commands on a terminal in a sandbox (exec(..., pty=True), `hutch run -it`, `hutch sandbox exec -it`), used as a
+person would: keys typed into a real terminal (tmux on our side, a pty made inside the sandbox on the other)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import hutch
+from sdk_support import RUN_TAG
+
+PROMPT = b"# "   # busybox ash's prompt as root: "/home/user # "
+LEFT = b"\x1b[D"
+
+
+def _shell(sb, **kw):
+    p = sb.exec("sh", pty=kw.pop("pty", (30, 100)), **kw)
+    p.read_until(PROMPT)
+    return p
+
+
+def _cmd(p, line: str, timeout: float = 10.0) -> str:
+    """Type `line` and Enter; what the shell printed before its next prompt (the echoed line excluded)."""
+    p.write(line + "\r")
+    p.read_until(line + "\r\n", timeout)   # its echo: a prompt redrawn before it (a resize does) is passed
+    return p.read_until(PROMPT, timeout).decode().rsplit("\r\n", 1)[0]
+
+
+def _eventually(fn, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not (v := fn()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return v
+
+
+def _daemon_pid(daemon) -> int:
+    return int(next(p for p in Path("/proc").iterdir() if p.name.isdigit() and _serves(p, daemon)).name)
+
+
+def _serves(proc: Path, run_dir) -> bool:
+    try:
+        env = (proc / "environ").read_bytes().split(b"\0")
+        cmd = (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"serve" in cmd and f"HUTCH_RUN_DIR={run_dir}".encode() in env
+
+
+def _ptys_held(pid: int) -> int:
+    n = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if os.readlink(fd).endswith("ptmx"):
+                n += 1
+        except OSError:
+            pass
+    return n
+
+
+def _running(sb, name: str) -> list[str]:
+    ps = sb.run("ps", "-o", "pid,args").stdout.splitlines()[1:]
+    return [line for line in ps if name in line and "ps -o" not in line]
+
+
+def test_a_shell_on_a_terminal_edits_lines_resizes_and_survives_ctrl_c(sb):
+    with _shell(sb) as p:
+        assert _cmd(p, "tty") == "/dev/pts/0"   # a pty of the sandbox's own devpts
+        assert _cmd(p, "echo $(ls /dev/pts)") == "0 ptmx"
+        assert _cmd(p, "stty size") == "30 100"
+        # line editing by the shell on its terminal: a left arrow, an insert, a backspace
+        p.write(b"echo ac" + LEFT + b"b" + b"\x1b[C" + b"x\x7fd\r")
+        assert p.read_until(PROMPT).split(b"\r\n")[-2] == b"abcd"
+        p.resize(40, 120)
+        assert _cmd(p, "stty size") == "40 120"
+        # Ctrl-C ends the foreground program, not the shell
+        p.write("sleep 100\r")
+        assert _eventually(lambda: _running(sb, "sleep 100"))
+        p.write(b"\x03")
+        p.read_until(PROMPT)
+        assert _cmd(p, "echo $?") == "130"
+        assert not _running(sb, "sleep 100")
+        p.write("exit 7\r")
+        assert p.wait(10) == 7 and (p.returncode, p.reason) == (7, "exited")
+        rest = b""
+        while chunk := p.read(timeout=10):   # what is left of the output, then its end
+            rest += chunk
+        assert rest.endswith(b"exit 7\r\n")
+    assert p.read() == b""
+
+
+def test_a_terminal_is_its_users_and_in_the_sandbox_only(sb, daemon):
+    host_ptys = set(os.listdir("/dev/pts"))
+    p = sb.exec("sh", "-c", "id -u; stat -c '%u %g %a' $(tty); echo $TERM", pty=True, user="user")
+    assert p.wait(10) == 0
+    out = b""
+    while chunk := p.read(timeout=10):
+        out += chunk
+    assert out.decode().split("\r\n")[:3] == ["1000", "1000 1000 620", "xterm-256color"]
+    assert set(os.listdir("/dev/pts")) == host_ptys   # nothing was made on the host
+    p.close()
+
+
+def test_the_exit_code_and_signals_come_through(sb):
+    p = sb.exec("sh", "-c", "exit 3", pty=True)
+    assert p.wait(10) == 3 and p.reason == "exited"
+    p.close()
+    p = sb.exec("sleep", "100", pty=True)
+    p.send_signal(15)
+    assert p.wait(10) == -15 and p.reason == "killed"
+    p.close()
+    p = sb.exec("sleep", "100", pty=True, timeout=0.5)
+    assert p.wait(10) == -9 and p.reason == "timeout"
+    p.close()
+
+
+def test_hanging_up_ends_the_command_and_leaves_nothing(sb, daemon):
+    pid = _daemon_pid(daemon)
+    before = _ptys_held(pid)
+    p = _shell(sb)
+    p.write("sleep 200 & sleep 100\r")
+    assert _eventually(lambda: _running(sb, "sleep 100") and _running(sb, "sleep 200"))
+    assert _ptys_held(pid) == before + 1
+    p.close()   # the client goes away mid-command
+    # the shell is killed; its jobs lose their terminal (SIGHUP)
+    assert _eventually(lambda: not _running(sb, "sleep 100") and not _running(sb, "sleep 200"))
+    assert _ptys_held(pid) == before
+
+
+def test_output_nobody_reads_blocks_the_command_not_the_daemon(sb, daemon):
+    pid = _daemon_pid(daemon)
+    rss = lambda: int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                           if line.startswith("VmRSS:")))
+    total = 40 << 20
+    p = sb.exec("dd", "if=/dev/zero", f"bs={1 << 20}", f"count={total >> 20}", "status=none", pty=True)
+    before = rss()
+    time.sleep(2)
+    assert _running(sb, "dd if")                    # blocked in write(), not done (busybox rewrites its argv)
+    assert rss() - before < 16 << 10                # KiB: the daemon did not take the output in
+    got = 0
+    while chunk := p.read(timeout=30):
+        got += len(chunk)
+    assert got == total and p.wait(10) == 0
+    p.close()
+
+
+def test_bad_terminal_arguments_get_clear_errors(sb):
+    for bad in ((0, 80), (24, 70000), "big", (24,), (24.5, 80)):
+        with pytest.raises(hutch.InvalidSpecError, match="pty|rows|cols|terminal"):
+            sb.exec("sh", pty=bad)
+    with pytest.raises(hutch.NotFoundError, match="not found"):
+        sb.exec("no-such-program", pty=True)
+    with _shell(sb) as p:
+        with pytest.raises(hutch.InvalidSpecError, match="rows"):
+            p.resize(0, 80)
+        with pytest.raises(TypeError):
+            p.write(12)
+        assert _cmd(p, "echo still") == "still"
+
+
+def test_the_daemon_refuses_a_terminal_exec_over_the_plain_route_and_bad_first_messages(sb):
+    from websockets.sync.client import unix_connect
+
+    from hutch.sandbox._client import default_client
+
+    with pytest.raises(hutch.ConfigError, match="WebSocket"):
+        default_client().request("POST", f"/v1/sandboxes/{sb.id}/exec", json={"argv": ["sh"], "pty": {}})
+    sock = os.environ["HUTCH_SOCKET"]
+    for first, match in ((b"\x01", "first message"), ("not json", "not JSON"), ('{"argv": []}', "argv"),
+                         ('{"argv": ["sh"], "pty": {"rows": 0}}', "rows")):
+        with unix_connect(sock, f"ws://hutch/v1/sandboxes/{sb.id}/exec/pty") as ws:
+            ws.send(first)
+            d = json.loads(ws.recv(timeout=10))
+            assert d["error"] == "ConfigError" and match in d["message"], d
+
+
+def test_async_sandbox_terminal(sb):
+    async def main():
+        asb = await hutch.AsyncSandbox.from_id(sb.id)
+        p = await asb.exec("sh", pty=(20, 60))
+        async with p:
+            await p.read_until(PROMPT)
+            await p.write("stty size\r")
+            assert b"20 60" in await p.read_until(PROMPT)
+            await p.resize(33, 99)
+            await p.write("stty size; exit 4\r")
+            assert b"33 99" in await p.read_until(b"33 99")
+            assert await p.wait(10) == 4
+
+    asyncio.run(main())
+
+
+# --- the CLI through a real terminal: tmux ----------------------------------------------------------------
+
+class Tmux:
+    """A private tmux server (its own socket) running one command in a window of a known size."""
+
+    def __init__(self, tmp: Path, command: str, size=(100, 30)):
+        self.sock = str(tmp / f"tmux-{uuid.uuid4().hex[:8]}")
+        self.rc = tmp / "rc"
+        env = {k: os.environ[k] for k in ("HUTCH_SOCKET", "HUTCH_RUN_DIR", "PATH") if k in os.environ}
+        line = (f"env {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} TERM=xterm-256color "
+                f"{command}; echo $? > {self.rc}; sleep 60")
+        self.tmux("new-session", "-d", "-s", "t", "-x", str(size[0]), "-y", str(size[1]), line)
+
+    def tmux(self, *args) -> str:
+        return subprocess.run(["tmux", "-S", self.sock, *args], check=True, capture_output=True, text=True,
+                              timeout=20).stdout
+
+    def keys(self, *keys: str) -> None:
+        self.tmux("send-keys", "-t", "t", *keys)
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "t")
+
+    def wait_for(self, text: str, timeout: float = 30.0, count: int = 1) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self.screen()
+            if s.count(text) >= count:
+                return s
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} not on the screen in {timeout} s:\n{s}")
+            time.sleep(0.05)
+
+    def exit_code(self, timeout: float = 30.0) -> int:
+        deadline = time.monotonic() + timeout
+        while not (self.rc.exists() and self.rc.read_text().strip()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the command did not end:\n{self.screen()}")
+            time.sleep(0.05)
+        return int(self.rc.read_text())
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-S", self.sock, "kill-server"], capture_output=True, timeout=20)
+
+
+@pytest.fixture
+def tmux_run(tmp_path):
+    made = []
+
+    def start(command: str, size=(100, 30)) -> Tmux:
+        t = Tmux(tmp_path, command, size)
+        made.append(t)
+        return t
+
+    yield start
+    for t in made:
+        t.close()
+
+
+def _ids() -> set[str]:
+    return {s.id for s in hutch.Sandbox.list() if s.status in ("starting", "running")}
+
+
+def test_hutch_run_it_bash_as_a_person_uses_it(daemon, tmux_run):
+    before = _ids()
+    t = tmux_run(f"{sys.executable} -m hutch run -it --timeout 120 -- bash --norc", size=(100, 30))
+    t.wait_for("bash-")   # its prompt as root
+    t.keys("stty size; echo $TERM", "Enter")
+    t.wait_for("30 100")
+    t.wait_for("xterm-256color")
+    # colours: the sandbox's escape sequences reach our terminal as they are (tmux draws them)
+    t.keys("printf '\\033[31mRED\\033[0m%s\\n' done", "Enter")
+    t.wait_for("REDdone")
+    assert "\x1b[31mRED" in t.tmux("capture-pane", "-p", "-e", "-t", "t")
+    # line editing: readline's Ctrl-A and history (Up)
+    t.keys("cho edited", "C-a", "e", "Enter")
+    t.wait_for("edited", count=2)
+    t.keys("Up", "Enter")
+    t.wait_for("edited", count=4)
+    # Ctrl-C interrupts the foreground program, not the shell
+    t.keys("sleep 100", "Enter")
+    time.sleep(0.5)
+    t.keys("C-c")
+    t.keys("echo rc=$?", "Enter")
+    t.wait_for("rc=130")
+    # a resize of our terminal is seen in the sandbox
+    t.tmux("resize-window", "-t", "t", "-x", "120", "-y", "40")
+    time.sleep(0.3)
+    t.keys("stty size", "Enter")
+    t.wait_for("40 120")
+    t.keys("exit 5", "Enter")
+    assert t.exit_code() == 5
+    deadline = time.monotonic() + 10
+    while _ids() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _ids() - before   # the sandbox is gone
+
+
+def test_hutch_sandbox_exec_it_python_in_a_running_sandbox(daemon, tmux_run):
+    sb = hutch.Sandbox.create(timeout=120, tags=RUN_TAG)
+    try:
+        t = tmux_run(f"{sys.executable} -m hutch sandbox exec -it {sb.id} -- python3 -q")
+        t.wait_for(">>>")
+        t.keys("import os, signal; print(os.get_terminal_size())", "Enter")
+        t.wait_for("columns=100, lines=30")
+        t.keys("while True: pass", "Enter")
+        t.keys("Enter")
+        time.sleep(0.5)
+        t.keys("C-c")
+        t.wait_for("KeyboardInterrupt")
+        t.keys("raise SystemExit(9)", "Enter")
+        assert t.exit_code() == 9
+        assert sb.status == "running"   # the sandbox outlives the exec
+    finally:
+        sb.terminate()
