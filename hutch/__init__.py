@@ -46,6 +46,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it (imported on first use)
 _LAZY = {
     "AsyncProcess": "hutch.sandbox._process",
+    "AsyncPtyProcess": "hutch.sandbox._terminal",
     "AsyncSandbox": "hutch.sandbox.aio",
     "AsyncSandboxPool": "hutch.sandbox.pool",
     "CheckIssue": "hutch.memory._entity",
@@ -72,6 +73,7 @@ _LAZY = {
     "OpenAIExtractor": "hutch.memory._extract",
     "OpenAIReasoner": "hutch.memory._index._reason",
     "Process": "hutch.sandbox._process",
+    "PtyProcess": "hutch.sandbox._terminal",
     "Result": "hutch.sandbox.interpreter",
     "Sandbox": "hutch.sandbox.sandbox",
     "SandboxFile": "hutch.sandbox._sbfile",
@@ -95,6 +97,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hutch.sandbox._process import AsyncProcess, Process
     from hutch.sandbox._spec import Mount, Network, Secret
     from hutch.sandbox._sbfile import SandboxFile
+    from hutch.sandbox._terminal import AsyncPtyProcess, PtyProcess
     from hutch.sandbox.aio import AsyncSandbox
     from hutch.sandbox.image import Image
     from hutch.sandbox.interpreter import CodeContext, Execution, ExecutionError, Logs, Result
