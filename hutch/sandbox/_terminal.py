@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
+import weakref
 
 from hutch._core.errors import DaemonError, NotFoundError, SandboxTimeout, StateError
 from hutch.sandbox._api import (PTY_ROUTE, WAIT_POLL, ExitStatus, check_pty_dims, error_from_answer, pty_body,
@@ -65,6 +67,22 @@ class _State:
         return -1 if i < 0 else i + len(pattern)
 
 
+def _hang_up(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass   # closed already
+
+
+def _refused(e: Exception) -> Exception:
+    """The hutch error a refused WebSocket upgrade stands for (a 401, 404 ... with the daemon's JSON body)."""
+    from websockets.exceptions import InvalidStatus
+
+    if isinstance(e, InvalidStatus):
+        return error_from_answer(e.response.status_code, e.response.body or b"")
+    return DaemonError(f"the terminal's connection to the daemon failed: {type(e).__name__}: {e}")
+
+
 def _start_reply(text) -> str:
     if not isinstance(text, str):
         raise DaemonError("the daemon's first terminal message was not text; is HUTCH_URL a hutch daemon of this version?")
@@ -92,9 +110,13 @@ class PtyProcess:
         self._client, self._ws = client, ws
         self._s = _State(sandbox_id, argv, eid)
         self._base = f"/v1/sandboxes/{sandbox_id}/exec/{eid}"
+        # websockets' reader thread keeps the connection alive: a dropped handle hangs up (the daemon then
+        # ends the command), without blocking the collector on a closing handshake
+        weakref.finalize(self, _hang_up, ws.socket)
 
     @classmethod
     def start(cls, client, sandbox_id: str, argv, size, **kw) -> "PtyProcess":
+        from websockets.exceptions import InvalidHandshake
         from websockets.sync.client import connect, unix_connect
 
         body = pty_body(argv, size=size, **kw)
@@ -103,11 +125,16 @@ class PtyProcess:
             sock = ep.raw_connect()
             try:
                 ws = connect(_uri(ep, sandbox_id), sock=sock, additional_headers=ep.headers(), **_WS_OPTIONS)
-            except BaseException:
+            except BaseException as e:
                 sock.close()
+                if isinstance(e, (InvalidHandshake, OSError)):
+                    raise _refused(e) from e
                 raise
         else:
-            ws = unix_connect(str(ep.socket), _uri(ep, sandbox_id), **_WS_OPTIONS)
+            try:
+                ws = unix_connect(str(ep.socket), _uri(ep, sandbox_id), **_WS_OPTIONS)
+            except (InvalidHandshake, OSError) as e:
+                raise _refused(e) from e
         try:
             ws.send(json.dumps(body))
             eid = _start_reply(ws.recv(timeout=60))
@@ -250,16 +277,20 @@ class AsyncPtyProcess:
     @classmethod
     async def start(cls, client, sandbox_id: str, argv, size, **kw) -> "AsyncPtyProcess":
         from websockets.asyncio.client import connect, unix_connect
+        from websockets.exceptions import InvalidHandshake
 
         body = pty_body(argv, size=size, **kw)
         ep = client.ep
         uri = _uri(ep, sandbox_id)
-        if ep.remote:
-            r = ep.remote
-            ws = await connect(uri.replace("ws://", "wss://", 1), ssl=r.ssl_context(), server_hostname=r.host,
-                               additional_headers=ep.headers(), **_WS_OPTIONS)
-        else:
-            ws = await unix_connect(str(ep.socket), uri, **_WS_OPTIONS)
+        try:
+            if ep.remote:
+                r = ep.remote
+                ws = await connect(uri.replace("ws://", "wss://", 1), ssl=r.ssl_context(), server_hostname=r.host,
+                                   additional_headers=ep.headers(), **_WS_OPTIONS)
+            else:
+                ws = await unix_connect(str(ep.socket), uri, **_WS_OPTIONS)
+        except (InvalidHandshake, OSError) as e:
+            raise _refused(e) from e
         try:
             await ws.send(json.dumps(body))
             eid = _start_reply(await asyncio.wait_for(ws.recv(), 60))

@@ -96,6 +96,32 @@ def test_async_sdk_over_tls(remote, busybox_root):
     asyncio.run(main())
 
 
+def test_a_terminal_over_tls(remote, busybox_root):
+    """exec(pty=True) is a WebSocket on the same verified TLS connection and token as every call."""
+    import asyncio
+
+    _point_sdk(remote, HUTCH_FINGERPRINT=remote.fingerprint)
+    with hutch.Sandbox.create(image=hutch.Image.from_directory(busybox_root), tags=RUN_TAG) as sb:
+        with sb.exec("sh", pty=(20, 70)) as p:
+            p.read_until("# ")
+            p.resize(21, 71)
+            p.write("stty size; exit 6\r")
+            assert b"21 71" in p.read_until("21 71") and p.wait(10) == 6
+
+        async def main():
+            asb = await hutch.AsyncSandbox.from_id(sb.id)
+            async with await asb.exec("sh", "-c", "stty size", pty=(22, 72)) as ap:
+                assert b"22 72" in await ap.read_until("22 72") and await ap.wait(10) == 0
+        asyncio.run(main())
+        from hutch.sandbox._client import Client, Endpoint
+        from hutch.sandbox._terminal import PtyProcess
+
+        with pytest.raises(hutch.DaemonError, match="token"):   # the upgrade needs the token too
+            PtyProcess.start(Client(Endpoint(token=secrets.token_hex(16))), sb.id, ["sh"], (24, 80))
+        with pytest.raises(hutch.NotFoundError):   # the daemon's refusal of the upgrade, as the error it names
+            PtyProcess.start(sb._client, "no-such-sandbox", ["sh"], (24, 80))
+
+
 def test_the_ca_file_verifies_the_daemon_too(remote):
     _point_sdk(remote, HUTCH_CA=str(remote.cert))
     assert isinstance(hutch.Sandbox.list(), list)

@@ -135,6 +135,28 @@ def test_hanging_up_ends_the_command_and_leaves_nothing(sb, daemon):
     assert _ptys_held(pid) == before
 
 
+def test_a_dropped_handle_hangs_up(sb):
+    import gc
+
+    p = sb.exec("sleep", "100", pty=True)
+    assert _eventually(lambda: _running(sb, "sleep 100"))
+    del p
+    gc.collect()
+    assert _eventually(lambda: not _running(sb, "sleep 100"))
+
+
+def test_the_sandbox_ending_under_a_terminal_ends_its_session(make_sandbox):
+    sb = make_sandbox()
+    p = _shell(sb)
+    p.write("sleep 100\r")
+    assert _eventually(lambda: _running(sb, "sleep 100"))
+    sb.terminate()
+    assert p.wait(10) == -9 and p.reason == "sandbox_ended"
+    while p.read(timeout=10):
+        pass
+    p.close()
+
+
 def test_output_nobody_reads_blocks_the_command_not_the_daemon(sb, daemon):
     pid = _daemon_pid(daemon)
     rss = lambda: int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
@@ -180,6 +202,21 @@ def test_the_daemon_refuses_a_terminal_exec_over_the_plain_route_and_bad_first_m
             ws.send(first)
             d = json.loads(ws.recv(timeout=10))
             assert d["error"] == "ConfigError" and match in d["message"], d
+
+
+def test_tiocsti_cannot_push_input_even_into_its_own_terminal(daemon):
+    """The seccomp filter refuses TIOCSTI (and TIOCLINUX): a sandbox's program cannot type into a terminal."""
+    with hutch.Sandbox.create(timeout=120, tags=RUN_TAG) as sb:
+        code = ("import fcntl, termios, errno\n"
+                "try:\n fcntl.ioctl(0, termios.TIOCSTI, b'x'); print('PUSHED')\n"
+                "except OSError as e:\n print('refused', errno.errorcode[e.errno])\n")
+        p = sb.exec("python3", "-c", code, pty=True)
+        assert p.wait(30) == 0
+        out = b""
+        while chunk := p.read(timeout=10):
+            out += chunk
+        assert out.strip() == b"refused EPERM"
+        p.close()
 
 
 def test_async_sandbox_terminal(sb):
