@@ -161,9 +161,12 @@ def main():
             daemon.wait()
         shutil.rmtree(run_dir, ignore_errors=True)
 
+    def num(x):
+        return f"{x:.2f}" if x >= 0.1 else f"{x:.3f}"
+
     def cell(k):
         s = summary(res[k])
-        return f"{s['p50']:.2f} / {s['p99']:.2f}"
+        return f"{num(s['p50'])} / {num(s['p99'])}"
 
     rows = []
     for name, what in (("cat", "the line discipline's echo (`cat`)"), ("bash", "bash's line editor (readline)")):

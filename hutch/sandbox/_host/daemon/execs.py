@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from hutch._core import errors
 from hutch._core.errors import ConfigError, NotFoundError, SandboxError, StateError
 from hutch.sandbox._host.native.runtime import Channel, exec_env
-from hutch.sandbox._api import PTY_DEFAULT_SIZE, PTY_MAX_SIZE
+from hutch.sandbox._api import PTY_DEFAULT_SIZE, check_pty_dims
 from hutch.sandbox._spec import EXEC_USERS, SANDBOX_USER_ID
 
 PIPE_SIZE = 1 << 20
@@ -207,17 +207,10 @@ class Execs:
 
 
 def _pty_size(pty) -> tuple[int, int]:
-    """A pty request {"rows", "cols"} -> (rows, cols), checked."""
+    """A pty request {"rows", "cols"} -> (rows, cols), checked as the SDK checks them."""
     if not isinstance(pty, dict):
         raise ConfigError(f"pty={pty!r} must be an object {{\"rows\": 24, \"cols\": 80}} (the terminal's size).")
-    return pty_dims(pty.get("rows", PTY_DEFAULT_SIZE[0]), pty.get("cols", PTY_DEFAULT_SIZE[1]))
-
-
-def pty_dims(rows, cols) -> tuple[int, int]:
-    for name, v in (("rows", rows), ("cols", cols)):
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= PTY_MAX_SIZE:
-            raise ConfigError(f"{name}={v!r} must be a whole number from 1 to {PTY_MAX_SIZE} (a terminal's size).")
-    return rows, cols
+    return check_pty_dims(pty.get("rows", PTY_DEFAULT_SIZE[0]), pty.get("cols", PTY_DEFAULT_SIZE[1]))
 
 
 def _output_pipe() -> tuple[int, int]:
@@ -246,4 +239,4 @@ def error_from_reply(reply: dict) -> Exception:
     return cls(reply.get("message") or "the sandbox refused the call.")
 
 
-__all__ = ["Exec", "Execs", "error_from_reply", "live_channel", "pty_dims"]
+__all__ = ["Exec", "Execs", "error_from_reply", "live_channel"]

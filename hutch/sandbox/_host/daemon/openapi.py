@@ -101,6 +101,13 @@ OPERATIONS: dict[tuple[str, str], dict] = {
         "responses": {"200": {"description": "frames: 1 byte kind (1 stdout, 2 stderr, 3 exit), 4 bytes length, payload",
                               "headers": {"X-Hutch-Exec-Id": {"schema": {"type": "string"}}},
                               "content": {"application/x-hutch-frames": {"schema": {"type": "string", "format": "binary"}}}}}},
+    ("get", "/v1/sandboxes/{id}/exec/pty"): {
+        "summary": "Run a command on a terminal made in the sandbox: a WebSocket (docs/api.md, Terminals)",
+        "description": "First message (text): the exec body with pty {rows, cols}. Then binary messages are the "
+                       "terminal's bytes both ways; text: {\"resize\": [rows, cols]} or {\"signal\": N} from the "
+                       "client, {\"eid\"}, {\"exit\": {returncode, reason}} or {\"error\", \"message\"} from "
+                       "the daemon. Closing it hangs up: the command's session is killed.",
+        "responses": {"101": {"description": "switching to the WebSocket protocol"}}},
     ("post", "/v1/sandboxes/{id}/exec/{eid}/stdin"): {"summary": "Write to a command's stdin",
                                                       "parameters": [_q("eof", "1 closes stdin after the bytes", schema=_FLAG)],
                                                       "requestBody": _raw_body(), "responses": {"204": _NO_CONTENT}},

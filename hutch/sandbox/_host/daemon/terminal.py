@@ -27,8 +27,7 @@ from aiohttp import WSMsgType, web
 
 from hutch._core import errors
 from hutch._core.errors import ConfigError
-from hutch.sandbox._api import PTY_START_TIMEOUT
-from hutch.sandbox._host.daemon.execs import pty_dims
+from hutch.sandbox._api import PTY_START_TIMEOUT, check_pty_dims
 
 DRAIN_AFTER_EXIT = 0.2   # seconds to keep reading output a background child may still hold the terminal for
 READ_CHUNK = 1 << 16
@@ -156,7 +155,7 @@ async def _control(ws, sb, ex, master: int, mgr, text: str) -> None:
         if not (isinstance(size, list) and len(size) == 2):
             return await _refuse(ws, "resize must be [rows, cols], like [24, 80].")
         try:
-            rows, cols = pty_dims(*size)
+            rows, cols = check_pty_dims(*size)
         except ConfigError as e:
             return await _refuse(ws, str(e))
         # the kernel tells the terminal's foreground process group (SIGWINCH)
