@@ -116,6 +116,7 @@ class PtyProcess:
 
     @classmethod
     def start(cls, client, sandbox_id: str, argv, size, **kw) -> "PtyProcess":
+        """Start `argv` on a `size` (rows, cols) terminal in the sandbox; what `Sandbox.exec(..., pty=)` calls."""
         from websockets.exceptions import InvalidHandshake
         from websockets.sync.client import connect, unix_connect
 
@@ -186,6 +187,7 @@ class PtyProcess:
             self._control({"signal": int(signal)})
 
     def kill(self) -> None:
+        """SIGKILL: the command and every process of its terminal's session end."""
         self.send_signal(9)
 
     def _control(self, d: dict) -> None:
@@ -276,6 +278,7 @@ class AsyncPtyProcess:
 
     @classmethod
     async def start(cls, client, sandbox_id: str, argv, size, **kw) -> "AsyncPtyProcess":
+        """Start `argv` on a `size` (rows, cols) terminal in the sandbox; what `AsyncSandbox.exec(..., pty=)` calls."""
         from websockets.asyncio.client import connect, unix_connect
         from websockets.exceptions import InvalidHandshake
 
@@ -305,6 +308,7 @@ class AsyncPtyProcess:
     reason = PtyProcess.reason
 
     async def write(self, data: "bytes | str") -> None:
+        """Type `data` into the terminal (see `PtyProcess.write`)."""
         data = _bytes(data)
         if self._s.eof:
             raise StateError(f"{list(self.argv)} has ended; its terminal takes no more input.")
@@ -316,14 +320,17 @@ class AsyncPtyProcess:
             raise StateError(f"the terminal of {list(self.argv)} is closed.") from e
 
     async def resize(self, rows: int, cols: int) -> None:
+        """Give the terminal `rows` x `cols`; its foreground programs get SIGWINCH."""
         rows, cols = check_pty_dims(rows, cols)
         await self._control({"resize": [rows, cols]})
 
     async def send_signal(self, signal: int) -> None:
+        """Send `signal` to the command's process group (see `PtyProcess.send_signal`)."""
         if self.returncode is None:
             await self._control({"signal": int(signal)})
 
     async def kill(self) -> None:
+        """SIGKILL: the command and every process of its terminal's session end."""
         await self.send_signal(9)
 
     async def _control(self, d: dict) -> None:
@@ -346,6 +353,7 @@ class AsyncPtyProcess:
         return not self._s.eof or bool(self._s.buf)
 
     async def read(self, n: int | None = None, timeout: float | None = None) -> bytes:
+        """Up to `n` bytes of output as soon as there are any; b"" at its end (see `PtyProcess.read`)."""
         if not self._s.buf and not self._s.eof:
             try:
                 await self._recv(timeout)
@@ -354,6 +362,7 @@ class AsyncPtyProcess:
         return self._s.take(n)
 
     async def read_until(self, pattern: "bytes | str", timeout: float = 10.0) -> bytes:
+        """Output up to and including the first `pattern` (see `PtyProcess.read_until`)."""
         pat = _bytes(pattern)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -371,6 +380,7 @@ class AsyncPtyProcess:
         return self._s.take(end)
 
     async def wait(self, timeout: float | None = None) -> int:
+        """Wait for the command to end and return its exit code (see `PtyProcess.wait`)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while self._s.exit is None:
@@ -386,6 +396,7 @@ class AsyncPtyProcess:
         return self._s.exit.returncode
 
     async def close(self) -> None:
+        """Hang up: the command is ended if it still runs."""
         await self._ws.close()
 
     async def __aenter__(self) -> "AsyncPtyProcess":

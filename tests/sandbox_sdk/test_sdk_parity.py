@@ -14,6 +14,7 @@ PAIRS = [
     (_process.StdinWriter, _process.AsyncStdinWriter),
     (_files.Files, _files.AsyncFiles),
     (hutch.SandboxPool, hutch.AsyncSandboxPool),
+    (hutch.PtyProcess, hutch.AsyncPtyProcess),
 ]
 # Async methods that stay plain functions because they never do I/O.
 NOT_AWAITABLE = {("AsyncProcess", "poll")}
