@@ -256,6 +256,8 @@ class PtyProcess:
 
     def close(self) -> None:
         """Hang up: the command is ended if it still runs. Closing twice is harmless."""
+        if self._s.exit is None:   # a write of another thread may hold the connection: no closing handshake
+            _hang_up(self._ws.socket)
         self._ws.close()
 
     def __enter__(self) -> "PtyProcess":

@@ -174,6 +174,49 @@ def test_output_nobody_reads_blocks_the_command_not_the_daemon(sb, daemon):
     p.close()
 
 
+def test_input_the_command_does_not_read_blocks_the_writer_not_the_daemon(sb, daemon):
+    import threading
+
+    pid = _daemon_pid(daemon)
+    rss = lambda: int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                           if line.startswith("VmRSS:")))
+    # raw mode: in canonical mode the line discipline itself drops what does not fit in a line (4 KiB)
+    p = sb.exec("sh", "-c", "stty raw -echo; exec sleep 100", pty=True)
+    assert _eventually(lambda: _running(sb, "sleep 100"))
+    before, sent = rss(), [0]
+
+    def flood():
+        try:
+            for _ in range(400):   # 25 MiB in 64 KiB messages
+                p.write(b"x" * 65536)
+                sent[0] += 65536
+        except hutch.StateError:
+            pass   # hung up below
+
+    t = threading.Thread(target=flood, daemon=True)
+    t.start()
+    time.sleep(2)
+    assert t.is_alive() and sent[0] < 12 << 20   # the writer waits for the command
+    assert rss() - before < 16 << 10             # KiB: the daemon did not take the input in
+    p.close()   # the daemon, not reading (the command does not), still sees the hang-up
+    assert _eventually(lambda: not _running(sb, "sleep 100"), 5)
+    t.join(20)
+    assert not t.is_alive()
+
+
+def test_a_sandbox_holds_at_most_64_terminals_and_says_so(sb):
+    held = [sb.exec("sleep", "100", pty=True) for _ in range(64)]
+    try:
+        with pytest.raises(hutch.SandboxError, match="64 terminals"):
+            sb.exec("sleep", "100", pty=True)
+    finally:
+        for p in held:
+            p.close()
+    assert _eventually(lambda: not _running(sb, "sleep 100"))
+    with sb.exec("sh", "-c", "exit 0", pty=True) as p:   # freed
+        assert p.wait(10) == 0
+
+
 def test_bad_terminal_arguments_get_clear_errors(sb):
     for bad in ((0, 80), (24, 70000), "big", (24,), (24.5, 80)):
         with pytest.raises(hutch.InvalidSpecError, match="pty|rows|cols|terminal"):

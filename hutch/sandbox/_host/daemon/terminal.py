@@ -19,6 +19,7 @@ import errno
 import fcntl
 import json
 import os
+import select
 import signal
 import struct
 import termios
@@ -32,6 +33,7 @@ from hutch.sandbox._api import PTY_START_TIMEOUT, check_pty_dims
 DRAIN_AFTER_EXIT = 0.2   # seconds to keep reading output a background child may still hold the terminal for
 READ_CHUNK = 1 << 16
 MAX_MESSAGE = 1 << 20    # a client's input message
+HANG_UP_POLL = 0.5       # seconds between checks of the client's connection while nothing else says it ended
 
 
 async def serve_pty(request: web.Request, mgr, sb) -> web.WebSocketResponse:
@@ -50,7 +52,7 @@ async def serve_pty(request: web.Request, mgr, sb) -> web.WebSocketResponse:
             await ws.close()
             return ws
         await ws.send_str(json.dumps({"eid": ex.eid}))
-        if await _pump(ws, sb, ex, mgr):
+        if await _pump(ws, sb, ex, mgr, request.transport.get_extra_info("socket")):
             status = mgr.execs.result(sb, ex)
             await ws.send_str(json.dumps({"exit": status}))
             await ws.close()
@@ -83,7 +85,7 @@ async def _first_message(ws: web.WebSocketResponse) -> dict:
     return body
 
 
-async def _pump(ws, sb, ex, mgr) -> bool:
+async def _pump(ws, sb, ex, mgr, sock) -> bool:
     """Move the terminal's bytes until the command has ended and its output is read (True), or the client
     went away (False)."""
     loop = asyncio.get_running_loop()
@@ -91,19 +93,33 @@ async def _pump(ws, sb, ex, mgr) -> bool:
     os.set_blocking(master, False)
     out = asyncio.create_task(_output(loop, ws, master))
     inp = asyncio.create_task(_input(loop, ws, sb, ex, master, mgr))
+    gone = asyncio.create_task(_hung_up(sock))
+    client = {inp, gone}   # either ending means the client is gone
     try:
-        await asyncio.wait({out, inp, ex.exited}, return_when=asyncio.FIRST_COMPLETED)
-        if not inp.done() and not out.done():   # exited: what it wrote before is still to come
-            await asyncio.wait({out, inp}, timeout=DRAIN_AFTER_EXIT, return_when=asyncio.FIRST_COMPLETED)
-        elif out.done() and not inp.done():      # every holder of the terminal closed it: the exit follows
-            await asyncio.wait({inp, ex.exited}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({out, *client, ex.exited}, return_when=asyncio.FIRST_COMPLETED)
+        if not any(t.done() for t in client) and not out.done():   # exited: what it wrote is still to come
+            await asyncio.wait({out, *client}, timeout=DRAIN_AFTER_EXIT, return_when=asyncio.FIRST_COMPLETED)
+        elif out.done() and not any(t.done() for t in client):    # nothing holds the terminal: the exit follows
+            await asyncio.wait({*client, ex.exited}, return_when=asyncio.FIRST_COMPLETED)
         if out.done() and out.exception() is not None:
             raise out.exception()
-        return not inp.done() and ex.exited.done()
+        return not any(t.done() for t in client) and ex.exited.done()
     finally:
-        for t in (out, inp):
+        for t in (out, inp, gone):
             t.cancel()
-        await asyncio.gather(out, inp, return_exceptions=True)
+        await asyncio.gather(out, inp, gone, return_exceptions=True)
+
+
+async def _hung_up(sock) -> None:
+    """Return once the client's end of the connection is closed. The WebSocket says so too, but not while
+    its reading is paused (input the command does not read: flow control), when the close frame and the
+    end of the stream wait behind that input; the socket's hang-up flags show through it."""
+    if sock is None:
+        await asyncio.Event().wait()
+    poll = select.poll()
+    poll.register(sock.fileno(), select.POLLRDHUP)   # POLLHUP and POLLERR are always reported
+    while not poll.poll(0):
+        await asyncio.sleep(HANG_UP_POLL)
 
 
 async def _output(loop, ws, master: int) -> None:
