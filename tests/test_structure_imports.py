@@ -20,7 +20,8 @@ SANDBOX = ROOT / "hutch" / "sandbox"
 CONTRACT = {"hutch.sandbox._spec", "hutch.sandbox._api"}
 #: what the zygote and each init run (`python -I -S`): these modules and the packages above them
 ZYGOTE = ["hutch.sandbox._host.native.zygote", "hutch.sandbox._host.native.init",
-          "hutch.sandbox._host.native.initwire", "hutch.sandbox._host.native.linux"]
+          "hutch.sandbox._host.native.initwire", "hutch.sandbox._host.native.linux",
+          "hutch.sandbox._host.native.ptys"]
 #: what each gVisor sandbox's keeper runs (`python -I -S`), the zygote's modules besides
 KEEPER = ["hutch.sandbox._host.gvisor.keeper"]
 STDLIB_ONLY = ZYGOTE + KEEPER + ["hutch.sandbox._host.native.seccomp"]

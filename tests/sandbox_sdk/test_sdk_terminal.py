@@ -131,7 +131,8 @@ def test_hanging_up_ends_the_command_and_leaves_nothing(sb, daemon):
     assert _ptys_held(pid) == before + 1
     p.close()   # the client goes away mid-command
     # the shell is killed; its jobs lose their terminal (SIGHUP)
-    assert _eventually(lambda: not _running(sb, "sleep 100") and not _running(sb, "sleep 200"))
+    assert _eventually(lambda: not _running(sb, "sleep 100") and not _running(sb, "sleep 200")), \
+        sb.run("ps", "-o", "pid,ppid,pgid,sid,stat,args").stdout
     assert _ptys_held(pid) == before
 
 

@@ -134,7 +134,9 @@ class Execs:
                 del sb.exec_records[k]
         return ex
 
-    async def kill(self, sb: LiveSandbox, ex: Exec, sig: int, reason: str = "killed") -> None:
+    async def kill(self, sb: LiveSandbox, ex: Exec, sig: int, reason: str = "killed", wait: bool = False) -> None:
+        """Signal the command (its process group; a terminal's whole session for SIGKILL). `wait`: until the init
+        has sent the signals."""
         if ex.exited.done() or sb.channel is None or sb.channel.closed:
             return
         ex.reason = ex.reason or reason
@@ -142,7 +144,10 @@ class Execs:
         if ex.pty is not None and sig == signal.SIGKILL:   # ending a terminal's command ends its session's jobs
             msg["session"] = True
         try:
-            await sb.channel.notify(msg)
+            if wait:
+                await sb.channel.request(msg)
+            else:
+                await sb.channel.notify(msg)
         except StateError:
             pass
 

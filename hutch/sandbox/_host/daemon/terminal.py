@@ -61,11 +61,20 @@ async def serve_pty(request: web.Request, mgr, sb) -> web.WebSocketResponse:
         mgr.streams.discard(task)
         if ex is not None:
             ex.streaming = False
-            if not ex.exited.done():   # the client went away: the command and its session's jobs go with it
-                await mgr.execs.kill(sb, ex, signal.SIGKILL, "killed")
-            if ex.pty is not None:
-                os.close(ex.pty)   # what still holds the terminal gets a hangup
-                ex.pty = None
+            # its own task: a second cancellation of this handler must not leave the terminal open
+            await asyncio.shield(asyncio.ensure_future(_end(mgr, sb, ex)))
+
+
+async def _end(mgr, sb, ex) -> None:
+    """The client went away: the command and its session's jobs go with it, then the terminal is closed. In
+    that order: a hangup first would end the shell (SIGHUP), and its jobs would outlive it."""
+    try:
+        if not ex.exited.done():
+            await mgr.execs.kill(sb, ex, signal.SIGKILL, "killed", wait=True)
+    finally:
+        if ex.pty is not None:
+            os.close(ex.pty)   # what still holds the terminal gets a hangup
+            ex.pty = None
 
 
 async def _first_message(ws: web.WebSocketResponse) -> dict:

@@ -13,10 +13,9 @@ import select
 import signal
 import socket
 import stat
-import struct
 
 from hutch.sandbox._host.native import linux as L
-from hutch.sandbox._host.native import initwire
+from hutch.sandbox._host.native import initwire, ptys
 
 # Standard library only, and little of it: every module the zygote imports is memory each init may
 # copy on write, and mappings each clone() copies (secrets would bring OpenSSL, shutil zlib/bz2/lzma).
@@ -432,46 +431,6 @@ def _which(name: str, path: str) -> str | None:
     return None
 
 
-def _open_pty(uid: int, rows: int, cols: int) -> tuple[int, int]:
-    """A new pty of the sandbox's devpts: (master, slave), the slave owned by `uid` (as which the init opens
-    its master: devpts gives the slave the opener's ids) and sized rows x cols. /dev/pts/ptmx, not /dev/ptmx:
-    root inside may replace that symlink, not the devpts mount. The slave comes from its master (TIOCGPTPEER),
-    never through a path a process of the sandbox could swap."""
-    if uid and _USER_KEPT:
-        os.setresgid(-1, uid, -1)
-        os.setresuid(-1, uid, -1)
-    try:
-        master = os.open("/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-    finally:
-        if uid and _USER_KEPT:
-            os.setresuid(-1, 0, -1)
-            os.setresgid(-1, 0, -1)
-    try:
-        fcntl.ioctl(master, L.TIOCSPTLCK, struct.pack("i", 0))
-        fcntl.ioctl(master, L.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        slave = fcntl.ioctl(master, L.TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-    except BaseException:
-        os.close(master)
-        raise
-    return master, slave
-
-
-def _session_members(sid: int) -> list[int]:
-    """The sandbox's processes in session `sid` (its /proc is the sandbox's pid namespace)."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid:   # state, ppid, pgrp, session
-            out.append(int(name))
-    return out
-
-
 class Init:
     def __init__(self, ctl: socket.socket, plan: dict):
         self.ctl = ctl
@@ -612,7 +571,7 @@ class Init:
         master = None
         if msg.get("pty"):   # its terminal: a pty of the sandbox's own devpts, its master for the daemon
             try:
-                master, slave = _open_pty(int(msg.get("uid") or 0), *msg["pty"])
+                master, slave = ptys.open_pty(int(msg.get("uid") or 0) if _USER_KEPT else 0, *msg["pty"])
             except OSError as e:
                 if e.errno != errno.ENOSPC:
                     raise
@@ -652,7 +611,7 @@ class Init:
                         except OSError:
                             pass
                     if msg.get("session"):   # a terminal's session: every job of its shell has a group of its own
-                        for other in _session_members(pid):
+                        for other in ptys.session_members(pid):
                             try:
                                 os.kill(other, msg["signal"])
                             except OSError:
