@@ -95,6 +95,8 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                      "description": "user: the sandbox's unprivileged user, uid/gid 1000 (default root)"},
             "stdout": {"type": "boolean", "description": "false: the command's stdout is /dev/null (default true)"},
             "stderr": {"type": "boolean", "description": "false: the command's stderr is /dev/null (default true)"},
+            "pty": {"type": "object", "nullable": True,
+                    "description": "refused here (400): a terminal is GET /v1/sandboxes/{id}/exec/pty"},
             "max_output": {"type": "integer", "nullable": True, "minimum": 0,
                            "description": "bytes of each stream sent; the rest is drained, dropped and counted "
                                           "in the exit frame (stdout_dropped, stderr_dropped)"}}}),
