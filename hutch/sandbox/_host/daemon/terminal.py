@@ -38,6 +38,9 @@ HANG_UP_POLL = 0.5       # seconds between checks of the client's connection whi
 
 async def serve_pty(request: web.Request, mgr, sb) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE, compress=False, autoping=True)
+    if not ws.can_prepare(request).ok:   # else aiohttp answers a plain-text 400, not the API's JSON error
+        raise ConfigError("GET /v1/sandboxes/{id}/exec/pty is a WebSocket: send Upgrade: websocket (the SDK's "
+                          "exec(..., pty=True) does); docs/api.md, Terminals.")
     await ws.prepare(request)
     task = asyncio.current_task()
     mgr.streams.add(task)
