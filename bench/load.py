@@ -33,6 +33,8 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
+from _report import write_section  # bench/ is the script's directory
+
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
 sys.path.insert(0, str(ROOT_DIR / "bench"))
@@ -340,21 +342,7 @@ def main():
     text = "\n".join(lines)
     print(text)
     if a.write:
-        write_section(Path(a.write), text)
-
-
-BEGIN, END = "<!-- bench/load.py: begin -->", "<!-- bench/load.py: end -->"
-
-
-def write_section(path: Path, text: str) -> None:
-    """Replace this benchmark's section of `path` (other benchmarks keep theirs)."""
-    section = f"{BEGIN}\n## Load (bench/load.py)\n\n{text}\n{END}"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in old and END in old:
-        new = old[: old.index(BEGIN)] + section + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(new)
+        write_section(Path(a.write), "load.py", "Load", text)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from _report import write_section  # bench/ is the script's directory
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
@@ -278,20 +280,6 @@ def markdown(results: dict, n: int, load: tuple[float, float]) -> str:
     return "\n".join(out)
 
 
-BEGIN, END = "<!-- bench/memory_store.py: begin -->", "<!-- bench/memory_store.py: end -->"
-
-
-def write_section(path: Path, text: str) -> None:
-    """Replace this benchmark's section of `path` (other benchmarks keep theirs)."""
-    section = f"{BEGIN}\n## The memory store (bench/memory_store.py)\n\n{text}\n{END}"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in old and END in old:
-        new = old[: old.index(BEGIN)] + section + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(new)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=100_000, help="synthetic entities (default 100,000)")
@@ -320,7 +308,7 @@ def main() -> None:
     text = markdown(results, args.n, (load0, os.getloadavg()[0]))
     print("\n" + text)
     if args.write:
-        write_section(Path(args.write), text)
+        write_section(Path(args.write), "memory_store.py", "The memory store", text)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _report import write_section  # bench/ is the script's directory
+
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
 
@@ -446,21 +448,7 @@ def main():
     text = "\n".join(lines)
     print(text)
     if a.write:
-        write_section(Path(a.write), text)
-
-
-BEGIN, END = "<!-- bench/sandbox.py: begin -->", "<!-- bench/sandbox.py: end -->"
-
-
-def write_section(path: Path, text: str) -> None:
-    """Replace this benchmark's section of `path` (other benchmarks keep theirs)."""
-    section = f"{BEGIN}\n## Sandboxes (bench/sandbox.py)\n\n{text}\n{END}"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in old and END in old:
-        new = old[: old.index(BEGIN)] + section + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(new)
+        write_section(Path(a.write), "sandbox.py", "Sandboxes", text)
 
 
 if __name__ == "__main__":
