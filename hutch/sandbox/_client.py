@@ -541,12 +541,46 @@ def default_async_client() -> AsyncClient:
     loop = asyncio.get_running_loop()
     key = key + (id(loop),)
     with _lock:
-        for k in [k for k, (lp, _) in _aclients.items() if lp.is_closed()]:
-            del _aclients[k]   # clients of finished event loops (asyncio.run in a loop)
+        for k in [k for k, (lp, *_) in _aclients.items() if lp.is_closed()]:
+            _finish(_aclients.pop(k)[2])   # clients of finished event loops (asyncio.run in a loop)
         entry = _aclients.get(key)
         if entry is None:
-            entry = _aclients[key] = (loop, AsyncClient(ep))
+            c = AsyncClient(ep)
+            entry = _aclients[key] = (loop, c, _closed_with_loop(c))
         return entry[1]
+
+
+def _closed_with_loop(client: AsyncClient):
+    """Close `client`'s connections when its event loop shuts down: an async generator, started here, that the
+    loop finalizes in `shutdown_asyncgens()` (asyncio.run does so before closing the loop). The caller keeps
+    the generator (the loop holds it weakly). Otherwise each finished loop left its pooled connections open
+    (ResourceWarning: unclosed socket)."""
+
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+
+    async def closer():
+        try:
+            yield
+        finally:
+            if not loop.is_closed():
+                await client.http.aclose()
+
+    gen = closer()
+    _finish(gen.__anext__())   # the loop's firstiter hook registers the generator; it runs to its yield
+    return gen
+
+
+def _finish(gen_or_step) -> None:
+    """Drive an awaitable that awaits nothing to its end: the closer's first step, or (given the generator,
+    its loop closed without shutting its generators down) its close, which then skips the await, so the
+    generator is not left for the closed loop's finalizer hook."""
+    step = gen_or_step.aclose() if hasattr(gen_or_step, "aclose") else gen_or_step
+    try:
+        step.send(None)
+    except StopIteration:
+        pass
 
 
 # Leases: one open connection per non-detached sandbox this process created. The kernel closes

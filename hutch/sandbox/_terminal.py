@@ -74,6 +74,21 @@ def _hang_up(sock: socket.socket) -> None:
         pass   # closed already
 
 
+def _abandoned_async(ws, loop, what: str) -> None:
+    """An AsyncPtyProcess was collected unclosed: warn, and abort its connection on its loop (the collector may
+    run in any thread; a closing handshake cannot be awaited here)."""
+    import warnings
+
+    warnings.warn(what, ResourceWarning, stacklevel=2)
+    transport = getattr(ws, "transport", None)
+    if transport is None or loop.is_closed():
+        return
+    try:
+        loop.call_soon_threadsafe(transport.abort)
+    except RuntimeError:
+        pass   # the loop closed meanwhile, and its transports with it
+
+
 def _refused(e: Exception) -> Exception:
     """The hutch error a refused WebSocket upgrade stands for (a 401, 404 ... with the daemon's JSON body)."""
     from websockets.exceptions import InvalidStatus
@@ -277,6 +292,11 @@ class AsyncPtyProcess:
         self._client, self._ws = client, ws
         self._s = _State(sandbox_id, argv, eid)
         self._base = f"/v1/sandboxes/{sandbox_id}/exec/{eid}"
+        # the loop's transport holds the connection, not this handle: a handle dropped unclosed hangs up on the
+        # loop (the daemon then ends the command) and says so, as asyncio does of an unclosed transport
+        self._finalizer = weakref.finalize(self, _abandoned_async, ws, asyncio.get_running_loop(),
+                                           f"unclosed <hutch.AsyncPtyProcess {list(self._s.argv)}>")
+        self._finalizer.atexit = False   # at exit the process's sockets close anyway
 
     @classmethod
     async def start(cls, client, sandbox_id: str, argv, size, **kw) -> "AsyncPtyProcess":
@@ -399,6 +419,7 @@ class AsyncPtyProcess:
 
     async def close(self) -> None:
         """Hang up: the command is ended if it still runs."""
+        self._finalizer.detach()
         await self._ws.close()
 
     async def __aenter__(self) -> "AsyncPtyProcess":

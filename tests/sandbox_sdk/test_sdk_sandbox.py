@@ -285,6 +285,25 @@ def test_async_sandbox(daemon, busybox_root):
     asyncio.run(main())
 
 
+def test_an_event_loops_client_is_closed_with_the_loop(sb):
+    """AsyncSandbox's client belongs to its event loop; asyncio.run ending closes it (no unclosed connection,
+    no ResourceWarning), and the next loop gets a client of its own."""
+    import asyncio
+    import gc
+    import warnings
+
+    async def main():
+        asb = await hutch.AsyncSandbox.from_id(sb.id)
+        assert (await asb.run("echo", "hi")).stdout == "hi\n"
+
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            asyncio.run(main())
+        gc.collect()
+    assert not [w for w in got if issubclass(w.category, ResourceWarning)], [str(w.message) for w in got]
+
+
 def test_daemon_autostart_is_race_safe(busybox_root, tmp_path):
     """With no daemon on the socket, clients start one; two at once start exactly one."""
     run_dir = tmp_path / "run"

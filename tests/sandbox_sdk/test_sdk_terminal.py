@@ -146,6 +146,34 @@ def test_a_dropped_handle_hangs_up(sb):
     assert _eventually(lambda: not _running(sb, "sleep 100"))
 
 
+def test_a_dropped_async_handle_hangs_up_and_says_so(sb):
+    import gc
+    import warnings
+
+    async def main():
+        asb = await hutch.AsyncSandbox.from_id(sb.id)
+        p = await asb.exec("sleep", "100", pty=True)
+        assert await asyncio.to_thread(_eventually, lambda: _running(sb, "sleep 100"))
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            del p
+            gc.collect()
+        assert any(issubclass(w.category, ResourceWarning) and "AsyncPtyProcess" in str(w.message) for w in got), \
+            [str(w.message) for w in got]
+        # the loop runs the hang-up: the daemon ends the command
+        assert await asyncio.to_thread(_eventually, lambda: not _running(sb, "sleep 100"))
+        q = await asb.exec("sh", "-c", "exit 0", pty=True)   # one closed is no warning
+        await q.wait(10)
+        await q.close()
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            del q
+            gc.collect()
+        assert not [w for w in got if issubclass(w.category, ResourceWarning)], [str(w.message) for w in got]
+
+    asyncio.run(main())
+
+
 def test_the_sandbox_ending_under_a_terminal_ends_its_session(make_sandbox):
     sb = make_sandbox()
     p = _shell(sb)
