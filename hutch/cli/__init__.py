@@ -25,6 +25,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("hutch.cli._sandbox", "validate"),
     ("hutch.cli._doctor", "doctor"),
     ("hutch.cli._image", "image"),
+    ("hutch.cli._snapshot", "snapshot"),
     ("hutch.cli._volume", "volume"),
     ("hutch.cli._mem", "mem"),
     ("hutch.cli._mcp", "mcp"),

@@ -4,6 +4,7 @@
     snap = sb.snapshot_memory()          # sb runs on
     sb2 = hutch.Sandbox.restore(snap)    # a new sandbox carrying on where sb was
     kids = sb.fork(4)                    # four running copies, each with its own filesystem and identity
+    snap.export("s.tar"); hutch.Snapshot.import_("s.tar")   # to another host (same runsc build and base image)
 
 A snapshot lives in the daemon's state directory until `delete()`; its filesystem is an image
 (`snap.image`), kept while the snapshot is.
@@ -11,9 +12,12 @@ A snapshot lives in the daemon's state directory until `delete()`; its filesyste
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
-from hutch._core.errors import ConfigError
+from hutch._core.errors import ConfigError, NotFoundError
 from hutch.sandbox import _client
 
 
@@ -51,6 +55,40 @@ class Snapshot:
         """Every memory snapshot on this host."""
         d = _client.default_client().json("GET", "/v1/memory-snapshots")
         return [cls.from_json(s) for s in d["snapshots"]]
+
+    def export(self, path: "str | os.PathLike") -> None:
+        """Write this snapshot (memory image, filesystem, metadata) to `path` as a tar, for `Snapshot.import_`
+        on another host. That host needs the same runsc build, the same base image build and busybox; its
+        import refuses anything else. Credentials are never in it (a restore there is given none)."""
+        client = _client.default_client()
+        dest = Path(path).resolve()
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=dest.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                resp = client.request("GET", f"/v1/memory-snapshots/{self.id}/export", stream=True)
+                try:
+                    for chunk in resp.iter_bytes(1 << 20):
+                        f.write(chunk)
+                finally:
+                    resp.close()
+            os.replace(tmp, dest)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
+    @classmethod
+    def import_(cls, path: "str | os.PathLike") -> "Snapshot":
+        """Import an archive written by `Snapshot.export` (on this or another host); returns the new snapshot
+        (its own id). Refused, with nothing kept, unless every part checks out: sizes, sha256s, the image's
+        layer digests, and this host's runsc build, flags, busybox and base image equal the archive's."""
+        src = Path(path)
+        if not src.is_file():
+            raise NotFoundError(f"{src} is not a file; give the path of an archive made by Snapshot.export().")
+        with open(src, "rb") as f:
+            return cls.from_json(_client.default_client().json("POST", "/v1/memory-snapshots/import", content=f))
 
     def delete(self) -> None:
         """Remove the snapshot's memory image from the host (sandboxes restored from it run on)."""

@@ -117,3 +117,45 @@ def test_cli_pause_resume_snapshot_restore_fork(daemon, busybox_root):
         hutch.Snapshot(snap).delete()
     finally:
         hutch_cli("sandbox", "kill", *made)
+
+
+def test_sdk_and_cli_export_import_a_snapshot(make_sandbox, tmp_path):
+    sb = make_sandbox("sh", "-c", "echo kept > /f; i=0; while :; do i=$((i+1)); echo $i > /c; sleep 0.02; done",
+                      runtime="gvisor")
+    time.sleep(0.2)
+    snap = sb.snapshot_memory()
+    made = []
+    try:
+        snap.export(tmp_path / "s.tar")
+        back = hutch.Snapshot.import_(tmp_path / "s.tar")
+        assert back.id != snap.id and back.memory_bytes == snap.memory_bytes and back.image == snap.image
+        r = hutch_cli("snapshot", "export", snap.id, str(tmp_path / "c.tar"))
+        assert r.returncode == 0, r.stderr
+        r = hutch_cli("snapshot", "import", str(tmp_path / "c.tar"))
+        assert r.returncode == 0, r.stderr
+        cli_id = r.stdout.strip()
+        made += [back.id, cli_id]
+        assert {back.id, cli_id} <= {s.id for s in hutch.Snapshot.list()}
+        assert cli_id in hutch_cli("snapshot", "ls").stdout
+        copy = hutch.Sandbox.restore(cli_id)
+        try:
+            a = int(copy.files.read("/c"))
+            time.sleep(0.3)
+            assert int(copy.files.read("/c")) > a and copy.files.read("/f") == b"kept\n"
+        finally:
+            copy.terminate()
+        (tmp_path / "bad.tar").write_bytes(b"x" * 2048)
+        with pytest.raises(hutch.InvalidArchiveError, match="not a readable tar"):
+            hutch.Snapshot.import_(tmp_path / "bad.tar")
+        r = hutch_cli("snapshot", "import", str(tmp_path / "bad.tar"))
+        assert r.returncode == 1 and "hutch: error:" in r.stderr
+        with pytest.raises(hutch.NotFoundError):
+            hutch.Snapshot.import_(tmp_path / "missing.tar")
+        assert hutch_cli("snapshot", "rm", *made).returncode == 0
+        made.clear()
+    finally:
+        for s in made + [snap.id]:
+            try:
+                hutch.Snapshot(s).delete()
+            except hutch.NotFoundError:
+                pass

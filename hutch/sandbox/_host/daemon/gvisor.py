@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from hutch._core.errors import ConfigError, SandboxError, StateError, UnsupportedError
 from hutch.sandbox._host import images, layers
-from hutch.sandbox._host.gvisor import runsc, snapshots
+from hutch.sandbox._host.gvisor import runsc, snapshots, transfer
 from hutch.sandbox._host.gvisor.runtime import (
     GvisorChannel, GvSandbox, Runsc, keeper_run, kill_all, mount_root, start_keeper, stop_keeper, unmount_root,
     write_bundle,
@@ -217,6 +217,7 @@ class Gvisor:
                                              "retry.") from None
                         raise
                     node = await asyncio.to_thread(self._commit_fs, sb, pinned)
+                    base = await asyncio.to_thread(transfer.base_id, node["ref"])
                 finally:
                     if sb.active:
                         await self.calls.call(gv, "resume", sb.id, check=False)
@@ -228,7 +229,7 @@ class Gvisor:
                                        "memory limit allows; it was not kept.")
                 spec = dataclasses.replace(sb.spec, image=node["ref"])
                 meta = snapshots.Meta(snap_id, time.time(), runsc.probe().version, tuple(self.flags()),
-                                      spec.to_dict(), sb.id, size)
+                                      spec.to_dict(), sb.id, size, runsc.bundle_id(), base)
                 snapshots.write_meta(tmp, meta)
                 snapshots.complete(tmp, snap_id)
             except BaseException:
@@ -256,7 +257,8 @@ class Gvisor:
         p = runsc.probe()
         if not p.ok:
             raise UnsupportedError(f'runtime="gvisor" is not available on this host: {p.why}.')
-        meta = await asyncio.to_thread(snapshots.load, snap_id, runsc_version=p.version, flags=self.flags())
+        meta = await asyncio.to_thread(snapshots.load, snap_id, runsc_version=p.version, flags=self.flags(),
+                                      bundle=runsc.bundle_id())
         spec = SandboxSpec.from_dict(meta.spec)
         spec = dataclasses.replace(spec, name=None, detach=bool(detach), tags=tuple(sorted((tags or {}).items())))
         check_supported(spec)
@@ -302,6 +304,19 @@ class Gvisor:
             await asyncio.gather(*(self.mgr.end(r, "terminated") for r in results if not isinstance(r, BaseException)))
             raise failed[0]
         return list(results)
+
+    async def export(self, snap_id: str, fileobj) -> dict:
+        """Memory snapshot `snap_id` as a tar (transfer.py) to `fileobj`."""
+        p = runsc.probe()
+        return await asyncio.to_thread(transfer.export, snap_id, fileobj, runsc_version=p.version, flags=self.flags())
+
+    async def import_(self, fileobj, limits) -> dict:
+        """A snapshot archive read as hostile input (transfer.py): a new snapshot of this host, or a refusal."""
+        p = runsc.probe()
+        if not p.ok:
+            raise UnsupportedError(f'runtime="gvisor" is not available on this host: {p.why}.')
+        return await asyncio.to_thread(transfer.import_, fileobj, runsc_version=p.version, flags=self.flags(),
+                                       limits=limits, check_spec=check_supported)
 
     # --- end ----------------------------------------------------------------------------
 

@@ -71,6 +71,13 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                                       "responses": {"200": {"description": "{snapshots: [...]}"}}},
     ("get", "/v1/memory-snapshots/{sid}"): {"summary": "One memory snapshot", "responses": {"200": {"description": "it"}}},
     ("delete", "/v1/memory-snapshots/{sid}"): {"summary": "Delete a memory snapshot", "responses": {"204": {"description": "gone"}}},
+    ("get", "/v1/memory-snapshots/{sid}/export"): {"summary": "A memory snapshot as a tar archive (to import on "
+                                                             "another host)",
+                                                  "responses": {"200": {"description": "application/x-tar"}}},
+    ("post", "/v1/memory-snapshots/import"): {"summary": "Import a memory snapshot archive (checked as hostile input)",
+                                             "requestBody": {"required": True, "content": {"application/x-tar": {
+                                                 "schema": {"type": "string", "format": "binary"}}}},
+                                             "responses": {"201": {"description": "the new snapshot"}}},
     ("post", "/v1/memory-snapshots/{sid}/restore"): {"summary": "A new sandbox from a memory snapshot",
                                                      "requestBody": _json_body({"type": "object", "properties": {
                                                          "detach": {"type": "boolean"},

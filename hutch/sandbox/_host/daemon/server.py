@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import signal
+import tempfile
 
 from aiohttp import web
 
@@ -22,6 +23,7 @@ from hutch.sandbox._host.daemon.terminal import serve_pty
 from hutch.sandbox._host.daemon.openapi import openapi_document
 from hutch.sandbox._host.daemon.store_routes import add_routes as add_store_routes
 from hutch.sandbox._host.gvisor import snapshots as memsnaps
+from hutch.sandbox._host.untar import ImportLimits
 from hutch.sandbox._api import EXIT, FRAMES_CONTENT_TYPE, STDERR, STDOUT, encode_frame
 from hutch.sandbox._spec import Network, SandboxSpec
 
@@ -103,6 +105,8 @@ def make_app(mgr: Manager, gate=None) -> web.Application:
     r.add_get("/v1/memory-snapshots", h.memory_snapshots)
     r.add_get("/v1/memory-snapshots/{sid}", h.memory_snapshot)
     r.add_delete("/v1/memory-snapshots/{sid}", h.delete_memory_snapshot)
+    r.add_get("/v1/memory-snapshots/{sid}/export", h.export_memory_snapshot)
+    r.add_post("/v1/memory-snapshots/import", h.import_memory_snapshot)
     r.add_post("/v1/memory-snapshots/{sid}/restore", h.restore)
     r.add_get("/v1/sandboxes/{id}/lease", h.lease)
     r.add_post("/v1/sandboxes/{id}/exec", h.exec)
@@ -221,6 +225,45 @@ class Handlers:
     async def delete_memory_snapshot(self, request):
         await asyncio.to_thread(memsnaps.remove, request.match_info["sid"])
         return web.Response(status=204)
+
+    async def export_memory_snapshot(self, request):
+        sid = request.match_info["sid"]
+        memsnaps.path_of(sid)   # a malformed id: ConfigError, before anything is spooled
+        memsnaps.store_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(prefix=".export-", suffix=".tmp", dir=memsnaps.store_dir())
+        try:
+            with os.fdopen(fd, "wb") as f:
+                await self.mgr.gvisor.export(sid, f)
+            resp = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
+            resp.content_length = os.path.getsize(tmp)
+            await resp.prepare(request)
+            with open(tmp, "rb") as f:
+                while chunk := f.read(CHUNK * 4):
+                    await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+        finally:
+            os.unlink(tmp)
+
+    async def import_memory_snapshot(self, request):
+        limits = ImportLimits.from_env()
+        memsnaps.store_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(prefix=".import-", suffix=".tmp", dir=memsnaps.store_dir())
+        try:
+            with os.fdopen(fd, "wb") as f:
+                size = 0
+                async for chunk in request.content.iter_chunked(CHUNK):
+                    size += len(chunk)
+                    if size > limits.bytes:   # the spool is bounded too, not only what is read from it
+                        raise errors.InvalidArchiveError(
+                            f"the snapshot archive is larger than {limits.bytes} bytes (HUTCH_IMPORT_MAX_BYTES of "
+                            "the daemon); raise that limit if it is yours.")
+                    f.write(chunk)
+            with open(tmp, "rb") as f:
+                snap = await asyncio.shield(self.mgr.gvisor.import_(f, limits))
+            return web.json_response(snap, status=201)
+        finally:
+            os.unlink(tmp)
 
     async def wait(self, request):
         sb = self.mgr.get(request.match_info["id"])

@@ -11,6 +11,7 @@ gateway plumbed: the host rules see its frames as the kernel's) or `none`.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -69,6 +70,19 @@ def host_busybox() -> str:
         if os.path.exists(p):
             return p
     return ""
+
+
+@functools.lru_cache(maxsize=1)
+def bundle_id() -> str:
+    """What of a sandbox's bundle is this host's rather than its spec's: the busybox bound in at BUSYBOX_AT (a
+    restored pid 1 may be running it). Its sha256, recorded in every memory snapshot; a restore needs the same."""
+    h = hashlib.sha256()
+    path = host_busybox()
+    if path:
+        with open(path, "rb") as f:
+            while data := f.read(1 << 20):
+                h.update(data)
+    return "busybox-sha256:" + h.hexdigest()
 
 
 def global_flags(root: str, network: bool) -> list[str]:

@@ -58,11 +58,13 @@ class Meta:
     spec: dict            # the source's SandboxSpec.to_dict(), its image the snapshot's image node
     source: str
     memory_bytes: int
+    bundle: str = ""      # runsc.bundle_id() of the host it was taken on: a restore needs the same
+    base: str = ""        # the id of the base image its filesystem sits on (images.resolve_image(base).id)
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, "id": self.id, "created_at": self.created_at, "runsc": self.runsc,
                 "flags": list(self.flags), "spec": self.spec, "source": self.source,
-                "memory_bytes": self.memory_bytes}
+                "memory_bytes": self.memory_bytes, "bundle": self.bundle, "base": self.base}
 
     @classmethod
     def from_dict(cls, d) -> "Meta":
@@ -72,10 +74,12 @@ class Meta:
         try:
             m = cls(id=str(d["id"]), created_at=float(d["created_at"]), runsc=str(d["runsc"]),
                     flags=tuple(str(f) for f in d["flags"]), spec=dict(d["spec"]), source=str(d["source"]),
-                    memory_bytes=int(d["memory_bytes"]))
+                    memory_bytes=int(d["memory_bytes"]), bundle=str(d.get("bundle", "")),
+                    base=str(d.get("base", "")))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"a memory snapshot's meta.json is malformed ({e}); take a new snapshot.") from e
-        if not ID_RE.match(m.id) or len(m.flags) > 16 or m.memory_bytes < 0:
+        if not ID_RE.match(m.id) or len(m.flags) > 16 or m.memory_bytes < 0 or len(m.bundle) > 256 \
+                or len(m.base) > 4096 or len(m.runsc) > 1024:
             raise ConfigError("a memory snapshot's meta.json is malformed (id, flags or size); take a new snapshot.")
         return m
 
@@ -99,7 +103,7 @@ def image_bytes(mem: Path) -> int:
     return total
 
 
-def load(snap_id: str, *, runsc_version: str, flags: list[str], memory_limit=None) -> Meta:
+def load(snap_id: str, *, runsc_version: str, flags: list[str], bundle: str = "") -> Meta:
     """The snapshot's checked metadata, refused unless this host can restore it (StateError naming why)."""
     d = path_of(snap_id)
     try:
@@ -117,6 +121,9 @@ def load(snap_id: str, *, runsc_version: str, flags: list[str], memory_limit=Non
     if list(meta.flags) != flags:
         raise StateError(f"memory snapshot {snap_id} was taken with runsc flags {list(meta.flags)}, this host uses "
                          f"{flags}; take a new snapshot here.")
+    if bundle and meta.bundle and meta.bundle != bundle:
+        raise StateError(f"memory snapshot {snap_id} was taken with another bundle ({meta.bundle[:40]}: the host busybox "
+                         f"every gVisor sandbox has bound in), this host has {bundle[:40]}; take a new snapshot here.")
     size = image_bytes(d / "mem")
     limit = (meta.spec.get("limits") or {}).get("memory")
     if not isinstance(limit, int) or size > limit + IMAGE_SLACK or size != meta.memory_bytes:
@@ -161,11 +168,15 @@ def remove(snap_id: str) -> None:
 
 
 def remove_partial() -> None:
-    """At daemon start: a snapshot a crashed daemon was taking is incomplete."""
+    """At daemon start: a snapshot a crashed daemon was taking (or importing) is incomplete, and the archive
+    an export or import spooled (`.export-*.tmp`, `.import-*.tmp`) is left over."""
     root = store_dir()
     if root.is_dir():
         for d in root.glob("*.tmp"):
-            shutil.rmtree(d, ignore_errors=True)
+            if d.is_dir() and not d.is_symlink():
+                shutil.rmtree(d, ignore_errors=True)
+            else:
+                d.unlink(missing_ok=True)
 
 
 def list_all() -> list[dict]:
