@@ -45,6 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hutch  # noqa: E402
+from hutch._core import settings  # noqa: E402
 from hutch.memory._index import _units  # noqa: E402
 from hutch.memory._ingest import _parse_locomo_time, _session_numbers  # noqa: E402
 
@@ -199,9 +200,9 @@ def ask(stores, fusion: str = "learned", now_rule: str = "rule", reasoner: bool 
     for f, mem in stores:
         now = (last_session_time(f) if now_rule == "last-session" else
                datetime.now(timezone.utc).isoformat() if now_rule == "clock" else None)
-        smart = (hutch.Memory(mem.root, reasoner=hutch.OpenAIReasoner(
-            os.environ["HUTCH_REASONER_URL"], os.environ.get("HUTCH_REASONER_MODEL", "gpt-4o-mini")))
-            if reasoner and os.environ.get("HUTCH_REASONER_URL") else None)
+        url = settings.REASONER_URL.get()
+        smart = (hutch.Memory(mem.root, reasoner=hutch.OpenAIReasoner(url, settings.REASONER_MODEL.get()))
+                 if reasoner and url else None)
         for q in questions(f):
             if smart is not None:
                 r["reasoned"].append([h.anchor for h in smart.search(q["q"], k=20, classes=["interactions"],
@@ -281,7 +282,7 @@ def main() -> None:
     print(f"the API's defaults (mem.search(q, k=10): no classes, no now): R@5 {d['all'][5]:.1f}, R@10 {d['all'][10]:.1f}")
     if reasoned:
         rz = score(reasoned, qs)
-        print(f"with the reasoner ({os.environ['HUTCH_REASONER_URL']}): R@5 {rz['all'][5]:.1f}, R@10 "
+        print(f"with the reasoner ({settings.REASONER_URL.get()}): R@5 {rz['all'][5]:.1f}, R@10 "
               f"{rz['all'][10]:.1f} (without: {ours['all'][5]:.1f}, {ours['all'][10]:.1f})")
     else:
         print("reasoner: none configured (set HUTCH_REASONER_URL, HUTCH_REASONER_MODEL and OPENAI_API_KEY for an "

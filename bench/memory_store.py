@@ -36,10 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import yaml  # noqa: E402
 
 import hutch  # noqa: E402
+from hutch._core import settings  # noqa: E402
 from hutch._core.atomic import atomic_write  # noqa: E402
 from hutch.memory import _format as fmt  # noqa: E402
 
-LOCOMO = Path(os.environ.get("HUTCH_LOCOMO_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev"))
+LOCOMO = settings.LOCOMO_DIR.get()
 
 
 def pct(xs: list[float], p: float) -> float:

@@ -1,31 +1,32 @@
-"""Where hutch keeps its state. Defaults are named here, and only here.
+"""Where hutch keeps its state. The defaults are in the settings table (hutch/_core/settings.py).
 
 Which setting wins: an explicit argument, then the environment variable, then
-the default below.
+the default.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from hutch._core import settings
+
 #: Persistent state: images, layers, volumes, snapshots. Env: HUTCH_STATE_DIR.
-DEFAULT_STATE_DIR = Path("/var/lib/hutch")
+DEFAULT_STATE_DIR = settings.STATE_DIR.default
 #: Runtime state: the daemon's socket, pid file, per-sandbox records. Env: HUTCH_RUN_DIR.
-DEFAULT_RUN_DIR = Path("/run/hutch")
+DEFAULT_RUN_DIR = settings.RUN_DIR.default
 #: Name prefix of the kernel objects a daemon makes (cgroup parents, nft tables); each carries the daemon's
 #: instance id too (hutch/sandbox/_host/instance.py). Veths are `hv<id>...`: IFNAMSIZ leaves no room for more.
 KERNEL_NAME_PREFIX = "hutch"
 
 
 def state_dir() -> Path:
-    return Path(os.environ.get("HUTCH_STATE_DIR") or DEFAULT_STATE_DIR)
+    return settings.STATE_DIR.get()
 
 
 def run_dir() -> Path:
-    return Path(os.environ.get("HUTCH_RUN_DIR") or DEFAULT_RUN_DIR)
+    return settings.RUN_DIR.get()
 
 
 def daemon_socket() -> Path:
     """The Unix socket the host daemon listens on. Env: HUTCH_SOCKET."""
-    return Path(os.environ.get("HUTCH_SOCKET") or run_dir() / "hutch.sock")
+    return settings.SOCKET.get() or run_dir() / "hutch.sock"

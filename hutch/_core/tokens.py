@@ -14,6 +14,7 @@ import stat
 from pathlib import Path
 
 from hutch._core.errors import ConfigError
+from hutch._core.settings import Setting
 
 #: Shortest token accepted.
 MIN_TOKEN_CHARS = 16
@@ -21,14 +22,14 @@ MIN_TOKEN_CHARS = 16
 MAX_TOKEN_FILE = 4096
 
 
-def from_env_or_file(env: str, file_env: str | None = None) -> str | None:
+def from_env_or_file(env: Setting, file_env: Setting | None = None) -> str | None:
     """The token in the environment variable `env`, else in the file named by `file_env`, else None."""
-    value = os.environ.get(env)
+    value = env.raw()
     if value:
-        return check_token(value.strip(), f"${env}")
-    path = os.environ.get(file_env) if file_env else None
+        return check_token(value.strip(), f"${env.name}")
+    path = file_env.get() if file_env else None
     if path:
-        return read_token_file(path, f"${file_env}")
+        return read_token_file(path, f"${file_env.name}")
     return None
 
 

@@ -6,9 +6,11 @@ import sys
 
 import click
 
+from hutch._core import settings
+
 
 @click.command()
-@click.option("--store", "-s", metavar="PATH", envvar="HUTCH_MEMORY",
+@click.option("--store", "-s", metavar="PATH", envvar=settings.MEMORY.name,
               help="Memory store the memory_* tools use (default: $HUTCH_MEMORY; none: no memory tools).")
 @click.option("--no-sandboxes", is_flag=True, help="Leave out the sandbox_* tools.")
 @click.option("--image", metavar="REF", help="Default image of sandbox_create (default: Debian with python3).")
@@ -37,8 +39,6 @@ def mcp(store, no_sandboxes, image, allow_host_dirs, http, host, port, token_fil
       hutch mcp --store ./agent-memory --http
     """
     import ipaddress
-    import os
-
     from hutch import mcp as hmcp
     from hutch._core.errors import ConfigError
     from hutch._core.tokens import check_token, read_token_file
@@ -57,8 +57,8 @@ def mcp(store, no_sandboxes, image, allow_host_dirs, http, host, port, token_fil
     if http:
         if token_file:
             token = read_token_file(token_file)
-        elif os.environ.get(ENV_TOKEN):
-            token = check_token(os.environ.pop(ENV_TOKEN).strip(), f"${ENV_TOKEN}")
+        elif env_token := settings.MCP_TOKEN.pop():
+            token = check_token(env_token.strip(), f"${ENV_TOKEN}")
         else:
             token = new_token()
             print(f"hutch mcp: serving http://{host}:{port}/mcp; clients send the header\n"

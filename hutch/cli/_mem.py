@@ -16,11 +16,13 @@ import sys
 
 import click
 
+from hutch._core import settings
+
 EXIT_CHECK_FAILED = 3
 
 
 @click.group()
-@click.option("--store", "-s", metavar="PATH", envvar="HUTCH_MEMORY",
+@click.option("--store", "-s", metavar="PATH", envvar=settings.MEMORY.name,
               help="The store directory (default: $HUTCH_MEMORY, else the current directory).")
 @click.pass_context
 def mem(ctx: click.Context, store: str | None) -> None:

@@ -10,6 +10,8 @@ import threading
 
 import click
 
+from hutch._core import settings
+
 
 
 def _pairs(values, what: str) -> dict[str, str]:
@@ -513,7 +515,7 @@ def serve(listen, token_file, group, tls_cert, tls_key, socket_path, header_time
     from hutch.sandbox._host.daemon import ListenLimits
     from hutch.sandbox._host.daemon import serve as serve_daemon
 
-    if listen and not token_file and not os.environ.get("HUTCH_TOKEN"):
+    if listen and not token_file and not settings.TOKEN.is_set():
         raise click.UsageError("--listen needs a token: --token-file PATH (or HUTCH_TOKEN); remote clients must "
                                "authenticate.")
     given = {k: v for k, v in dict(header_timeout=header_timeout, idle_timeout=idle_timeout, max_tcp=max_tcp,

@@ -17,6 +17,8 @@ import termios
 import threading
 import tty
 
+from hutch._core import settings
+
 DEFAULT_SIZE = (24, 80)
 
 
@@ -33,7 +35,7 @@ def local_size() -> tuple[int, int]:
 
 def pty_env(env: dict) -> dict:
     """Our TERM for the sandbox's programs (unless --env set one), so colours and keys match this terminal."""
-    term = os.environ.get("TERM")
+    term = settings.TERM.get()
     return {"TERM": term, **env} if term and "TERM" not in env else env
 
 

@@ -67,12 +67,12 @@ class MemoryMount:
     def prepare_mount(self) -> "_Lease":
         """Mount a view for one sandbox on a private host directory (called by Sandbox.create)."""
         from hutch.fuse._mount import mount
-        from hutch.sandbox._client import ENV_URL
+        from hutch._core import settings
         from hutch.sandbox._spec import Mount
 
-        if os.environ.get(ENV_URL):
+        if settings.URL.is_set():
             raise ConfigError(
-                f"A memory mount needs the sandbox daemon on this host, but ${ENV_URL} points at a remote one: "
+                f"A memory mount needs the sandbox daemon on this host, but ${settings.URL.name} points at a remote one: "
                 "unset it, or copy the store to that host and mount it there.")
         mp = tempfile.mkdtemp(prefix="hutch-memory-")
         try:

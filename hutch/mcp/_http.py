@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import secrets
 
+from hutch._core import settings
 from hutch._core.errors import ConfigError
 from hutch._core.tokens import check_token, token_matches
 
 #: Environment variable with the token of `hutch mcp --http` (distinct from the daemon's HUTCH_TOKEN).
-ENV_TOKEN = "HUTCH_MCP_TOKEN"
+ENV_TOKEN = settings.MCP_TOKEN.name
 
 
 def new_token() -> str:

@@ -9,11 +9,11 @@ touched path is put back and nothing is committed.
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from hutch._core import settings
 from hutch.memory._commits import Committer
 from hutch.memory._git import Git, trailer_value
 from hutch.memory._tx import LOCK_NAME, StoreLock, Transaction, recover
@@ -176,7 +176,7 @@ def parse_author(author: str | None) -> tuple[str, str]:
     """'Name <email>' (else $HUTCH_AUTHOR, else hutch's default) -> (name, email)."""
     from hutch.memory._git import DEFAULT_AUTHOR
 
-    author = author or os.environ.get("HUTCH_AUTHOR")
+    author = author or settings.AUTHOR.get()
     if not author:
         return DEFAULT_AUTHOR
     if "<" in author and author.rstrip().endswith(">"):

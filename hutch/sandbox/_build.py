@@ -21,14 +21,15 @@ import threading
 import time
 from pathlib import Path
 
+from hutch._core import settings
 from hutch._core.errors import ImageError, InvalidSpecError, NotFoundError
 from hutch.sandbox import _client, _ensure
 from hutch.sandbox._spec import BUILD_CAPABILITIES, DEFAULT_IMAGE, Network, SandboxSpec
 
 #: Names an apt step may reach. Env: HUTCH_APT_HOSTS (comma-separated).
-APT_HOSTS = ("deb.debian.org", "security.debian.org")
+APT_HOSTS = settings.APT_HOSTS.default
 #: Names a pip step may reach. Env: HUTCH_PIP_HOSTS (comma-separated).
-PIP_HOSTS = ("pypi.org", "files.pythonhosted.org")
+PIP_HOSTS = settings.PIP_HOSTS.default
 #: Where a pip step finds the CA bundle the host's pip trusts (see _pip_ca); removed before the layer is frozen.
 PIP_CA_PATH = "/tmp/.hutch-pip-ca.pem"
 STEP_TIMEOUT = 3600.0     # seconds one step may run
@@ -41,7 +42,7 @@ def _pip_ca() -> bytes | None:
     """The CA bundle the host's pip is told to trust (HUTCH_PIP_CERT, else PIP_CERT, else `cert` in
     /etc/pip.conf), or None. Where a TLS-inspecting proxy stands between the host and PyPI, the image's own
     CA store does not know its certificate; the bundle only carries trust, so it is not part of the step's key."""
-    path = os.environ.get("HUTCH_PIP_CERT") or os.environ.get("PIP_CERT")
+    path = settings.PIP_CERT.get() or settings.PIP_CERT_PIP.get()
     if not path:
         import configparser
 
@@ -60,9 +61,8 @@ def _pip_ca() -> bytes | None:
         return None
 
 
-def _hosts(env: str, default: tuple[str, ...]) -> list[str]:
-    v = os.environ.get(env)
-    return [h.strip() for h in v.split(",") if h.strip()] if v else list(default)
+def _hosts(setting: settings.Setting[tuple[str, ...]]) -> list[str]:
+    return list(setting.get())
 
 
 class Progress:
@@ -217,11 +217,11 @@ def _run_step(client, step, parent: str, key: str, desc: str, progress: Progress
                  ["apt-get", "install", "-y", "--no-install-recommends", *a["packages"]],
                  ["apt-get", "clean"],
                  ["sh", "-c", "rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin"]]   # not needed to run
-        net = Network.allow(domains=_hosts("HUTCH_APT_HOSTS", APT_HOSTS), ports=[80, 443])
+        net = Network.allow(domains=_hosts(settings.APT_HOSTS), ports=[80, 443])
         return _in_sandbox(client, step, parent, key, desc, progress, where, argvs, net,
                            env={"DEBIAN_FRONTEND": "noninteractive"})
     if step.kind == "pip":
-        hosts = _hosts("HUTCH_PIP_HOSTS", PIP_HOSTS)
+        hosts = _hosts(settings.PIP_HOSTS)
         argv = ["python3", "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check"]
         ports = {80, 443}
         if a.get("index_url"):

@@ -29,9 +29,9 @@ from urllib.parse import quote
 
 import httpx
 
-from hutch._core import paths
+from hutch._core import paths, settings
 from hutch._core.errors import DaemonError, NotFoundError
-from hutch.sandbox._remote import ENV_URL, Remote
+from hutch.sandbox._remote import Remote
 from hutch.sandbox._remote import CONNECT_BACKOFF, cap_hint, reset_while_connecting, unverified_hint, verification_failure
 from hutch.sandbox._api import error_from_answer
 AUTOSTART_TIMEOUT = 20.0   # seconds to wait for a spawned daemon's socket
@@ -43,7 +43,7 @@ class Endpoint:
     """Where the daemon is: a socket path, or a TCP daemon (`remote`: its https url, token and TLS check)."""
 
     def __init__(self, url: str | None = None, token: str | None = None, socket_path: str | None = None):
-        self.url = url if url is not None else os.environ.get(ENV_URL) or None
+        self.url = url if url is not None else settings.URL.get()
         self.socket = Path(socket_path) if socket_path else paths.daemon_socket()
         self.remote = Remote.from_env(self.url, token) if self.url else None
         self.token = self.remote.token if self.remote else None

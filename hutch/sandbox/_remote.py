@@ -23,14 +23,15 @@ import threading
 import time
 from dataclasses import dataclass
 
+from hutch._core import settings
 from hutch._core.errors import DaemonError
 from hutch._core.tokens import from_env_or_file
 
-ENV_URL = "HUTCH_URL"
-ENV_TOKEN = "HUTCH_TOKEN"
-ENV_TOKEN_FILE = "HUTCH_TOKEN_FILE"
-ENV_CA = "HUTCH_CA"
-ENV_FINGERPRINT = "HUTCH_FINGERPRINT"
+ENV_URL = settings.URL.name
+ENV_TOKEN = settings.TOKEN.name
+ENV_TOKEN_FILE = settings.TOKEN_FILE.name
+ENV_CA = settings.CA.name
+ENV_FINGERPRINT = settings.FINGERPRINT.name
 PROBE_TIMEOUT = 10.0
 
 
@@ -76,12 +77,13 @@ class Remote:
         if not u.host:
             raise DaemonError(f"{ENV_URL}={url!r} names no host; give https://HOST:PORT.")
         if token is None:
-            token = from_env_or_file(ENV_TOKEN, ENV_TOKEN_FILE)
+            token = from_env_or_file(settings.TOKEN, settings.TOKEN_FILE)
         if not token:
             raise DaemonError(f"{ENV_URL} names a remote daemon, which needs its token: set {ENV_TOKEN_FILE} to a file "
                               f"holding it (mode 0600) or {ENV_TOKEN}.")
-        fp = os.environ.get(ENV_FINGERPRINT) or None
-        ca = os.environ.get(ENV_CA) or None
+        fp = settings.FINGERPRINT.get()
+        ca_path = settings.CA.get()
+        ca = str(ca_path) if ca_path is not None else None
         if ca is not None and not os.path.isfile(ca):
             raise DaemonError(f"{ENV_CA}={ca!r} is not a file; give a PEM file of the CA (or of the daemon's certificate).")
         return cls(url, u.host, u.port or 443, token, ca, _pin(fp) if fp else None)

@@ -31,6 +31,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from hutch._core.errors import ConfigError, Error, SandboxFileError
+from hutch._core.settings import caller_environ
 from hutch.sandbox import _provided, _sbschema
 from hutch.sandbox._spec import Mount, Network, SandboxSpec, Secret
 from hutch.sandbox.image import Image
@@ -105,7 +106,7 @@ class SandboxFile:
         """(command, keyword arguments of Sandbox.create) with `overrides` (create's names, or `command`)
         replacing the file's values. What the file takes from the environment is read now, from `environ` (a
         mapping; default os.environ): give a file you do not trust only the variables it may have."""
-        source = os.environ if environ is None else environ
+        source = caller_environ() if environ is None else environ
         s = self.spec
 
         def read(var: str, what: str) -> str:

@@ -252,12 +252,13 @@ class Secret:
         """The secret's value: from_value's, or the environment variable's now."""
         if self.value is not None:
             return self.value
-        import os
+        from hutch._core.settings import caller_environ
 
-        if self.env not in os.environ:
+        environ = caller_environ()
+        if self.env not in environ:
             raise NetworkPolicyError(f"the credential Secret.from_env({self.env!r}) reads ${self.env}, which is "
                                      f"not set; export {self.env} before creating the sandbox.")
-        return _check_value(os.environ[self.env], f"${self.env}")
+        return _check_value(environ[self.env], f"${self.env}")
 
     def header_value(self) -> str:
         """The header's value as sent upstream."""

@@ -1,14 +1,13 @@
 """Ingest of the LoCoMo dev conversations and of Markdown documents, on real files and git."""
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 import hutch
+from hutch._core import settings
 
-DATA = Path(os.environ.get("HUTCH_LOCOMO_DIR", Path(__file__).resolve().parents[3] / "shared" / "data" / "locomo-dev"))
+DATA = settings.LOCOMO_DIR.get()
 CONV = DATA / "conv-26.json"
 needs_data = pytest.mark.skipif(not CONV.exists(), reason=f"{CONV} is not on this machine")
 

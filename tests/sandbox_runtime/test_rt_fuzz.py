@@ -34,13 +34,14 @@ from hypothesis import strategies as st  # noqa: E402
 from schemathesis.generation import GenerationMode  # noqa: E402
 
 from hutch._core import errors  # noqa: E402
+from hutch._core import settings as hutch_settings  # noqa: E402
 from hutch.sandbox._host.daemon.openapi import OPERATIONS  # noqa: E402
 from hutch.sandbox._host.instance import names_for  # noqa: E402
 from rt_support import Daemon  # noqa: E402
 
 schemathesis.serializer.alias("application/x-tar", "application/octet-stream")   # an archive is raw bytes
-EXAMPLES = int(os.environ.get("HUTCH_FUZZ_EXAMPLES", "100"))
-BUDGET = float(os.environ.get("HUTCH_FUZZ_SECONDS", "150"))
+EXAMPLES = hutch_settings.FUZZ_EXAMPLES.get()
+BUDGET = hutch_settings.FUZZ_SECONDS.get()
 ANSWER_WITHIN = 20.0     # seconds for any answer's head (a hang fails the test)
 BODY_CAP = 4 << 20       # bytes of a body read before the response is closed
 TOKEN = "fuzz-t0ken-of-the-tests"

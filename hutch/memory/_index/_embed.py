@@ -22,6 +22,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from hutch._core import settings
 from hutch._core.errors import ConfigError, SearchIndexError
 
 _TOKENIZER = Path(__file__).with_name("minilm-tokenizer.json")
@@ -227,7 +228,7 @@ class OpenAIEmbeddings:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.name = f"openai:{model}"
-        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.api_key = api_key if api_key is not None else settings.OPENAI_API_KEY.get()
         self.timeout = timeout
         self.batch = batch
         self._dim = dim

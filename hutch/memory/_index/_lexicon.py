@@ -23,8 +23,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from hutch._core import settings
+
 #: Where Debian's wordnet-base puts the database; HUTCH_WORDNET_DIR overrides.
-DEFAULT_DIR = "/usr/share/wordnet"
+DEFAULT_DIR = str(settings.WORDNET_DIR.default)
 #: Levels of hyponyms followed below the category's sense.
 DEPTH = 3
 #: A sense with more single-word hyponyms than this within DEPTH ("thing", "act") names no useful category.
@@ -165,7 +167,7 @@ _wn_lock = threading.Lock()
 
 def wordnet() -> WordNet | None:
     """The process's WordNet (HUTCH_WORDNET_DIR, else /usr/share/wordnet), or None when it is not installed."""
-    root = Path(os.environ.get("HUTCH_WORDNET_DIR") or DEFAULT_DIR)
+    root = settings.WORDNET_DIR.get()
     with _wn_lock:
         wn = _wordnets.get(root)
         if wn is None:

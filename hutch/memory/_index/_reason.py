@@ -13,10 +13,10 @@ best first) will do. A failing endpoint never fails a search: it answers without
 from __future__ import annotations
 
 import json
-import os
 import re
 from typing import Sequence
 
+from hutch._core import settings
 from hutch._core.errors import ConfigError, SearchIndexError
 
 #: At most this many rewritten searches per question (each costs a whole search).
@@ -43,7 +43,7 @@ class OpenAIReasoner:
             raise ConfigError("OpenAIReasoner needs a model name, e.g. model='gpt-4o-mini'.")
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.api_key = api_key if api_key is not None else settings.OPENAI_API_KEY.get()
         self.timeout = timeout
 
     def __repr__(self) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from hutch._core import paths
+from hutch._core import paths, settings
 from hutch._core.atomic import atomic_write
 from hutch._core.errors import ImageError, NotFoundError
 from hutch.sandbox._host import layers
@@ -37,7 +37,7 @@ DEBIAN_EXTRA_PACKAGES = ("python3", "python3-pip", "python3-venv", "ca-certifica
 #: Bumped when the default image's content changes in a way its packages do not show (a build step below).
 DEBIAN_SLIM_VERSION = 2
 #: Env: a Debian mirror URL for debootstrap; unset means debootstrap's own default.
-ENV_DEBIAN_MIRROR = "HUTCH_DEBIAN_MIRROR"
+ENV_DEBIAN_MIRROR = settings.DEBIAN_MIRROR.name
 IMAGE_ENV = (
     ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
     ("HOME", "/home/user"),
@@ -207,7 +207,7 @@ def _phase(line: str) -> str:
 def _debootstrap(rootfs: Path, progress: ProgressFn) -> None:
     cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(DEBIAN_EXTRA_PACKAGES)}",
            DEBIAN_SUITE, str(rootfs)]
-    if mirror := os.environ.get(ENV_DEBIAN_MIRROR):
+    if mirror := settings.DEBIAN_MIRROR.get():
         cmd.append(mirror)
     t0 = time.monotonic()
     size, size_at = 0, 0.0

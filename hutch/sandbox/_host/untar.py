@@ -30,14 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from hutch._core.errors import ConfigError, ImageError, InvalidArchiveError
+from hutch._core import settings
+from hutch._core.errors import ImageError, InvalidArchiveError
 from hutch.sandbox._host.layers import OPAQUE_XATTRS, TMP_PREFIX
 
 MANIFEST = "hutch-image.json"
 #: Members of one archive (every layer's entries, the manifest included). Env: HUTCH_IMPORT_MAX_ENTRIES.
-MAX_ENTRIES = 1_000_000
+MAX_ENTRIES = settings.IMPORT_MAX_ENTRIES.default
 #: Bytes of one archive, so of all its content too. Env: HUTCH_IMPORT_MAX_BYTES.
-MAX_BYTES = 64 << 30
+MAX_BYTES = settings.IMPORT_MAX_BYTES.default
 MAX_MANIFEST = 8 << 20     # bytes of hutch-image.json
 MAX_HEADER = 64 << 10      # one pax extended header or GNU long name (tarfile reads it whole into memory)
 NAME_MAX = 255             # bytes of one name component
@@ -59,21 +60,7 @@ class ImportLimits:
 
     @classmethod
     def from_env(cls) -> "ImportLimits":
-        return cls(entries=_env_int("HUTCH_IMPORT_MAX_ENTRIES", MAX_ENTRIES),
-                   bytes=_env_int("HUTCH_IMPORT_MAX_BYTES", MAX_BYTES))
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ConfigError(f"{name}={raw!r} must be a positive whole number; unset it for the default {default}.")
-    return value
+        return cls(entries=settings.IMPORT_MAX_ENTRIES.get(), bytes=settings.IMPORT_MAX_BYTES.get())
 
 
 def refuse(name: str, why: str) -> InvalidArchiveError:

@@ -24,7 +24,7 @@ import socket
 import sys
 from pathlib import Path
 
-from hutch._core import paths
+from hutch._core import paths, settings
 from hutch._core.errors import ConfigError, DaemonError
 from hutch._core.tokens import check_token, read_token_file
 from hutch.sandbox._host.daemon.access import PeerCheck, PeerPolicy, bind_unix, private_dir
@@ -33,7 +33,7 @@ from hutch.sandbox._host.daemon.ratelog import INTERVAL, RateLog, install
 from hutch.sandbox._host.daemon.tls import fingerprint, server_certificate, server_context
 
 #: The daemon's TCP token, when no token file is given (the SDK reads the same name).
-ENV_TOKEN = "HUTCH_TOKEN"
+ENV_TOKEN = settings.TOKEN.name
 
 
 
@@ -61,7 +61,7 @@ def serve(socket_path: str | os.PathLike | None = None, listen: str | None = Non
     environment either way, so nothing the daemon starts inherits it)."""
     from hutch.sandbox._host.native.linux import ARCH_OK
 
-    env_token = os.environ.pop(ENV_TOKEN, None)
+    env_token = settings.TOKEN.pop()
     if token is None and token_file:
         token = read_token_file(token_file)
     elif token is None and env_token:
@@ -71,6 +71,7 @@ def serve(socket_path: str | os.PathLike | None = None, listen: str | None = Non
         raise DaemonError("the hutch daemon creates namespaces and cgroups, so it must run as root; use sudo.")
     if not ARCH_OK:
         raise DaemonError("the native runtime supports x86_64 only (its seccomp filter is written for it).")
+    settings.check("daemon")   # a bad value stops the start here, before anything is made
     policy = PeerPolicy.for_group(group)
     bind = _parse_listen(listen) if listen else None
     if bind and not token:

@@ -16,7 +16,6 @@ from hutch.sandbox._host import images
 
 
 def report(mgr) -> dict:
-    from hutch.sandbox._host.daemon.manager import WARM_POOL
     from hutch.sandbox._host.gvisor import runsc
 
     listed = images.list_images()
@@ -34,7 +33,7 @@ def report(mgr) -> dict:
         "egress": mgr.network is not None,
         "gvisor": _gvisor(runsc),
         "freezer": mgr.cgroups.can_freeze,
-        "warm_pool": {"ready": len(mgr.pool), "target": WARM_POOL},
+        "warm_pool": {"ready": len(mgr.pool), "target": mgr.warm_pool},
         "sandboxes": sum(1 for sb in mgr.sandboxes.values() if sb.active),
         "run_dir": str(mgr.run_dir),
         "state_dir": str(paths.state_dir()),

@@ -188,10 +188,10 @@ class Gvisor:
                                    "host (Debian 12's CRIU fails on this kernel); create it with runtime=\"gvisor\".")
         if sb.status not in ("running", "paused"):
             raise StateError(f"sandbox {sb.id} is {sb.status}, so it cannot be snapshotted; only a running one can.")
-        if snapshots.total_bytes() + sb.spec.limits.memory > snapshots.TOTAL_MAX:
+        if snapshots.total_bytes() + sb.spec.limits.memory > (total_max := snapshots.total_max()):
             raise SandboxError(f"the memory snapshots of this host hold {snapshots.total_bytes()} bytes, and another of "
                                f"up to {sb.spec.limits.memory} would pass HUTCH_MEMORY_SNAPSHOTS_MAX "
-                               f"({snapshots.TOTAL_MAX}); delete some (hutch.Snapshot.list()).")
+                               f"({total_max}); delete some (hutch.Snapshot.list()).")
         if self.mgr.execs.busy(sb):
             raise StateError(f"sandbox {sb.id} runs a command started by exec, whose pipes are the host's (gVisor "
                              "cannot restore those); wait for it or kill it first, and start long-lived processes as "

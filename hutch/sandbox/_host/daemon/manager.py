@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hutch._core import settings
 from hutch._core.errors import (
     ConfigError,
     DaemonError,
@@ -40,8 +41,6 @@ from hutch.sandbox._spec import DEFAULT_DISK, DEFAULT_WORKDIR, SandboxSpec
 # The default: root in each sandbox is an unprivileged host uid of a range of its own (see _host/native/idmap.py).
 # HUTCH_USERNS=0 opts out (root inside is then host root without capabilities); so does a kernel that cannot
 # idmap mounts, with a warning in the daemon's log.
-USERNS = os.environ.get("HUTCH_USERNS", "1") != "0"
-WARM_POOL = int(os.environ.get("HUTCH_WARM_POOL", "4"))  # inits kept ready in their cgroups and namespaces
 LEASE_GRACE = 5.0        # seconds a non-detached sandbox may wait for its creator's lease
 START_TIMEOUT = 10.0     # seconds for an init to report ready
 KEEP_ENDED = 1000        # ended sandboxes remembered for info/wait
@@ -120,6 +119,7 @@ class Manager:
         self.restarting: asyncio.Task | None = None
         self.warned_plain_binds = False
         self.no_userns = ""               # why sandboxes run without a user namespace ("": they do not)
+        self.warm_pool = settings.WARM_POOL.get()   # inits kept ready in their cgroups and namespaces
 
     # --- daemon lifecycle ---------------------------------------------------------------
 
@@ -130,7 +130,7 @@ class Manager:
         self.reap_predecessor()
         self.gvisor.prepare()
         self.idmap.reap()
-        if not USERNS:
+        if not settings.USERNS.get():
             self.no_userns = "HUTCH_USERNS=0 in the daemon's environment"
         elif not self.idmap.start():
             self.no_userns = self.idmap.why
@@ -408,7 +408,7 @@ class Manager:
         if self.closing or self.zygote is None:
             return
         loop = asyncio.get_running_loop()
-        while len(self.pool) + self.warming < WARM_POOL:
+        while len(self.pool) + self.warming < self.warm_pool:
             self.warming += 1
 
             async def one():

@@ -28,13 +28,14 @@ import os
 import ssl
 import time
 
+from hutch._core import settings
 from hutch.sandbox._host.egress import sniff
 
 HANDSHAKE_TIMEOUT = 10.0
 #: How long bytes that could begin the secret are held back, waiting for the rest, before they go on.
 HOLD = 1.0
 WINDOW = 60.0
-ENV_UPSTREAM_CA = "HUTCH_EGRESS_UPSTREAM_CA"
+ENV_UPSTREAM_CA = settings.EGRESS_UPSTREAM_CA.name
 
 
 class SandboxCA:
@@ -105,7 +106,8 @@ class SandboxCA:
 
 def upstream_context(cafile: str | None = None) -> ssl.SSLContext:
     """The context the gateway dials credential hosts with: certificate and name verified, HTTP/1.1."""
-    cafile = cafile or os.environ.get(ENV_UPSTREAM_CA) or None
+    env_ca = settings.EGRESS_UPSTREAM_CA.get()
+    cafile = cafile or (str(env_ca) if env_ca else None)
     ctx = ssl.create_default_context(cafile=cafile)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_alpn_protocols(["http/1.1"])

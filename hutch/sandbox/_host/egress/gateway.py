@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from dnslib import QTYPE, RCODE
 
+from hutch._core import settings
 from hutch._core.errors import ConfigError, NetworkPolicyError, NotFoundError, SandboxError, StateError
 from hutch.sandbox._host.egress import netns as _netns
 from hutch.sandbox._host.egress.audit import DecisionLog, LogView
@@ -106,9 +107,8 @@ def _resolvers_from(value) -> list[tuple[str, int]]:
 
 
 def _system_resolvers() -> list[str]:
-    env = os.environ.get("HUTCH_EGRESS_RESOLVERS")
-    if env:
-        return [x.strip() for x in env.split(",") if x.strip()]
+    if given := settings.EGRESS_RESOLVERS.get():
+        return list(given)
     out = []
     try:
         with open("/etc/resolv.conf") as f:
@@ -138,7 +138,7 @@ class Gateway:
                  link_prefix: str = "hv", upstream_ca: str | None = None):
         # A subnet given (or HUTCH_EGRESS_SUBNET) is used as it is; else start() takes the first of the
         # candidates `subnets` that nothing on the host uses.
-        given = subnet or os.environ.get("HUTCH_EGRESS_SUBNET") or (None if subnets else DEFAULT_SUBNET)
+        given = subnet or settings.EGRESS_SUBNET.get() or (None if subnets else DEFAULT_SUBNET)
         self._candidates = [_subnet_of(s) for s in ([given] if given else subnets)]
         self._probe = not given
         if len(link_prefix) + 8 > 15:

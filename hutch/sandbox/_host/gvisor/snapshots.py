@@ -19,7 +19,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from hutch._core import paths
+from hutch._core import paths, settings
 from hutch._core.errors import ConfigError, NotFoundError, StateError
 
 ID_RE = re.compile(r"^[0-9a-f]{32}\Z")
@@ -29,8 +29,11 @@ IMAGE_FILES = frozenset({"checkpoint.img", "pages_meta.img", "pages.img"})
 IMAGE_SLACK = 128 * 1024**2
 META_MAX = 256 * 1024
 FORMAT = 1
-#: All memory snapshots of a host together (HUTCH_MEMORY_SNAPSHOTS_MAX, bytes): a snapshot past it is refused.
-TOTAL_MAX = int(os.environ.get("HUTCH_MEMORY_SNAPSHOTS_MAX", str(64 * 1024**3)))
+
+
+def total_max() -> int:
+    """All memory snapshots of a host together (HUTCH_MEMORY_SNAPSHOTS_MAX, bytes): a snapshot past it is refused."""
+    return settings.MEMORY_SNAPSHOTS_MAX.get()
 
 
 def store_dir() -> Path:
@@ -209,4 +212,4 @@ def prefetch(mem: Path) -> None:
 
 
 __all__ = ["Meta", "complete", "image_bytes", "list_all", "load", "make_dir", "new_id", "path_of", "prefetch",
-           "remove", "remove_partial", "store_dir", "total_bytes", "write_meta", "TOTAL_MAX"]
+           "remove", "remove_partial", "store_dir", "total_bytes", "total_max", "write_meta"]

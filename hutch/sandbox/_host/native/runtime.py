@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 import hutch
-from hutch._core import paths
+from hutch._core import paths, settings
 from hutch._core.errors import DaemonError, InvalidSpecError, SandboxError, StateError
 from hutch.sandbox._host.native import initwire
 from hutch.sandbox._host.native.disk import LayerStore
@@ -24,7 +24,6 @@ from hutch.sandbox._host.native.seccomp import build_filter
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Where writable layers live: "disk" (the default: a btrfs store with a quota per sandbox, disk.py), or
 # "tmpfs" (memory: what a sandbox writes counts against its memory=). HUTCH_LAYERS in the daemon's environment.
-LAYERS = os.environ.get("HUTCH_LAYERS", "disk")
 
 
 class Channel:
@@ -167,7 +166,7 @@ class Zygote:
         self.layers_error = ""
 
     async def _make_layers(self, mount_at: Path | None) -> dict | None:
-        if mount_at is None or LAYERS == "tmpfs":
+        if mount_at is None or settings.LAYERS.get() == "tmpfs":
             return None
         try:
             self.layers = await asyncio.to_thread(LayerStore.make, paths.state_dir())
@@ -228,7 +227,7 @@ class Zygote:
             self.layers_error = msg.get("layers_error") or "the zygote could not mount it"
             self._drop_layers()
         _close_all(fds)
-        if self.layers is None and layers_at is not None and LAYERS != "tmpfs":
+        if self.layers is None and layers_at is not None and settings.LAYERS.get() != "tmpfs":
             print(f"hutch daemon: no disk for writable layers ({self.layers_error}); they are tmpfs, so what a "
                   "sandbox writes counts against its memory= and filling disk= may OOM-kill it "
                   "(docs/architecture.md, Root).", file=sys.stderr)
