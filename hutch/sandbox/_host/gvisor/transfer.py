@@ -236,10 +236,10 @@ def import_(fileobj, *, runsc_version: str, flags: list[str], limits: ImportLimi
             meta, files, image_size = check_manifest(_strict_json(tar.extractfile(m).read()),
                                                      runsc_version=runsc_version, flags=flags,
                                                      check_spec=check_spec)
-            if snapshots.total_bytes() + meta.memory_bytes > snapshots.TOTAL_MAX:
+            if snapshots.total_bytes() + meta.memory_bytes > (total_max := snapshots.total_max()):
                 raise StateError(f"the memory snapshots of this host hold {snapshots.total_bytes()} bytes, and this "
                                  f"one of {meta.memory_bytes} would pass HUTCH_MEMORY_SNAPSHOTS_MAX "
-                                 f"({snapshots.TOTAL_MAX}); delete some (hutch.Snapshot.list()).")
+                                 f"({total_max}); delete some (hutch.Snapshot.list()).")
             for name, (size, digest) in files.items():
                 _member_file(tar, _next(tar, f"mem/{name}", size), tmp / "mem" / name, digest)
             im = _next(tar, IMAGE_MEMBER, image_size)
