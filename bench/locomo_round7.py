@@ -13,9 +13,9 @@ Variants (none kept): speaker-conditioned dense scaling; a question naming two p
 search per person, interleaved; the fused list interleaved with a session-free one (no `entity` channel:
 coverage across sessions); the second stage given list-question interactions, or the unit's own score
 beside its session's (a learned gate on the session prior), or a pool widened by the best units without the
-session prior; lexical pseudo-relevance
-feedback (terms of the fused top m turns, BM25 over the units); graph expansion from the entities linked to
-one session (LoCoMo's event summaries, days) to that session's turns; the `time` channel left out.
+session prior; lexical pseudo-relevance feedback (terms of the fused top m turns, BM25 over the units); graph
+expansion from the entities linked to one session (LoCoMo's event summaries, days) to that session's turns;
+broader WordNet categories; the `time` channel left out.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import locomo  # noqa: E402
 import locomo_variants as V  # noqa: E402
-from hutch.memory._index import _anchor, _fts, _query, _rank, _rerank, _units  # noqa: E402
+from hutch.memory._index import _anchor, _fts, _lexicon, _query, _rank, _rerank, _units  # noqa: E402
 
 SHIP = V.SHIP
 COL = {c: i for i, c in enumerate(("bm25", "dense", "entity", "mention", "time", "category"))}
@@ -202,6 +202,28 @@ def linked_expansion(stores: dict, mode: str, w: float):
     return fn
 
 
+HYPOTHETICAL = re.compile(r"^\s*(would|could|might)\b|\b(might|would|likely)\b", re.I)
+
+
+def hypothetical(qs) -> None:
+    """Open-domain questions nearly all ask what would or might be; the first stage's recall of those questions
+    with the channels weighed otherwise (bm25, dense, entity, mention, time, category)."""
+    idx = [i for i, q in enumerate(qs) if HYPOTHETICAL.search(q["q"])]
+    cats = Counter(locomo.CATS[qs[i]["cat"]] for i in idx)
+    print(f"hypothetical questions (would / might / likely): {len(idx)}, {dict(cats)}; their first-stage R@10 / R@50:")
+    for name, w in (("as shipped", (1, 1, 1, 1, 1, 1)), ("no entity", (1, 1, 0, 1, 1, 1)),
+                    ("entity x0.5", (1, 1, .5, 1, 1, 1)), ("dense x2", (1, 2, 1, 1, 1, 1)),
+                    ("no bm25", (0, 1, 1, 1, 1, 1)), ("dense x2, entity x0.5", (1, 2, .5, 1, 1, 1)),
+                    ("dense and mention only", (0, 1, 0, 1, 0, 0))):
+        r = {10: [], 50: []}
+        for i in idx:
+            q, s = qs[i], qs[i]["snap"]
+            top = [s.anchor[p] for p in V.top_k(q["C"] @ np.array(w, float), q["mask"], 50)]
+            for k in r:
+                r[k].append(len(set(top[:k]) & q["ev"]) / len(q["ev"]))
+        print(f"  {name:24s} {100 * np.mean(r[10]):5.1f} / {100 * np.mean(r[50]):5.1f}", flush=True)
+
+
 def ceiling(qs) -> None:
     for pool in (10, 20, 50, 100, 200):
         res: dict = {}
@@ -294,6 +316,18 @@ def main() -> None:
             for w in (0.5, 1.0):
                 V.line(qs, f"entities linked to one session -> its {mode}s, weight {w}",
                        V.rotated(V.Pools(qs, score_fn=linked_expansion(stores, mode, w)), SHIP))
+        # broader categories ("activities", "events", "items": over 1,000 hyponyms) read through WordNet too
+        depth, cap = _lexicon.DEPTH, _lexicon.MAX_TERMS
+        try:
+            _lexicon.DEPTH, _lexicon.MAX_TERMS = 5, 20000
+            broad = V.ask(built)
+        finally:
+            _lexicon.DEPTH, _lexicon.MAX_TERMS = depth, cap
+        fired = (sum(bool(q["C"][:, COL["category"]].any()) for q in qs),
+                 sum(bool(q["C"][:, COL["category"]].any()) for q in broad))
+        V.line(broad, f"category channel 5 levels, up to 20,000 words (fires on {fired[1]}, not {fired[0]})",
+               V.rotated(V.Pools(broad), SHIP))
+        hypothetical(qs)
         ceiling(qs)
         for st in stores.values():
             st.db.close()
