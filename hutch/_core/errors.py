@@ -15,6 +15,7 @@
     │       ├── SandboxTimeout     ... because it, or its sandbox, ran past a timeout and was killed
     │       └── OutOfMemoryError   ... because the kernel killed it at its sandbox's memory limit
     ├── DaemonError            the host daemon could not be reached or answered badly
+    ├── QuotaExceededError     a tenant's quota would be exceeded (HTTP 429): carries quota, limit, used
     └── MemoryStoreError       the SMF store: bad files, dangling links, conflicts
         ├── SearchIndexError   the derived search index could not be built or read
         ├── EntityNotFoundError   no such entity (also a NotFoundError)
@@ -123,6 +124,17 @@ class DaemonError(Error):
     """The host daemon could not be reached, or answered with an error."""
 
 
+class QuotaExceededError(Error):
+    """A tenant's quota would be exceeded (the daemon answers 429); nothing was made. Carries `quota` (its name:
+    sandboxes, cpu, memory, disk, creates_per_second, egress_bytes_per_day), `limit` and `used`."""
+
+    def __init__(self, message: str, *, quota: str | None = None, limit=None, used=None):
+        super().__init__(message)
+        self.quota = quota
+        self.limit = limit
+        self.used = used
+
+
 class NetworkPolicyError(ConfigError):
     """An egress policy entry is invalid; the message names the entry."""
 
@@ -175,6 +187,7 @@ __all__ = [
     "NetworkPolicyError",
     "NotFoundError",
     "OutOfMemoryError",
+    "QuotaExceededError",
     "SandboxError",
     "SandboxFileError",
     "SandboxTimeout",

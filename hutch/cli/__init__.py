@@ -21,6 +21,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("hutch.cli._repl", "repl"),
     ("hutch.cli._sandbox", "sandbox"),
     ("hutch.cli._sandbox", "serve"),
+    ("hutch.cli._tenant", "tenant"),
     ("hutch.cli._sandbox", "tls_fingerprint"),
     ("hutch.cli._sandbox", "validate"),
     ("hutch.cli._doctor", "doctor"),

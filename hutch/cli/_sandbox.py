@@ -498,8 +498,16 @@ def _refuse_token_on_argv(ctx, param, value):
 @click.option("--max-tcp", type=int, metavar="N", help="TCP connections at once (default 1024).")
 @click.option("--max-tcp-per-peer", type=int, metavar="N",
               help="Unauthenticated TCP connections from one address (default 16).")
+@click.option("--tenants", "tenants_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Serve tenants (`hutch tenant add`): each token sees only its own sandboxes, within its quotas.")
+@click.option("--audit-log", type=click.Path(dir_okay=False), metavar="PATH",
+              help="Write a JSON line per call that changes something (root's, 0600, rotated).")
+@click.option("--audit-max-bytes", type=int, default=16 << 20, show_default=True, metavar="N",
+              help="Rotate the audit log at this size.")
+@click.option("--audit-keep", type=int, default=5, show_default=True, metavar="N",
+              help="Rotated audit logs kept (PATH.1 newest).")
 def serve(listen, token_file, group, tls_cert, tls_key, socket_path, header_timeout, idle_timeout, max_tcp,
-          max_tcp_per_peer):
+          max_tcp_per_peer, tenants_file, audit_log, audit_max_bytes, audit_keep):
     """Run the host daemon that owns this host's sandboxes (SDK and CLI start it when none runs).
 
     The Unix socket serves root, and the members of --group if given. With --listen,
@@ -511,17 +519,19 @@ def serve(listen, token_file, group, tls_cert, tls_key, socket_path, header_time
       hutch serve --group hutch
       openssl rand -hex 32 > /etc/hutch/token && chmod 600 /etc/hutch/token
       hutch serve --listen 0.0.0.0:7450 --token-file /etc/hutch/token
+      hutch serve --listen 0.0.0.0:7450 --tenants /etc/hutch/tenants.json --audit-log /var/log/hutch/audit.jsonl
     """
     from hutch.sandbox._host.daemon import ListenLimits
     from hutch.sandbox._host.daemon import serve as serve_daemon
 
-    if listen and not token_file and not settings.TOKEN.is_set():
+    if listen and not token_file and not settings.TOKEN.is_set() and not tenants_file:
         raise click.UsageError("--listen needs a token: --token-file PATH (or HUTCH_TOKEN); remote clients must "
                                "authenticate.")
     given = {k: v for k, v in dict(header_timeout=header_timeout, idle_timeout=idle_timeout, max_tcp=max_tcp,
                                    max_tcp_per_peer=max_tcp_per_peer).items() if v is not None}
     serve_daemon(socket_path=socket_path, listen=listen, token_file=token_file, group=group, tls_cert=tls_cert,
-                 tls_key=tls_key, limits=ListenLimits(**given))
+                 tls_key=tls_key, limits=ListenLimits(**given), tenants=tenants_file, audit_log=audit_log,
+                 audit_max_bytes=audit_max_bytes, audit_keep=audit_keep)
 
 
 @click.command("tls-fingerprint")

@@ -127,6 +127,8 @@ def error_from_answer(status: int, body: bytes) -> errors.Error:
         cls = errors.DaemonError
     if cls is errors.ExecError:
         return errors.ExecError(str(message))
+    if cls is errors.QuotaExceededError:
+        return cls(str(message), quota=d.get("quota"), limit=d.get("limit"), used=d.get("used"))
     return cls(str(message))
 
 

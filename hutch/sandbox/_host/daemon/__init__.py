@@ -54,11 +54,15 @@ def _parse_listen(listen: str) -> tuple[str, int]:
 def serve(socket_path: str | os.PathLike | None = None, listen: str | None = None, token: str | None = None, *,
           token_file: str | os.PathLike | None = None, group: str | int | None = None,
           tls_cert: str | os.PathLike | None = None, tls_key: str | os.PathLike | None = None,
-          limits: ListenLimits | None = None) -> None:
+          limits: ListenLimits | None = None, tenants: str | os.PathLike | None = None,
+          audit_log: str | os.PathLike | None = None, audit_max_bytes: int = 16 << 20, audit_keep: int = 5) -> None:
     """Run the hutch daemon in the foreground until SIGTERM or SIGINT (see the module docstring).
 
     The TCP token: `token`, else the file `token_file`, else $HUTCH_TOKEN (taken out of the
-    environment either way, so nothing the daemon starts inherits it)."""
+    environment either way, so nothing the daemon starts inherits it). `tenants`: a tenants file
+    (daemon/tenants.py, docs/tenants.md): each tenant's token drives only its own sandboxes, within its
+    quotas; the operator's token (optional then) and the Unix socket's peers see everything.
+    `audit_log`: JSON lines of every call that changes something, rotated at `audit_max_bytes`."""
     from hutch.sandbox._host.native.linux import ARCH_OK
 
     env_token = settings.TOKEN.pop()
@@ -74,7 +78,11 @@ def serve(socket_path: str | os.PathLike | None = None, listen: str | None = Non
     settings.check("daemon")   # a bad value stops the start here, before anything is made
     policy = PeerPolicy.for_group(group)
     bind = _parse_listen(listen) if listen else None
-    if bind and not token:
+    registry = audit = None
+    if tenants is not None:
+        from hutch.sandbox._host.daemon.tenants import Registry
+        registry = Registry(tenants)   # a bad file is refused now, with what to fix
+    if bind and not token and registry is None:
         raise ConfigError("serving on TCP needs a token: put one in a file (`openssl rand -hex 32 > /etc/hutch/token; "
                           "chmod 600 /etc/hutch/token`) and pass --token-file, or set HUTCH_TOKEN.")
     if token is not None:
@@ -83,11 +91,19 @@ def serve(socket_path: str | os.PathLike | None = None, listen: str | None = Non
     limits = (limits or ListenLimits()).fitted()
     # Nothing this root daemon creates is writable by others, whatever umask it was started with.
     os.umask(0o022)
-    asyncio.run(_serve(Path(socket_path) if socket_path else paths.daemon_socket(), bind, token, policy, tls, limits))
+    if audit_log is not None:
+        from hutch.sandbox._host.daemon.tenants import AuditLog
+        audit = AuditLog(audit_log, audit_max_bytes, audit_keep)
+    try:
+        asyncio.run(_serve(Path(socket_path) if socket_path else paths.daemon_socket(), bind, token, policy, tls,
+                           limits, registry, audit))
+    finally:
+        if audit is not None:
+            audit.close()
 
 
 async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, policy: PeerPolicy,
-                 tls: tuple[Path, Path] | None, limits: ListenLimits) -> None:
+                 tls: tuple[Path, Path] | None, limits: ListenLimits, registry=None, audit=None) -> None:
     from hutch.sandbox._host.daemon.manager import Manager
 
     run = paths.run_dir()
@@ -102,6 +118,11 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, po
     log = RateLog()
     install(log)
     mgr = Manager(run, cgroup_parent_for(run))
+    mgr.audit = audit
+    if registry is not None:
+        from hutch.sandbox._host.daemon.scope import Tenancy
+        registry.log = log
+        mgr.tenancy = Tenancy(registry)
     runner = gate = None
     listeners: list[socket.socket] = []
     # First of all: a SIGTERM while it starts (the socket exists before it serves) must still end in the
@@ -122,7 +143,7 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, po
         mgr.network = load_attacher()
         await mgr.start()
         ssl_ctx = server_context(*tls) if tls else None
-        gate = Gate(limits, log, PeerCheck(policy), token, ssl_ctx)
+        gate = Gate(limits, log, PeerCheck(policy), token, ssl_ctx, registry)
         runner = web.AppRunner(make_app(mgr, gate), handler_cancellation=True, access_log=None)
         await runner.setup()
         gate.server = runner.server

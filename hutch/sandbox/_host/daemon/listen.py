@@ -47,6 +47,8 @@ MAX_TCP = 1024
 MAX_TCP_PER_PEER = 16
 #: New TCP connections accepted per second (bursts of a second's worth).
 TCP_ACCEPT_RATE = 500.0
+#: Who a request of the operator is (Gate.authorize): a Unix peer, or the daemon's own TCP token.
+OPERATOR = "operator"
 #: Refused Unix peers answered at once; more are closed without an answer.
 _MAX_REFUSING = 64
 #: Descriptors kept out of TCP's reach: the Unix socket's clients, sandboxes, the zygote, files.
@@ -189,10 +191,11 @@ class Gate:
     """The accept loops, the connections they made and the caps and timers over them."""
 
     def __init__(self, limits: ListenLimits, log: RateLog, check: PeerCheck, token: str | None = None,
-                 ssl_context=None):
+                 ssl_context=None, tenants=None):
         self.server = None   # aiohttp's web.Server (a protocol factory), set once the app runner is set up
         self.limits, self.log, self.check = limits, log, check
         self.token, self.ssl = token, ssl_context
+        self.tenants = tenants   # tenants.Registry (`hutch serve --tenants`), or None
         self.loop = asyncio.get_running_loop()
         self.conns: dict[object, Conn] = {}
         self.tcp_count = 0
@@ -207,8 +210,8 @@ class Gate:
         self._spawn(self._unix_loop(sock))
 
     def start_tcp(self, sock: socket.socket) -> None:
-        if self.token is None or self.ssl is None:
-            raise ConfigError("a TCP listener needs a token and TLS.")
+        if (self.token is None and self.tenants is None) or self.ssl is None:
+            raise ConfigError("a TCP listener needs a token (or tenants) and TLS.")
         self._spawn(self._tcp_loop(sock))
 
     def _spawn(self, coro) -> None:
@@ -226,17 +229,23 @@ class Gate:
     def lookup(self, transport) -> Conn | None:
         return self.conns.get(transport)
 
-    def authorize(self, conn: Conn, header: str | None) -> bool:
-        """Does this request of `conn` carry the token? Unix connections were checked at accept."""
-        if not conn.tcp:
-            return True
-        if not token_matches(header, self.token):
+    def authorize(self, conn: Conn, header: str | None):
+        """Who sends this request of `conn`: OPERATOR (a Unix peer checked at accept, or the TCP token), a
+        tenants.Tenant (its token, on either listener), or None: refused (a TCP request without a valid token)."""
+        tenant = self.tenants.lookup(header) if self.tenants is not None and header else None
+        if tenant is not None:
+            who = tenant
+        elif not conn.tcp:
+            return OPERATOR
+        elif self.token is not None and token_matches(header, self.token):
+            who = OPERATOR
+        else:
             self.log.note("bad-token", f"hutch daemon: refused a TCP request from {conn.peer}: missing or wrong token")
-            return False
-        if not conn.authenticated:
+            return None
+        if conn.tcp and not conn.authenticated:
             conn.authenticated = True
             self._unpend(conn.peer)
-        return True
+        return who
 
     # --- Unix socket ---------------------------------------------------------------------
 
@@ -373,5 +382,5 @@ class Gate:
             await asyncio.sleep(0.05)   # out of descriptors: let connections end rather than spin
 
 
-__all__ = ["Conn", "Gate", "HEADER_TIMEOUT", "IDLE_TIMEOUT", "ListenLimits", "MAX_TCP", "MAX_TCP_PER_PEER",
+__all__ = ["Conn", "Gate", "HEADER_TIMEOUT", "IDLE_TIMEOUT", "ListenLimits", "MAX_TCP", "MAX_TCP_PER_PEER", "OPERATOR",
            "peer_key"]

@@ -79,6 +79,8 @@ class LiveSandbox:
     hostname: str = ""
     cgroups: tuple[str, ...] = ()       # its cgroup directories, reported to the creator (see _provided)
     gv: object = None                   # a gVisor sandbox's runtime state (gvisor.runtime.GvSandbox); None: native
+    tenant: str | None = None           # the tenant whose sandbox it is (None: the operator's; daemon/tenants.py)
+    reserved: bool = False              # its create holds a quota reservation still (scope.Tenancy.admit)
 
     @property
     def active(self) -> bool:
@@ -120,6 +122,8 @@ class Manager:
         self.warned_plain_binds = False
         self.no_userns = ""               # why sandboxes run without a user namespace ("": they do not)
         self.warm_pool = settings.WARM_POOL.get()   # inits kept ready in their cgroups and namespaces
+        self.tenancy = None               # scope.Tenancy with `hutch serve --tenants`, else None
+        self.audit = None                 # tenants.AuditLog with `hutch serve --audit-log`, else None
 
     # --- daemon lifecycle ---------------------------------------------------------------
 
@@ -284,26 +288,32 @@ class Manager:
 
     # --- lookup -------------------------------------------------------------------------
 
-    def get(self, key: str) -> LiveSandbox:
+    def get(self, key: str, tenant=None) -> LiveSandbox:
+        """The sandbox of id (or running sandbox of name) `key`; of `tenant`'s own only, if one is given
+        (another's answers exactly as an unknown one)."""
         sb = self.sandboxes.get(key) if isinstance(key, str) else None
+        if sb is not None and tenant is not None and sb.tenant != tenant.name:
+            sb = None
         if sb is None:
             for s in self.sandboxes.values():
-                if s.spec.name == key and s.active:
+                if s.spec.name == key and s.active and (tenant is None or s.tenant == tenant.name):
                     return s
             raise NotFoundError(f"no sandbox {key!r} on this host; list them with hutch.Sandbox.list() or `hutch sandbox ls`.")
         return sb
 
-    def list(self, tags: dict[str, str]) -> list[LiveSandbox]:
+    def list(self, tags: dict[str, str], tenant=None) -> list[LiveSandbox]:
         return [sb for sb in self.sandboxes.values()
-                if sb.active and all(dict(sb.spec.tags).get(k) == v for k, v in tags.items())]
+                if sb.active and (tenant is None or sb.tenant == tenant.name)
+                and all(dict(sb.spec.tags).get(k) == v for k, v in tags.items())]
 
     # --- create ---------------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec) -> LiveSandbox:
-        """Start a sandbox from `spec` (a warm init if one fits); returns once it runs."""
+    async def create(self, spec: SandboxSpec, tenant: str | None = None) -> LiveSandbox:
+        """Start a sandbox from `spec` (a warm init if one fits) for `tenant` (None: the operator); returns once
+        it runs."""
         self.creating += 1
         try:
-            return await self._create(spec)
+            return await self._create(spec, tenant)
         finally:
             self.creating -= 1
             # Refill once the create is done, so that a new init's start (clone, cgroup join, namespaces)
@@ -312,7 +322,7 @@ class Manager:
             if not self.creating or not self.pool:
                 self._refill()
 
-    async def _create(self, spec: SandboxSpec) -> LiveSandbox:
+    async def _create(self, spec: SandboxSpec, tenant: str | None = None) -> LiveSandbox:
         if self.closing:
             raise DaemonError("the daemon is shutting down; retry once it is back.")
         if spec.network.mode != "none" and self.network is None:
@@ -320,7 +330,8 @@ class Manager:
                 f"network mode {spec.network.mode!r} needs the egress gateway, which this daemon does not run; "
                 "use hutch.Network.none()."
             )
-        if spec.name and any(s.spec.name == spec.name and s.active for s in self.sandboxes.values()):
+        if spec.name and any(s.spec.name == spec.name and s.active and s.tenant == tenant
+                             for s in self.sandboxes.values()):
             raise ConfigError(f"a running sandbox is already named {spec.name!r}; pick another name or terminate it.")
         if spec.limits.memory < 8 * 1024**2:
             raise InvalidSpecError(f"memory={spec.limits.memory} bytes is too small; give at least '8M'.")
@@ -330,7 +341,9 @@ class Manager:
         if spec.workdir == DEFAULT_WORKDIR and image.workdir and image.workdir != spec.workdir:
             spec = dataclasses.replace(spec, workdir=image.workdir)   # the image's workdir, unless one was given
         if spec.runtime == "gvisor":
-            return await self.gvisor.create(spec, image)
+            sb = await self.gvisor.create(spec, image)
+            sb.tenant, sb.reserved = tenant, tenant is not None
+            return sb
         plan = build_plan(spec, image, scratch=str(self.scratch))   # before an init is taken: bad mounts fail here
         # without one if idmapping is off, or a layer is on a filesystem that cannot idmap
         userns = self.idmap.userns_fd >= 0 and all(self.idmap.can_idmap(str(d)) for d in image.lowerdirs)
@@ -339,6 +352,7 @@ class Manager:
             if sb is None:
                 sb = await self._spawn(userns)
             sb.spec, sb.image, sb.hostname = spec, image, spec.name or f"hutch-{sb.id}"
+            sb.tenant, sb.reserved = tenant, tenant is not None
             sb.cgroups = self.cgroups.paths(sb.id)
             sb.created_at, sb.status = time.time(), "starting"
         except BaseException as e:

@@ -46,7 +46,14 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                                 "egress": {"type": "boolean"}, "warm_pool": {"type": "object"},
                                 "gvisor": {"type": "object"}, "freezer": {"type": "boolean"},
                                 "images": {"type": "object"}}})},
-    ("post", "/v1/sandboxes"): {"summary": "Create a sandbox",
+    ("get", "/v1/tenant"): {"summary": "Who the caller is: the operator, or a tenant with its quotas and their use "
+                                       "(docs/tenants.md)",
+                            "responses": _json_ok({"type": "object", "required": ["name", "operator"], "properties": {
+                                "name": {"type": "string", "nullable": True}, "operator": {"type": "boolean"},
+                                "tenants": {"type": "boolean"}, "quotas": {"$ref": "#/components/schemas/Quotas"},
+                                "use": {"$ref": "#/components/schemas/Quotas"},
+                                "images": {"type": "array", "items": {"type": "string"}}}})},
+    ("post", "/v1/sandboxes"): {"summary": "Create a sandbox (a tenant over a quota: 429 QuotaError)",
                                 "requestBody": _json_body({"type": "object", "required": ["spec"],
                                                            "properties": {"spec": {"$ref": "#/components/schemas/SandboxSpec"}}}),
                                 "responses": {"201": _INFO}},
@@ -171,6 +178,17 @@ _SCHEMAS = {
     "Error": {"type": "object", "required": ["error", "message"], "properties": {
         "error": {"type": "string", "description": "name of the hutch.Error subclass"},
         "message": {"type": "string", "description": "a sentence naming the fix"}}},
+    "QuotaError": {"type": "object", "required": ["error", "message", "quota", "limit", "used"],
+                   "description": "429: a tenant's quota would be exceeded (error QuotaExceededError); nothing was made",
+                   "properties": {
+        "error": {"type": "string", "enum": ["QuotaExceededError"]}, "message": {"type": "string"},
+        "quota": {"type": "string", "enum": ["sandboxes", "cpu", "memory", "disk", "creates_per_second",
+                                             "egress_bytes_per_day"]},
+        "limit": {"type": "number"}, "used": {"type": "number"}}},
+    "Quotas": {"type": "object", "description": "a tenant's quotas (absent: unlimited), or their use", "properties": {
+        "sandboxes": {"type": "integer"}, "cpu": {"type": "number"}, "memory": {"type": "integer"},
+        "disk": {"type": "integer"}, "creates_per_second": {"type": "number"},
+        "egress_bytes_per_day": {"type": "integer"}}},
     "Sandbox": {"type": "object", "properties": {
         "id": {"type": "string"}, "name": {"type": "string", "nullable": True}, "tags": {"type": "object"},
         "status": {"type": "string", "enum": ["starting", "running", "paused", "exited", "terminated", "timeout",
@@ -238,6 +256,13 @@ from hutch.sandbox._host.daemon.store_routes import OPERATIONS as _STORE_OPERATI
 
 OPERATIONS.update(_STORE_OPERATIONS)
 
+_QUOTA_ERR = {"description": "a tenant's quota would be exceeded",
+              "content": {"application/json": {"schema": {"$ref": "#/components/schemas/QuotaError"}}}}
+#: The routes that charge a tenant's quotas (docs/tenants.md).
+_QUOTA_ROUTES = {("post", "/v1/sandboxes"), ("post", "/v1/sandboxes/{id}/fork"),
+                 ("post", "/v1/memory-snapshots/{sid}/restore"), ("post", "/v1/sandboxes/{id}/snapshot"),
+                 ("put", "/v1/volumes/{name}/files/write")}
+
 
 def openapi_document(app=None) -> dict:
     """The OpenAPI 3.0 document for every route above."""
@@ -250,6 +275,8 @@ def openapi_document(app=None) -> dict:
             op["parameters"] = params + op.get("parameters", [])
         # every error is a 4xx with an Error body; a 5xx is a daemon bug, except 503 while it cannot serve
         op = {**op, "responses": {**op.get("responses", {}), "4XX": _ERR}}
+        if (method, path) in _QUOTA_ROUTES:
+            op["responses"]["429"] = _QUOTA_ERR
         paths.setdefault(path, {})[method] = op
     return {
         "openapi": "3.0.3",
@@ -258,5 +285,6 @@ def openapi_document(app=None) -> dict:
         "paths": paths,
         "components": {"schemas": _SCHEMAS,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                                      "description": "required on TCP, not on the Unix socket"}}},
+                                                      "description": "required on TCP, not on the Unix socket; "
+                                                                     "a tenant's token on either (docs/tenants.md)"}}},
     }

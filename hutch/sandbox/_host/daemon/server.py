@@ -14,14 +14,17 @@ from aiohttp import web
 import hutch
 from hutch._core import errors
 from hutch._core.errors import ConfigError, NetworkPolicyError
-from hutch.sandbox._host import images
+from hutch.sandbox._host import images, layers
 from hutch.sandbox._host.daemon.doctor import report as doctor_report
 from hutch.sandbox._host.daemon.execs import live_channel
 from hutch.sandbox._host.daemon.http import json_body, query_flag, query_mode, query_path, query_seconds, send_fd
 from hutch.sandbox._host.daemon.manager import Manager
 from hutch.sandbox._host.daemon.terminal import serve_pty
 from hutch.sandbox._host.daemon.openapi import openapi_document
+from hutch.sandbox._host.daemon.scope import unknown_memsnap
 from hutch.sandbox._host.daemon.store_routes import add_routes as add_store_routes
+from hutch.sandbox._host.daemon.tenants import ROUTES as TENANT_ROUTES
+from hutch.sandbox._host.daemon.tenants import Tenant
 from hutch.sandbox._host.gvisor import snapshots as memsnaps
 from hutch.sandbox._host.untar import ImportLimits
 from hutch.sandbox._api import EXIT, FRAMES_CONTENT_TYPE, STDERR, STDOUT, encode_frame
@@ -32,9 +35,10 @@ LEASE_POLL = 1.0         # fallback check of a lease's connection (disconnects a
 CHUNK = 1 << 16
 OUTPUT_CHUNK = 1 << 20   # an exec's output is read (and framed) in pieces up to this size
 HEADERS_AFTER = 0.005    # a silent command's response headers wait this long for output to ride along
+PTY_ROUTE = "/v1/sandboxes/{id}/exec/pty"
 
 _STATUS = [
-    (errors.NotFoundError, 404), (errors.ConfigError, 400), (errors.StateError, 409),
+    (errors.NotFoundError, 404), (errors.QuotaExceededError, 429), (errors.ConfigError, 400), (errors.StateError, 409),
     (errors.DaemonError, 503), (errors.SandboxTimeout, 504), (errors.Error, 500),
 ]
 
@@ -43,6 +47,8 @@ def error_response(e: BaseException) -> web.Response:
     if isinstance(e, errors.Error):
         status = next(code for cls, code in _STATUS if isinstance(e, cls))
         body = {"error": type(e).__name__, "message": str(e)}
+        if isinstance(e, errors.QuotaExceededError):
+            body.update(quota=e.quota, limit=e.limit, used=e.used)
     else:
         status = 500
         body = {"error": "DaemonError", "message": f"the daemon failed: {type(e).__name__}: {e}. See its log."}
@@ -61,15 +67,25 @@ def make_app(mgr: Manager, gate=None) -> web.Application:
                                       "this connection did not come through the daemon's listeners."}, status=403)
             resp.force_close()
             return resp
-        if not gate.authorize(conn, request.headers.get("Authorization")):
+        who = gate.authorize(conn, request.headers.get("Authorization"))
+        if who is None:
             resp = web.json_response({"error": "DaemonError", "message":
                                       "missing or wrong bearer token; send Authorization: Bearer <token> "
                                       "(the SDK sends $HUTCH_TOKEN or the file $HUTCH_TOKEN_FILE)."}, status=401)
             resp.force_close()
             return resp
+        tenant = request["tenant"] = who if isinstance(who, Tenant) else None
+        route = request.match_info.route.resource
+        canonical = route.canonical if route is not None else None
+        if tenant is not None and (request.method, canonical) not in TENANT_ROUTES:   # default-deny
+            return web.json_response({"error": "NotFoundError", "message":
+                                      f"no route {request.method} {request.path}; see GET /v1/openapi.json."},
+                                     status=404)
         conn.begin()
+        resp = None
         try:
-            return await handler(request)
+            resp = await handler(request)
+            return resp
         except web.HTTPException as e:
             if e.status == 404:
                 return web.json_response({"error": "NotFoundError", "message":
@@ -83,9 +99,12 @@ def make_app(mgr: Manager, gate=None) -> web.Application:
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception as e:  # noqa: BLE001 - every failure becomes a JSON error body
-            return error_response(e)
+            resp = error_response(e)
+            return resp
         finally:
             conn.end()
+            if getattr(mgr, "audit", None) is not None and (request.method not in ("GET", "HEAD") or canonical == PTY_ROUTE):
+                _audit(mgr.audit, request, tenant, canonical, resp)
 
     app = web.Application(middlewares=[guard], client_max_size=1 << 30)
     h = Handlers(mgr)
@@ -93,6 +112,7 @@ def make_app(mgr: Manager, gate=None) -> web.Application:
     r.add_get("/v1/health", h.health)
     r.add_get("/v1/openapi.json", h.openapi)
     r.add_get("/v1/doctor", h.doctor)
+    r.add_get("/v1/tenant", h.tenant)
     r.add_post("/v1/sandboxes", h.create)
     r.add_get("/v1/sandboxes", h.list)
     r.add_get("/v1/sandboxes/{id}", h.info)
@@ -128,9 +148,45 @@ def make_app(mgr: Manager, gate=None) -> web.Application:
     return app
 
 
+def _audit(log, request, tenant, canonical, resp) -> None:
+    """One line of the audit log: who, what (method and route), on which id, and how it ended."""
+    mi = request.match_info
+    target = next((mi[k] for k in ("id", "sid", "key", "name") if k in mi), None)
+    status = resp.status if resp is not None else 499   # none: the client went away first
+    outcome = "ok" if status < 400 else f"{status}"
+    body = getattr(resp, "body", None)
+    if isinstance(body, bytes) and body[:1] == b"{" and len(body) < 1 << 16:
+        try:
+            d = json.loads(body)
+        except ValueError:
+            d = {}
+        if status >= 400 and isinstance(d.get("error"), str):
+            outcome = f"{status} {d['error']}"
+        elif target is None and isinstance(d.get("id"), str):
+            target = d["id"]   # a create: the sandbox it made
+    try:
+        log.write(tenant.name if tenant is not None else None, f"{request.method} {canonical or request.path}",
+                  target, outcome)
+    except OSError as e:   # a full disk must not fail the request; the daemon's log says so
+        import sys
+        print(f"hutch daemon: the audit log could not be written ({e})", file=sys.stderr)
+
+
 class Handlers:
     def __init__(self, mgr: Manager):
         self.mgr = mgr
+        self.tenancy = getattr(mgr, "tenancy", None)   # a Manager.__new__ of a test that only routes has none
+
+    def _sb(self, request):
+        """The sandbox of the route's {id}, if the request's tenant (or the operator) may see it."""
+        return self.mgr.get(request.match_info["id"], request.get("tenant"))
+
+    async def tenant(self, request):
+        t = request.get("tenant")
+        if t is None:
+            return web.json_response({"name": None, "operator": True, "tenants": self.tenancy is not None})
+        return web.json_response({"name": t.name, "operator": False, "quotas": t.quotas.to_dict(),
+                                  "images": list(t.images), "use": self.tenancy.use(self.mgr, t)})
 
     async def health(self, request):
         body = {"version": hutch.__version__, "pid": os.getpid()}
@@ -150,9 +206,16 @@ class Handlers:
         if not isinstance(body.get("spec"), dict):
             raise ConfigError('the body must be {"spec": SandboxSpec.to_dict()}.')
         spec = SandboxSpec.from_dict(body["spec"])
-        # Shielded: a client that hangs up mid-create must not leave a half-built sandbox; without
-        # its lease the sandbox is ended after the grace period.
-        sb = await asyncio.shield(self.mgr.create(spec))
+        t = request.get("tenant")
+        if self.tenancy is None:
+            # Shielded: a client that hangs up mid-create must not leave a half-built sandbox; without
+            # its lease the sandbox is ended after the grace period.
+            sb = await asyncio.shield(self.mgr.create(spec))
+        else:   # quotas checked and reserved, a fair slot, then (shielded) the create
+            if t is not None:
+                spec = self.tenancy.spec_for(t, spec)
+            sb = await self.tenancy.admit(self.mgr, t, 1, spec.limits.cpu, spec.limits.memory,
+                                          lambda: self.mgr.create(spec, t.name if t is not None else None))
         return web.json_response(sb.info(), status=201)
 
     async def list(self, request):
@@ -162,44 +225,59 @@ class Handlers:
             if not sep:
                 raise ConfigError(f"tag={t!r} must be key:value.")
             tags[k] = v
-        return web.json_response({"sandboxes": [sb.info() for sb in self.mgr.list(tags)]})
+        return web.json_response({"sandboxes": [sb.info() for sb in self.mgr.list(tags, request.get("tenant"))]})
 
     async def info(self, request):
-        return web.json_response(self.mgr.get(request.match_info["id"]).info())
+        return web.json_response(self._sb(request).info())
 
     async def terminate(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         await asyncio.shield(self.mgr.end(sb, "terminated"))
         return web.json_response(sb.info())
 
     async def pause(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         await asyncio.shield(self.mgr.pause(sb))
         return web.json_response(sb.info())
 
     async def resume(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         await asyncio.shield(self.mgr.resume(sb))
         return web.json_response(sb.info())
 
     # --- memory snapshots, restore, fork (gVisor) --------------------------------------------
 
     async def snapshot_memory(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         task = asyncio.ensure_future(self.mgr.gvisor.snapshot_memory(sb))
         try:
             snap = await asyncio.shield(task)
         except asyncio.CancelledError:   # the client went away: finish (runsc cannot be stopped), keep nothing
             task.add_done_callback(_drop_snapshot)
             raise
+        t = request.get("tenant")
+        if t is not None:
+            self.tenancy.owners.own("memsnaps", snap["id"], t.name)
+            self.tenancy.own_image(t, layers.node_id_of(snap["image"]) or snap["image"])
         return web.json_response(snap, status=201)
 
     async def fork(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         body = await json_body(request, optional=True)
         n = body.get("n", 1)
-        # shielded as a create is: copies a client leaves behind lose their lease and end after the grace period
-        kids = await asyncio.shield(self.mgr.gvisor.fork(sb, n, detach=_flag(body.get("detach", False), "detach")))
+        detach = _flag(body.get("detach", False), "detach")
+        t = request.get("tenant")
+        if self.tenancy is None:
+            # shielded as a create is: copies a client leaves behind lose their lease and end after the grace period
+            kids = await asyncio.shield(self.mgr.gvisor.fork(sb, n, detach=detach))
+        else:
+            async def make():
+                got = await self.mgr.gvisor.fork(sb, n, detach=detach)
+                for k in got:
+                    k.tenant = sb.tenant
+                return got
+            kids = await self.tenancy.admit(self.mgr, t, n if isinstance(n, int) and not isinstance(n, bool) else 1,
+                                            sb.spec.limits.cpu, sb.spec.limits.memory, make)
         return web.json_response({"sandboxes": [k.info() for k in kids]}, status=201)
 
     async def restore(self, request):
@@ -207,23 +285,44 @@ class Handlers:
         tags = body.get("tags") or {}
         if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
             raise ConfigError("tags must map strings to strings.")
-        sb = await asyncio.shield(self.mgr.gvisor.restore(request.match_info["sid"], detach=_flag(body.get("detach", False), "detach"),
-                                                          tags=tags))
+        sid, detach = request.match_info["sid"], _flag(body.get("detach", False), "detach")
+        t = request.get("tenant")
+        if self.tenancy is None:
+            sb = await asyncio.shield(self.mgr.gvisor.restore(sid, detach=detach, tags=tags))
+        else:
+            if t is not None:
+                self.tenancy.check_memsnap(t, sid)
+            spec = await asyncio.to_thread(_snapshot_spec, sid)
+
+            async def make():
+                got = await self.mgr.gvisor.restore(sid, detach=detach, tags=tags)
+                got.tenant = t.name if t is not None else None
+                return got
+            sb = await self.tenancy.admit(self.mgr, t, 1, spec.limits.cpu, spec.limits.memory, make)
         return web.json_response(sb.info(), status=201)
 
+    def _memsnaps(self, request, snaps: list) -> list:
+        t = request.get("tenant")
+        return snaps if t is None else [s for s in snaps if self.tenancy.owners.memsnaps.get(s["id"]) == t.name]
+
     async def memory_snapshots(self, request):
-        return web.json_response({"snapshots": await asyncio.to_thread(memsnaps.list_all)})
+        return web.json_response({"snapshots": self._memsnaps(request, await asyncio.to_thread(memsnaps.list_all))})
 
     async def memory_snapshot(self, request):
         sid = request.match_info["sid"]
-        for s in await asyncio.to_thread(memsnaps.list_all):
+        for s in self._memsnaps(request, await asyncio.to_thread(memsnaps.list_all)):
             if s["id"] == sid:
                 return web.json_response(s)
         memsnaps.path_of(sid)   # a malformed id: ConfigError
-        raise errors.NotFoundError(f"no memory snapshot {sid}; list them with hutch.Snapshot.list().")
+        raise unknown_memsnap(sid)
 
     async def delete_memory_snapshot(self, request):
-        await asyncio.to_thread(memsnaps.remove, request.match_info["sid"])
+        sid, t = request.match_info["sid"], request.get("tenant")
+        if t is not None:
+            self.tenancy.check_memsnap(t, sid)
+        await asyncio.to_thread(memsnaps.remove, sid)
+        if self.tenancy is not None:
+            self.tenancy.owners.drop("memsnaps", sid)
         return web.Response(status=204)
 
     async def export_memory_snapshot(self, request):
@@ -266,7 +365,7 @@ class Handlers:
             os.unlink(tmp)
 
     async def wait(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         seconds = query_seconds(request)   # before the coroutine below exists: a refusal must not orphan it
         try:
             await asyncio.wait_for(sb.gone.wait(), seconds)
@@ -275,7 +374,7 @@ class Handlers:
         return web.json_response(sb.info())
 
     async def lease(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         if not sb.active:
             return web.json_response(sb.info())
         resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
@@ -298,7 +397,7 @@ class Handlers:
     # --- exec ---------------------------------------------------------------------------
 
     async def exec(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         body = await json_body(request)
         if body.get("pty") is not None:
             raise ConfigError("an exec on a terminal (pty) is a WebSocket: GET /v1/sandboxes/{id}/exec/pty, its "
@@ -358,10 +457,10 @@ class Handlers:
                 ex.stdin_w = None
 
     async def exec_pty(self, request):
-        return await serve_pty(request, self.mgr, self.mgr.get(request.match_info["id"]))
+        return await serve_pty(request, self.mgr, self._sb(request))
 
     async def stdin(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         ex = self.mgr.execs.find(sb, request.match_info["eid"])
         data = await request.read()
         if ex.stdin_w is None:
@@ -394,7 +493,7 @@ class Handlers:
     async def exec_wait(self, request):
         """How a command ended, without its output: a client that has not read all of it (so the daemon
         holds the rest back) still learns that the command exited, was killed or timed out."""
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         ex = self.mgr.execs.find(sb, request.match_info["eid"])
         seconds = query_seconds(request)
         try:
@@ -404,7 +503,7 @@ class Handlers:
         return web.json_response(self.mgr.execs.result(sb, ex))
 
     async def kill(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         ex = self.mgr.execs.find(sb, request.match_info["eid"])
         body = await json_body(request, optional=True)
         sig = body.get("signal", signal.SIGKILL)
@@ -416,12 +515,12 @@ class Handlers:
     # --- files --------------------------------------------------------------------------
 
     async def read(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         reply, fds = await self.mgr.execs.file_call(sb, "read", query_path(request, "/home/user/a.txt"))
         return await send_fd(request, fds[0], reply["size"])
 
     async def write(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         path = query_path(request, "/home/user/a.txt")
         mode = query_mode(request)
         reply, fds = await self.mgr.execs.file_call(sb, "write_open", path, mode=mode)
@@ -443,23 +542,23 @@ class Handlers:
         return web.Response(status=204)
 
     async def list_files(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         reply, _ = await self.mgr.execs.file_call(sb, "list", query_path(request, "/home/user/a.txt"))
         return web.json_response({"entries": reply["entries"]})
 
     async def stat(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         reply, _ = await self.mgr.execs.file_call(sb, "stat", query_path(request, "/home/user/a.txt"))
         return web.json_response(reply["entry"])
 
     async def remove(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         await self.mgr.execs.file_call(sb, "remove", query_path(request, "/home/user/a.txt"),
                                        recursive=query_flag(request, "recursive"))
         return web.Response(status=204)
 
     async def mkdir(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         await self.mgr.execs.file_call(sb, "mkdir", query_path(request, "/home/user/a.txt"),
                                        parents=query_flag(request, "parents"))
         return web.Response(status=204)
@@ -471,6 +570,9 @@ class Handlers:
         ref = body.get("ref")
         if not isinstance(ref, str) or not ref:
             raise ConfigError('the body must be {"ref": "<image reference>"}.')
+        t = request.get("tenant")
+        if t is not None:
+            ref = self.tenancy.image_ref(t, ref)   # only what it may use
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
@@ -503,12 +605,16 @@ class Handlers:
     async def images(self, request):
         lister = getattr(images, "list_images", None) or _built_images
         items = await asyncio.get_running_loop().run_in_executor(None, lister)
-        return web.json_response({"images": [i if isinstance(i, dict) else vars(i) for i in items]})
+        items = [i if isinstance(i, dict) else vars(i) for i in items]
+        t = request.get("tenant")
+        if t is not None:
+            items = self.tenancy.list_images(t, items)
+        return web.json_response({"images": items})
 
     # --- network ------------------------------------------------------------------------
 
     async def set_network(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         body = await json_body(request)
         d = body.get("network")
         if not isinstance(d, dict):
@@ -527,7 +633,7 @@ class Handlers:
         return web.Response(status=204)
 
     async def network_log(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        sb = self._sb(request)
         if self.mgr.network is None:
             return web.json_response({"decisions": []})
         return web.json_response(self.mgr.network.log(sb.id))
@@ -537,6 +643,17 @@ def _flag(value, name: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{name}={value!r} must be true or false.")
     return value
+
+
+def _snapshot_spec(sid: str) -> SandboxSpec:
+    """The spec a restore of memory snapshot `sid` runs (its limits are what the quotas charge)."""
+    try:
+        d = json.loads((memsnaps.path_of(sid) / "meta.json").read_text())
+        return SandboxSpec.from_dict(d["spec"])
+    except (FileNotFoundError, NotADirectoryError):
+        raise unknown_memsnap(sid) from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"memory snapshot {sid}'s meta.json is malformed ({e}); take a new snapshot.") from None
 
 
 def _drop_snapshot(task: asyncio.Future) -> None:

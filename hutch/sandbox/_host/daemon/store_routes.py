@@ -9,7 +9,7 @@ import tempfile
 
 from aiohttp import web
 
-from hutch._core.errors import ConfigError, InvalidArchiveError, StateError
+from hutch._core.errors import ConfigError, Error, InvalidArchiveError, QuotaExceededError, StateError, UnsupportedError
 from hutch.sandbox._host import archive, images, layers, volumes
 from hutch.sandbox._host.daemon.execs import error_from_reply, live_channel
 from hutch.sandbox._host.daemon.http import json_body, query_flag, query_mode, query_path, send_fd
@@ -62,12 +62,21 @@ class StoreRoutes:
     # --- snapshots and image nodes -------------------------------------------------------------
 
     async def snapshot(self, request):
-        sb = self.mgr.get(request.match_info["id"])
+        t = request.get("tenant")
+        sb = self.mgr.get(request.match_info["id"], t)
         ch = live_channel(sb)
         body = await json_body(request, optional=True)
         key, name = _str_or_none(body, "key"), _str_or_none(body, "name")
         if key is not None and (len(key) != 64 or any(c not in "0123456789abcdef" for c in key)):
             raise ConfigError(f"key={key!r} must be 64 hex digits (a build step's key).")
+        if t is not None:
+            if key is not None:   # a step's key is shared by whoever builds the same step: not across tenants
+                raise UnsupportedError("a tenant cannot record build steps (key=): their cache is shared by the "
+                                       "host; snapshot without a key, or ask the operator to build and share the image.")
+            if name is not None:
+                self.mgr.tenancy.volume(t, name)   # the same rule of names
+                name = self.mgr.tenancy.image_name(t, name)
+            self.mgr.tenancy.check_disk(t)
         reply, fds = await ch.request({"op": "upper"})
         if not reply["ok"] or not fds:
             raise error_from_reply(reply)
@@ -77,6 +86,18 @@ class StoreRoutes:
                               _str_or_none(body, "description") or "")
         finally:
             os.close(fds[0])
+        if t is not None:
+            ten = self.mgr.tenancy
+            fresh = not ten.owners.images.get(node["id"])
+            ten.own_image(t, node["id"])
+            try:
+                ten.check_disk(t)
+            except QuotaExceededError:   # nothing half-made: the image goes again (unless others hold it)
+                if ten.disown_image(t, node["id"]) and fresh:
+                    await _run(layers.remove, node["id"], self._in_use()[0], force=True)
+                raise
+            if node.get("name"):
+                node = {**node, "name": name[len(ten.image_name(t, "")):]}
         return web.json_response(node, status=201)
 
     @staticmethod
@@ -105,15 +126,36 @@ class StoreRoutes:
                           description=_str_or_none(body, "description") or "", pinned=bool(body.get("pinned")))
         return web.json_response(node, status=201)
 
+    def _find(self, request, *, own: bool = False):
+        """The node of the route's {key}: for a tenant, only one it may use (`own`: made by it)."""
+        key, t = request.match_info["key"], request.get("tenant")
+        if t is None:
+            return _run(layers.find, key)
+        return _run(self.mgr.tenancy.find_image, t, key, own=own)
+
     async def get_node(self, request):
-        key = request.match_info["key"]
-        node = await _run(layers.find, key)
+        node = await self._find(request)
         await _run(layers.chain, node["id"])   # every ancestor and layer present, else 404
-        return web.json_response({**node, "size": layers.layer_size(node.get("layer"))})
+        node = {**node, "size": layers.layer_size(node.get("layer"))}
+        t = request.get("tenant")
+        if t is not None:
+            node = self.mgr.tenancy.list_images(t, [node])[0]
+        return web.json_response(node)
 
     async def remove(self, request):
         nodes, _ = self._in_use()
-        removed = await _run(layers.remove, request.match_info["key"], nodes, force=query_flag(request, "force"))
+        t, force = request.get("tenant"), query_flag(request, "force")
+        if t is None:
+            removed = await _run(layers.remove, request.match_info["key"], nodes, force=force)
+            return web.json_response({"removed": removed})
+        node = await self._find(request, own=True)
+        if not self.mgr.tenancy.disown_image(t, node["id"]):   # another tenant holds the same image
+            return web.json_response({"removed": [node["ref"]]})
+        try:
+            removed = await _run(layers.remove, node["id"], nodes, force=force)
+        except BaseException:
+            self.mgr.tenancy.own_image(t, node["id"])
+            raise
         return web.json_response({"removed": removed})
 
     async def prune(self, request):
@@ -121,8 +163,8 @@ class StoreRoutes:
         return web.json_response(await _run(layers.prune, layer_ids, nodes))
 
     async def export(self, request):
-        key = request.match_info["key"]
-        await _run(layers.chain, (await _run(layers.find, key))["id"])   # 404 before anything is spooled
+        key = (await self._find(request))["id"]
+        await _run(layers.chain, key)   # 404 before anything is spooled
         layers.private_dir(layers.layers_dir())   # a host that never stored a layer has no store yet
         fd, tmp = tempfile.mkstemp(prefix=".tmp-export-", dir=layers.layers_dir())
         try:
@@ -160,46 +202,77 @@ class StoreRoutes:
 
     # --- volumes -------------------------------------------------------------------------------
 
-    def _users(self, name: str) -> list[str]:
-        return [sb.id for sb in self._active()
-                if any(m.kind == "volume" and m.source == name for m in sb.spec.mounts)]
+    def _users(self, name: str, tenant=None) -> list[str]:
+        return [sb.id for sb in self._active() if (tenant is None or sb.tenant == tenant.name)
+                and any(m.kind == "volume" and m.source == name for m in sb.spec.mounts)]
+
+    async def _vol(self, request, name, fn, *args, **kw):
+        """`fn(stored name, *args)` for the volume `name` as the request's tenant names it (its own only),
+        errors naming it as the tenant does."""
+        t = request.get("tenant")
+        if t is None:
+            return await _run(fn, name, *args, **kw)
+        stored = self.mgr.tenancy.volume(t, name)
+        try:
+            return await _run(fn, stored, *args, **kw)
+        except Error as e:
+            raise self.mgr.tenancy.translate(t, e, stored, name) from None
 
     async def volumes(self, request):
         vols = await _run(volumes.list_volumes)
-        return web.json_response({"volumes": [{**v, "in_use": self._users(v["name"])} for v in vols]})
+        t = request.get("tenant")
+        if t is None:
+            return web.json_response({"volumes": [{**v, "in_use": self._users(v["name"])} for v in vols]})
+        out = []
+        for v in vols:
+            own = self.mgr.tenancy.volume_out(t, v["name"])
+            if own is not None:
+                out.append({**v, "name": own, "in_use": self._users(v["name"], t)})
+        return web.json_response({"volumes": out})
 
     async def volume(self, request):
         body = await json_body(request, optional=True)
-        name = check_volume_name(body.get("name"))
+        t = request.get("tenant")
+        name = check_volume_name(body.get("name")) if t is None else body.get("name")
         fn = volumes.create if body.get("create") else volumes.info
-        return web.json_response({**await _run(fn, name), "in_use": self._users(name)})
+        info = await self._vol(request, name, fn)
+        stored = name if t is None else self.mgr.tenancy.volume(t, name)
+        return web.json_response({**info, "name": name, "in_use": self._users(stored, t)})
 
     async def remove_volume(self, request):
-        name = check_volume_name(request.match_info["name"])
-        users = self._users(name)
+        t = request.get("tenant")
+        name = check_volume_name(request.match_info["name"]) if t is None else request.match_info["name"]
+        stored = name if t is None else self.mgr.tenancy.volume(t, name)
+        await self._vol(request, name, volumes.info)   # 404 first: whether it is in use says it exists
+        users = self._users(stored, t)
         if users and not query_flag(request, "force"):
             raise StateError(f"volume {name!r} is mounted by running sandbox(es) {', '.join(users)}; terminate "
                              "them first, or pass --force (force=1) to remove it anyway (they see it emptied).")
-        await _run(volumes.remove_volume, name)
+        await self._vol(request, name, volumes.remove_volume)
         return web.Response(status=204)
 
     async def vol_list(self, request):
-        entries = await _run(volumes.list_dir, request.match_info["name"], request.query.get("path", "/"))
+        entries = await self._vol(request, request.match_info["name"], volumes.list_dir, request.query.get("path", "/"))
         return web.json_response({"entries": entries})
 
     async def vol_read(self, request):
-        fd, size = await _run(volumes.open_read, request.match_info["name"], query_path(request, "/data.csv"))
+        fd, size = await self._vol(request, request.match_info["name"], volumes.open_read, query_path(request, "/data.csv"))
         return await send_fd(request, fd, size)
 
     async def vol_write(self, request):
         mode = query_mode(request)
+        t = request.get("tenant")
+        if t is not None:
+            await self._vol(request, request.match_info["name"], volumes.info)   # an unknown one: 404 first
         data = await request.read()   # a volume file call: bounded by client_max_size
-        await _run(volumes.write, request.match_info["name"], query_path(request, "/data.csv"), [data], mode)
+        if t is not None:
+            self.mgr.tenancy.check_disk(t, len(data))
+        await self._vol(request, request.match_info["name"], volumes.write, query_path(request, "/data.csv"), [data], mode)
         return web.Response(status=204)
 
     async def vol_remove(self, request):
-        await _run(volumes.remove, request.match_info["name"], query_path(request, "/data.csv"),
-                   recursive=query_flag(request, "recursive"))
+        await self._vol(request, request.match_info["name"], volumes.remove, query_path(request, "/data.csv"),
+                        recursive=query_flag(request, "recursive"))
         return web.Response(status=204)
 
 

@@ -1,0 +1,261 @@
+"""What one request of a tenant may see and use (tenants.py says the rules; this applies them for the routes).
+
+`Tenancy` is the daemon's state of `hutch serve --tenants`: the registry of the file, the accounts (quotas,
+fair create slots), who owns which image and memory snapshot, the audit log. The routes call it with the
+request's tenant (None: the operator, who sees everything as without tenants).
+
+A tenant's view hides everything not its own behind the answer an unknown id gets: `hidden_*` raise that
+same NotFoundError, and errors of the stores that name a tenant's stored volume or image name are given
+back with its own name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from pathlib import Path
+
+from hutch._core import paths
+from hutch._core.errors import ConfigError, Error, NotFoundError, QuotaExceededError
+from hutch.sandbox._host import images, layers, volumes
+from hutch.sandbox._host.daemon.tenants import VOLUME_PREFIX, Accounts, Owners, Registry, Tenant
+from hutch.sandbox._spec import VOLUME_NAME_RE
+
+#: Disk use is recomputed at most this often (seconds) per tenant; writes in between are added to it.
+DISK_TTL = 2.0
+
+
+def unknown_image(key: str) -> NotFoundError:
+    return NotFoundError(f"no image {key!r} on this host; list them with `hutch image ls`.")
+
+
+def unknown_memsnap(sid: str) -> NotFoundError:
+    return NotFoundError(f"no memory snapshot {sid}; list them with hutch.Snapshot.list().")
+
+
+class Tenancy:
+    def __init__(self, registry: Registry):
+        self.registry = registry
+        self.accounts = Accounts()
+        self.owners = Owners(paths.state_dir() / "tenant-owners.json")
+        self._disk: dict[str, tuple[float, int]] = {}
+
+    # --- images ----------------------------------------------------------------------------------------
+
+    def image_name(self, t: Tenant, name: str) -> str:
+        return f"{VOLUME_PREFIX}{t.name}.{name}"
+
+    def _shared_ids(self, t: Tenant) -> set[str]:
+        out = set()
+        for ref in t.images:
+            try:
+                out.add(images.resolve_image(ref).id)
+            except Error:
+                continue
+        return out
+
+    def may_use(self, t: Tenant, node_id: str) -> bool:
+        return t.name in self.owners.images.get(node_id, ()) or node_id in self._shared_ids(t)
+
+    def find_image(self, t: Tenant, key: str, *, own: bool = False) -> dict:
+        """The image node `key` names for `t` (its own name, an id or id prefix of one it may use)."""
+        try:
+            if VOLUME_NAME_RE.match(key) and not key.startswith(layers.PREFIX):
+                try:
+                    return self._check(t, layers.find(self.image_name(t, key)), own)
+                except NotFoundError:
+                    pass
+            node = layers.find(key[len(layers.PREFIX):] if key.startswith(layers.PREFIX) else key)
+        except NotFoundError:
+            raise unknown_image(key) from None
+        except ConfigError:   # an ambiguous prefix would say that others' images exist
+            raise unknown_image(key) from None
+        try:
+            return self._check(t, node, own)
+        except NotFoundError:
+            raise unknown_image(key) from None
+
+    def _check(self, t: Tenant, node: dict, own: bool) -> dict:
+        owned = t.name in self.owners.images.get(node["id"], ())
+        if owned or (not own and node["id"] in self._shared_ids(t)):
+            return node
+        raise NotFoundError(node["id"])
+
+    def image_ref(self, t: Tenant, ref: str) -> str:
+        """The image reference a tenant's create may use: the default image, a shared one, or its own."""
+        if ref == images.DEBIAN_SLIM:
+            return ref
+        if ref.startswith("dir:"):
+            raise ConfigError(f"image {ref!r} is a directory of the host, which a tenant may not use; use the "
+                              "default image, one the operator shares with you, or a snapshot of your own.")
+        shared = {r for r in t.images}
+        if ref in shared:
+            return ref
+        return layers.PREFIX + self.find_image(t, ref)["id"]
+
+    def list_images(self, t: Tenant, items: list[dict]) -> list[dict]:
+        shared, prefix = self._shared_ids(t), self.image_name(t, "")
+        out = []
+        for i in items:
+            if i.get("kind") == "base" or i["id"] in shared or t.name in self.owners.images.get(i["id"], ()):
+                name = i.get("name")
+                if name and name.startswith(prefix):
+                    i = {**i, "name": name[len(prefix):]}
+                elif name and name.startswith(VOLUME_PREFIX):
+                    i = {**i, "name": None}
+                out.append(i)
+        return out
+
+    def own_image(self, t: Tenant, node_id: str) -> None:
+        owners = self.owners.images.setdefault(node_id, [])
+        if t.name not in owners:
+            owners.append(t.name)
+            self.owners.save()
+        self._disk.pop(t.name, None)
+
+    def disown_image(self, t: Tenant, node_id: str) -> bool:
+        """Drop `t`'s claim on the image; True if nobody else holds one (so it may be removed)."""
+        owners = self.owners.images.get(node_id, [])
+        if t.name in owners:
+            owners.remove(t.name)
+        if not owners:
+            self.owners.images.pop(node_id, None)
+        self.owners.save()
+        self._disk.pop(t.name, None)
+        return not owners
+
+    # --- memory snapshots ----------------------------------------------------------------------------------
+
+    def check_memsnap(self, t: Tenant, sid: str) -> None:
+        if self.owners.memsnaps.get(sid) != t.name:
+            from hutch.sandbox._host.gvisor import snapshots
+            snapshots.path_of(sid)   # a malformed id is refused as for anyone
+            raise unknown_memsnap(sid)
+
+    # --- volumes -------------------------------------------------------------------------------------------
+
+    def volume(self, t: Tenant, name) -> str:
+        if not isinstance(name, str) or not VOLUME_NAME_RE.match(name) or len(t.volume(name)) > 63:
+            raise ConfigError(f"volume name {name!r} must be 1-{62 - len(t.volume(''))} letters, digits, '_', '.', "
+                              "'-', starting with a letter or digit.")
+        return t.volume(name)
+
+    def volume_out(self, t: Tenant, stored: str) -> str | None:
+        p = t.volume("")
+        return stored[len(p):] if stored.startswith(p) else None
+
+    def translate(self, t: Tenant, e: Error, stored: str, name: str) -> Error:
+        """`e` with the stored name of a tenant's volume or image replaced by its own."""
+        msg = str(e).replace(stored, name)
+        if msg == str(e):
+            return e
+        try:
+            e2 = type(e)(msg)
+        except TypeError:
+            return e
+        return e2
+
+    # --- specs ---------------------------------------------------------------------------------------------
+
+    def spec_for(self, t: Tenant, spec):
+        """`spec` as the daemon runs it for `t`: no host binds, its own volumes, an image it may use."""
+        mounts = []
+        for m in spec.mounts:
+            if m.kind == "bind":
+                raise ConfigError(f"mount {m.target}: a tenant may not bind a host path ({m.source}) into a sandbox "
+                                  "(that includes memory mounts, which are host directories); use a volume "
+                                  "(hutch.Volume) or files.write.")
+            if m.kind == "volume":
+                m = dataclasses.replace(m, source=self.volume(t, m.source))
+            mounts.append(m)
+        return dataclasses.replace(spec, mounts=tuple(mounts), image=self.image_ref(t, spec.image))
+
+    # --- quotas --------------------------------------------------------------------------------------------
+
+    def live(self, mgr, t: Tenant) -> list:
+        return [s for s in mgr.sandboxes.values()
+                if s.active and s.tenant == t.name and s.spec is not None and not s.reserved]
+
+    def disk_used(self, t: Tenant, fresh: bool = False) -> int:
+        import time
+        hit = self._disk.get(t.name)
+        if hit and not fresh and time.monotonic() - hit[0] < DISK_TTL:
+            return hit[1]
+        total = 0
+        for nid, owners in list(self.owners.images.items()):
+            if t.name in owners:
+                try:
+                    total += layers.layer_size(layers.get_node(nid).get("layer"))
+                except Error:
+                    continue
+        vd = volumes.volumes_dir()
+        prefix = t.volume("")
+        if vd.is_dir():
+            for d in vd.iterdir():
+                if d.name.startswith(prefix):
+                    total += _du(d)
+        self._disk[t.name] = (time.monotonic(), total)
+        return total
+
+    def check_disk(self, t: Tenant, more: int = 0) -> None:
+        q = t.quotas.disk
+        if q is None:
+            return
+        used = self.disk_used(t, fresh=True)
+        if used + more > q:
+            from hutch.sandbox._host.daemon.tenants import over_quota
+            raise over_quota(t, "disk", q, used, "bytes of images and volumes", more)
+
+    def use(self, mgr, t: Tenant) -> dict:
+        live = self.live(mgr, t)
+        return {"sandboxes": len(live), "cpu": round(sum(s.spec.limits.cpu for s in live), 3),
+                "memory": sum(s.spec.limits.memory for s in live), "disk": self.disk_used(t, fresh=True),
+                "egress_bytes_per_day": self.accounts.egress_used(t.name)}
+
+    async def admit(self, mgr, t: Tenant | None, n: int, cpu: float, memory: int, make):
+        """Run `make()` (a create, fork or restore: a coroutine function) within `t`'s quotas and a fair slot;
+        shielded once admitted (a client hanging up must not leave it half-made)."""
+        acc = self.accounts
+        ticket = acc.reserve(t, self.live(mgr, t), n, cpu, memory) if t is not None else None
+        try:
+            await acc.slot(t.name if t is not None else "")
+        except BaseException:
+            if ticket:
+                acc.release(ticket)
+            raise
+
+        async def run():
+            try:
+                made = await make()
+                for sb in made if isinstance(made, list) else [made]:
+                    sb.reserved = False   # counted as live from now on, as its reservation goes
+                return made
+            finally:
+                acc.free()
+                if ticket:
+                    acc.release(ticket)
+        return await asyncio.shield(run())
+
+
+
+def _du(root: Path) -> int:
+    total = 0
+    stack = [str(root)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append(e.path)
+                        else:
+                            total += e.stat(follow_symlinks=False).st_blocks * 512
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return total
+
+
+__all__ = ["QuotaExceededError", "Tenancy", "unknown_image", "unknown_memsnap"]

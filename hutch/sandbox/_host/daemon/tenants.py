@@ -1,0 +1,569 @@
+"""Tenants of one daemon (`hutch serve --tenants FILE`): who a request is, what it may see, what it may use.
+
+The tenants file (JSON, root's, mode 0600; anything readable by others is refused):
+
+    {"tenants": {"acme": {"token_sha256": "<64 hex>", "quotas": {"sandboxes": 10, "cpu": 8, "memory": "16G",
+                          "disk": "20G", "creates_per_second": 5, "egress_bytes_per_day": "1G"},
+                          "images": ["python-base"]}}}
+
+holds the SHA-256 of each tenant's token, never the token (`hutch tenant add` prints it once). The daemon
+rereads the file when it changes (its inode, size or mtime), so `hutch tenant rotate|set|rm` take effect at
+the next request; a file that turns bad is refused in the log and the last good one stays in force.
+
+A tenant sees only what is its own: sandboxes it made (and their forks and restores), the images and memory
+snapshots it made, its volumes (stored under a name of its own, `t.<tenant>.<name>`), and uses besides the
+default image only the images the file shares with it. Another tenant's id answers exactly as an unknown id.
+Routes are default-deny: `ROUTES` names what a tenant may call; anything else answers as an unknown route.
+
+Quotas (all optional; absent: unlimited): `sandboxes` live at once, the sums of their `cpu` and `memory`
+limits, `disk` (bytes of its images' layers and its volumes), `creates_per_second` (a token bucket, bursts
+of one second's worth, at least one), `egress_bytes_per_day` (a sliding day of the egress gateway's
+counters). Over one: QuotaExceededError (HTTP 429) naming the quota, its limit and the use; checked before
+anything is made, and creates in flight are reserved, so concurrent creates cannot race past a limit.
+
+Creates are admitted through `SLOTS` fair slots: while they are all busy, waiting creates are taken one per
+tenant in turn (round-robin), so one tenant's burst queues behind its own requests, not in front of others'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import secrets
+import stat
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from hutch._core.atomic import atomic_write
+from hutch._core.errors import ConfigError, QuotaExceededError
+from hutch.sandbox._spec import parse_size
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
+#: Largest tenants file read.
+MAX_FILE = 4 << 20
+#: Creates run at once while tenants wait for a slot (the rest queue, one per tenant in turn).
+SLOTS = 4
+#: Where `hutch tenant` edits and `hutch serve --tenants` reads by default.
+DEFAULT_FILE = Path("/etc/hutch/tenants.json")
+#: A tenant's volumes are stored as VOLUME_PREFIX + tenant + "." + its name for them.
+VOLUME_PREFIX = "t."
+DAY = 86400.0
+
+# What a tenant may call (method, route as the app names it): "own" routes are scoped to what is its own,
+# "open" ones carry no id. Everything else (doctor, the image store's writes, imports) is the operator's.
+ROUTES = {
+    ("GET", "/v1/health"): "open", ("GET", "/v1/openapi.json"): "open", ("GET", "/v1/tenant"): "open",
+    ("POST", "/v1/sandboxes"): "own", ("GET", "/v1/sandboxes"): "own",
+    **{(m, "/v1/sandboxes/{id}" + p): "own" for m, p in (
+        ("GET", ""), ("POST", "/terminate"), ("POST", "/wait"), ("POST", "/pause"), ("POST", "/resume"),
+        ("POST", "/snapshot-memory"), ("POST", "/fork"), ("GET", "/lease"), ("POST", "/exec"), ("GET", "/exec/pty"),
+        ("POST", "/exec/{eid}/stdin"), ("POST", "/exec/{eid}/kill"), ("POST", "/exec/{eid}/wait"),
+        ("GET", "/files/read"), ("PUT", "/files/write"), ("GET", "/files/list"), ("GET", "/files/stat"),
+        ("POST", "/files/remove"), ("POST", "/files/mkdir"), ("PUT", "/network"), ("GET", "/network/log"),
+        ("POST", "/snapshot"))},
+    ("GET", "/v1/memory-snapshots"): "own", ("GET", "/v1/memory-snapshots/{sid}"): "own",
+    ("DELETE", "/v1/memory-snapshots/{sid}"): "own", ("POST", "/v1/memory-snapshots/{sid}/restore"): "own",
+    ("POST", "/v1/images/ensure"): "own", ("GET", "/v1/images"): "own", ("GET", "/v1/images/{key}"): "own",
+    ("DELETE", "/v1/images/{key}"): "own", ("GET", "/v1/images/{key}/export"): "own",
+    ("GET", "/v1/volumes"): "own", ("POST", "/v1/volumes"): "own", ("DELETE", "/v1/volumes/{name}"): "own",
+    ("GET", "/v1/volumes/{name}/files/list"): "own", ("GET", "/v1/volumes/{name}/files/read"): "own",
+    ("PUT", "/v1/volumes/{name}/files/write"): "own", ("POST", "/v1/volumes/{name}/files/remove"): "own",
+}
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """A tenant's limits; None: unlimited."""
+
+    sandboxes: int | None = None
+    cpu: float | None = None
+    memory: int | None = None
+    disk: int | None = None
+    creates_per_second: float | None = None
+    egress_bytes_per_day: int | None = None
+
+    @classmethod
+    def from_dict(cls, d, where: str) -> "Quotas":
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}: quotas must be an object of {', '.join(cls.names())}.")
+        unknown = set(d) - set(cls.names())
+        if unknown:
+            raise ConfigError(f"{where}: unknown quota {sorted(unknown)[0]!r}; the quotas are {', '.join(cls.names())}.")
+        return cls(**{k: _quota_value(k, v, where) for k, v in d.items()})
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        return tuple(f.name for f in fields(Quotas))
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in ((f.name, getattr(self, f.name)) for f in fields(self)) if v is not None}
+
+    def with_pairs(self, pairs) -> "Quotas":
+        """These quotas changed by `k=v` strings (v `none` or `-` removes the limit)."""
+        d = self.to_dict()
+        for p in pairs:
+            k, sep, v = p.partition("=")
+            if not sep:
+                raise ConfigError(f"--quota {p!r} must be NAME=VALUE, like sandboxes=10 or memory=16G.")
+            if v.strip().lower() in ("none", "-", ""):
+                d.pop(k, None)
+                if k not in self.names():
+                    raise ConfigError(f"unknown quota {k!r}; the quotas are {', '.join(self.names())}.")
+            else:
+                d[k] = v
+        return Quotas.from_dict(d, "--quota")
+
+
+def _quota_value(k: str, v, where: str):
+    if v is None:
+        return None
+    what = f"{where}: quota {k}"
+    if k in ("memory", "disk", "egress_bytes_per_day"):
+        return parse_size(v, what)
+    try:
+        n = float(v) if not isinstance(v, bool) else -1.0
+    except (TypeError, ValueError):
+        n = -1.0
+    if k == "sandboxes":
+        if n != int(n) or n < 0 or n > 1 << 20:
+            raise ConfigError(f"{what}={v!r} must be a whole number of sandboxes, 0 or more.")
+        return int(n)
+    if not 0 < n <= 1 << 20:
+        raise ConfigError(f"{what}={v!r} must be a positive number" + (" of CPUs." if k == "cpu" else " per second."))
+    return n
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    token_sha256: str
+    quotas: Quotas = Quotas()
+    images: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        d = {"token_sha256": self.token_sha256, "quotas": self.quotas.to_dict()}
+        if self.images:
+            d["images"] = list(self.images)
+        return d
+
+    def volume(self, name: str) -> str:
+        """The store's name of this tenant's volume `name`."""
+        return f"{VOLUME_PREFIX}{self.name}.{name}"
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def check_name(name) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ConfigError(f"tenant name {name!r} must be 1-32 lowercase letters, digits, '_' or '-', starting "
+                          "with a letter or digit.")
+    return name
+
+
+# --- the file ---------------------------------------------------------------------------------------------
+
+
+def read_file(path: str | os.PathLike) -> dict[str, Tenant]:
+    """The tenants of `path`; a ConfigError naming the fix for a file that is not root's and private, or bad."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError(f"tenants file {p}: cannot read it ({e.strerror}); make one with `hutch tenant add NAME "
+                          f"--file {p}`.") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"tenants file {p} is not a regular file.")
+        if st.st_uid != 0:
+            raise ConfigError(f"tenants file {p} is owned by uid {st.st_uid}, not root; whoever may change it chooses "
+                              f"who drives the daemon: `chown root:root {p}`.")
+        if st.st_mode & 0o077:
+            raise ConfigError(f"tenants file {p} may be read or written by other users (mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}); `chmod 600 {p}`.")
+        data = os.read(fd, MAX_FILE + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE:
+        raise ConfigError(f"tenants file {p} is larger than {MAX_FILE} bytes.")
+    return parse(data, str(p))
+
+
+def parse(data: bytes, where: str) -> dict[str, Tenant]:
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"tenants file {where} is not JSON ({e}); fix it or rewrite it with `hutch tenant`.") from e
+    if not isinstance(doc, dict) or set(doc) - {"tenants"} or not isinstance(doc.get("tenants", {}), dict):
+        raise ConfigError(f'tenants file {where} must be {{"tenants": {{NAME: {{"token_sha256": ..., "quotas": '
+                          '{...}, "images": [...]}}}} (docs/tenants.md).')
+    out: dict[str, Tenant] = {}
+    seen: set[str] = set()
+    for name, d in doc.get("tenants", {}).items():
+        w = f"tenants file {where}: tenant {name!r}"
+        check_name(name)
+        if not isinstance(d, dict) or set(d) - {"token_sha256", "quotas", "images"}:
+            raise ConfigError(f"{w} must be an object of token_sha256, quotas and images.")
+        h = d.get("token_sha256")
+        if not isinstance(h, str) or not re.fullmatch(r"[0-9a-f]{64}", h):
+            raise ConfigError(f"{w}: token_sha256 must be 64 hex digits (`hutch tenant rotate {name}` makes a new token).")
+        if h in seen:
+            raise ConfigError(f"{w} has the same token as another tenant; `hutch tenant rotate {name}`.")
+        seen.add(h)
+        imgs = d.get("images", [])
+        if not isinstance(imgs, list) or not all(isinstance(i, str) and 0 < len(i) <= 200 for i in imgs):
+            raise ConfigError(f"{w}: images must be a list of image names or ids shared with it.")
+        out[name] = Tenant(name, h, Quotas.from_dict(d.get("quotas", {}), w), tuple(imgs))
+    return out
+
+
+def write_file(path: str | os.PathLike, tenants: dict[str, Tenant]) -> None:
+    """Replace the tenants file (root's, 0600), its directory made 0700 if missing."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    doc = {"tenants": {n: t.to_dict() for n, t in sorted(tenants.items())}}
+    atomic_write(p, (json.dumps(doc, indent=2) + "\n").encode(), mode=0o600)
+
+
+def load_or_empty(path: str | os.PathLike) -> dict[str, Tenant]:
+    return read_file(path) if os.path.lexists(path) else {}
+
+
+def new_token() -> str:
+    return "hutch_" + secrets.token_urlsafe(32)
+
+
+def add(path, name: str, quotas: Quotas, images=()) -> str:
+    """Add tenant `name`; returns its token (the file keeps only its digest)."""
+    ts = load_or_empty(path)
+    check_name(name)
+    if name in ts:
+        raise ConfigError(f"tenant {name!r} exists already; change it with `hutch tenant set {name}` or give its "
+                          f"token anew with `hutch tenant rotate {name}`.")
+    token = new_token()
+    ts[name] = Tenant(name, digest(token), quotas, tuple(images))
+    write_file(path, ts)
+    return token
+
+
+def _existing(ts: dict, name: str, path) -> Tenant:
+    if name not in ts:
+        raise ConfigError(f"no tenant {name!r} in {path}; `hutch tenant ls --file {path}` lists them.")
+    return ts[name]
+
+
+def set_(path, name: str, quota_pairs=(), images=None) -> Tenant:
+    ts = read_file(path)
+    t = _existing(ts, name, path)
+    t = replace(t, quotas=t.quotas.with_pairs(quota_pairs), images=tuple(images) if images is not None else t.images)
+    ts[name] = t
+    write_file(path, ts)
+    return t
+
+
+def rotate(path, name: str) -> str:
+    ts = read_file(path)
+    t = _existing(ts, name, path)
+    token = new_token()
+    ts[name] = replace(t, token_sha256=digest(token))
+    write_file(path, ts)
+    return token
+
+
+def remove(path, name: str) -> None:
+    ts = read_file(path)
+    _existing(ts, name, path)
+    del ts[name]
+    write_file(path, ts)
+
+
+class Registry:
+    """The daemon's view of the tenants file, reread when it changes (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike, log=None):
+        self.path = Path(path)
+        self.log = log
+        self.by_name = read_file(self.path)   # a bad file at start is the operator's error, raised
+        self._index()
+        self._stamp = self._stat()
+        self._checked = 0.0
+
+    def _index(self) -> None:
+        self.by_digest = {t.token_sha256: t for t in self.by_name.values()}
+
+    def _stat(self):
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode, st.st_uid)
+
+    def refresh(self) -> None:
+        stamp = self._stat()
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            self.by_name = read_file(self.path)
+        except ConfigError as e:
+            if self.log is not None:
+                self.log.note("tenants-file", f"hutch daemon: the tenants file changed and is refused, the last "
+                                              f"good one stays in force: {e}")
+            return
+        self._index()
+
+    def lookup(self, header: str | None) -> Tenant | None:
+        """The tenant whose token `header` ("Bearer <token>") carries, or None."""
+        if not header or not header.startswith("Bearer "):
+            return None
+        self.refresh()
+        return self.by_digest.get(digest(header[7:]))
+
+    def get(self, name: str) -> Tenant | None:
+        return self.by_name.get(name)
+
+
+# --- quotas and fair admission ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Account:
+    tokens: float = 0.0
+    stamp: float = 0.0
+    reserved: list = field(default_factory=lambda: [0, 0.0, 0])   # creates in flight: count, cpu, memory
+    egress: deque = field(default_factory=deque)                 # (time, bytes) charged, a sliding day
+    egress_total: int = 0
+    waiting: deque = field(default_factory=deque)                # futures of creates waiting for a slot
+
+
+class Accounts:
+    """Per-tenant accounts: create reservations, the create rate, egress, and the fair create slots."""
+
+    def __init__(self, slots: int = SLOTS):
+        self.accounts: dict[str, _Account] = {}
+        self.slots = slots
+        self.busy = 0
+        self.turn: OrderedDict[str, None] = OrderedDict()   # tenants with creates waiting, in round-robin order
+
+    def account(self, name: str) -> _Account:
+        a = self.accounts.get(name)
+        if a is None:
+            a = self.accounts[name] = _Account(stamp=time.monotonic())
+            a.tokens = -1.0   # filled at its first use
+        return a
+
+    def reserve(self, tenant: Tenant, live: list, n: int, cpu: float, memory: int) -> tuple:
+        """Check `n` new sandboxes of `cpu` and `memory` each against `tenant`'s quotas, counting `live` (its
+        active sandboxes' limits) and the creates in flight; reserve them (QuotaExceededError if over)."""
+        q, a = tenant.quotas, self.account(tenant.name)
+        r = a.reserved
+        if q.sandboxes is not None and len(live) + r[0] + n > q.sandboxes:
+            raise over_quota(tenant, "sandboxes", q.sandboxes, len(live) + r[0], "live sandboxes", n)
+        if q.cpu is not None:
+            used = sum(s.spec.limits.cpu for s in live) + r[1]
+            if used + n * cpu > q.cpu + 1e-9:
+                raise over_quota(tenant, "cpu", q.cpu, round(used, 3), "CPUs of its sandboxes' limits", n * cpu)
+        if q.memory is not None:
+            used = sum(s.spec.limits.memory for s in live) + r[2]
+            if used + n * memory > q.memory:
+                raise over_quota(tenant, "memory", q.memory, used, "bytes of its sandboxes' memory limits", n * memory)
+        if q.creates_per_second is not None:
+            now = time.monotonic()
+            burst = max(1.0, q.creates_per_second)
+            if a.tokens < 0:
+                a.tokens = burst
+            a.tokens = min(burst, a.tokens + (now - a.stamp) * q.creates_per_second)
+            a.stamp = now
+            if a.tokens < n:
+                raise over_quota(tenant, "creates_per_second", q.creates_per_second, q.creates_per_second,
+                            "creates per second (it is at the rate now; retry in "
+                            f"{(n - a.tokens) / q.creates_per_second:.2f} s)", n)
+            a.tokens -= n
+        self.egress_check(tenant)
+        r[0] += n
+        r[1] += n * cpu
+        r[2] += n * memory
+        return (tenant.name, n, cpu, memory)
+
+    def release(self, ticket: tuple) -> None:
+        name, n, cpu, memory = ticket
+        r = self.accounts[name].reserved
+        r[0] -= n
+        r[1] -= n * cpu
+        r[2] -= n * memory
+
+    # egress: bytes the gateway moved for a tenant's sandboxes, charged as they are counted
+    def charge_egress(self, name: str, nbytes: int) -> None:
+        if nbytes > 0:
+            a = self.account(name)
+            a.egress.append((time.time(), nbytes))
+            a.egress_total += nbytes
+            self._expire(a)
+
+    def _expire(self, a: _Account) -> None:
+        cut = time.time() - DAY
+        while a.egress and a.egress[0][0] < cut:
+            a.egress_total -= a.egress.popleft()[1]
+
+    def egress_used(self, name: str) -> int:
+        a = self.account(name)
+        self._expire(a)
+        return a.egress_total
+
+    def egress_check(self, tenant: Tenant) -> None:
+        q = tenant.quotas.egress_bytes_per_day
+        if q is not None and (used := self.egress_used(tenant.name)) >= q:
+            raise over_quota(tenant, "egress_bytes_per_day", q, used, "bytes of egress in the last 24 hours")
+
+    # fair slots
+    async def slot(self, name: str) -> None:
+        """Wait for a create slot; while all are busy, tenants take them in turn."""
+        if self.busy < self.slots and not self.turn:
+            self.busy += 1
+            return
+        fut = asyncio.get_running_loop().create_future()
+        a = self.account(name)
+        a.waiting.append(fut)
+        self.turn.setdefault(name, None)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.free()   # it was handed a slot as it was cancelled: pass it on
+            else:
+                try:
+                    a.waiting.remove(fut)
+                except ValueError:
+                    pass
+                if not a.waiting:
+                    self.turn.pop(name, None)
+            raise
+
+    def free(self) -> None:
+        """A create ended: its slot goes to the next tenant in turn (or is returned)."""
+        while self.turn:
+            name, _ = self.turn.popitem(last=False)
+            a = self.accounts[name]
+            while a.waiting:
+                fut = a.waiting.popleft()
+                if not fut.done():
+                    if a.waiting:
+                        self.turn[name] = None   # to the back of the line
+                    fut.set_result(None)
+                    return
+        self.busy -= 1
+
+
+def _num(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def over_quota(tenant: Tenant, quota: str, limit, used, what: str, asked=1) -> QuotaExceededError:
+    return QuotaExceededError(
+        f"tenant {tenant.name!r} is over its {quota} quota: the limit is {_num(limit)} {what}, {_num(used)} in use, "
+        f"and this asks for {_num(asked)} more; end some of its sandboxes or ask the operator to raise it "
+        f"(`hutch tenant set {tenant.name} --quota {quota}=...`).",
+        quota=quota, limit=limit, used=used)
+
+
+# --- what a tenant may see and use ------------------------------------------------------------------------
+
+
+class Owners:
+    """Which tenant made which image node and memory snapshot (state_dir()/tenant-owners.json, root's, 0600)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            d = json.loads(path.read_text())
+            self.images: dict[str, str] = dict(d.get("images", {}))
+            self.memsnaps: dict[str, str] = dict(d.get("memory_snapshots", {}))
+        except (OSError, ValueError, AttributeError):
+            self.images, self.memsnaps = {}, {}
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(self.path, json.dumps({"images": self.images, "memory_snapshots": self.memsnaps}).encode(),
+                     mode=0o600)
+
+    def own(self, table: str, key: str, tenant: str) -> None:
+        getattr(self, table)[key] = tenant
+        self.save()
+
+    def drop(self, table: str, key: str) -> None:
+        if getattr(self, table).pop(key, None) is not None:
+            self.save()
+
+    def of(self, table: str, tenant: str) -> set[str]:
+        return {k for k, v in getattr(self, table).items() if v == tenant}
+
+
+# --- the audit log --------------------------------------------------------------------------------------------
+
+
+class AuditLog:
+    """JSON lines written by the daemon only: root's, 0600, rotated at `max_bytes` keeping `keep` old files
+    (PATH.1 newest ... PATH.keep oldest)."""
+
+    def __init__(self, path: str | os.PathLike, max_bytes: int = 16 << 20, keep: int = 5):
+        self.path = Path(path).absolute()
+        self.max_bytes, self.keep = max_bytes, keep
+        parent = self.path.parent
+        parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = os.stat(parent)
+        if st.st_uid != 0 or st.st_mode & 0o022:
+            raise ConfigError(f"--audit-log {self.path}: its directory {parent} may be written by others than root "
+                              f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}); give it a directory "
+                              "only root writes, like /var/log/hutch.")
+        from hutch.sandbox._host import volumes
+        vd = volumes.volumes_dir().absolute()
+        if self.path == vd or vd in self.path.parents:
+            raise ConfigError(f"--audit-log {self.path} is inside the volumes, which sandboxes write; put it elsewhere.")
+        self.fd = -1
+        self._open()
+
+    def _open(self) -> None:
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0:
+            os.close(self.fd)
+            raise ConfigError(f"--audit-log {self.path} is not a regular file of root's.")
+        os.fchmod(self.fd, 0o600)
+        self.size = st.st_size
+
+    def write(self, tenant: str | None, action: str, target: str | None, outcome: str, **extra) -> None:
+        rec = {"time": round(time.time(), 6), "tenant": tenant, "action": action, "id": target, "outcome": outcome}
+        rec.update({k: v for k, v in extra.items() if v is not None})
+        line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+        if self.size + len(line) > self.max_bytes and self.size:
+            self._rotate()
+        os.write(self.fd, line)
+        self.size += len(line)
+
+    def _rotate(self) -> None:
+        os.close(self.fd)
+        for i in range(self.keep - 1, 0, -1):
+            src = self.path.with_name(f"{self.path.name}.{i}")
+            if src.exists():
+                os.replace(src, self.path.with_name(f"{self.path.name}.{i + 1}"))
+        if self.keep > 0:
+            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        else:
+            os.unlink(self.path)
+        self._open()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+__all__ = ["Accounts", "AuditLog", "DEFAULT_FILE", "Owners", "Quotas", "ROUTES", "Registry", "Tenant", "add",
+           "check_name", "digest", "read_file", "remove", "rotate", "set_"]

@@ -1,0 +1,430 @@
+"""Tenants (`hutch serve --tenants FILE`, docs/tenants.md) against a real daemon on TCP: each tenant's token
+sees only its own sandboxes, images, volumes and snapshots (another's id answers as an unknown one, on every
+route of the OpenAPI document), within its quotas (429 QuotaExceededError, nothing half-made), every call
+that changes something in the audit log; the tenants file's errors; a rotated token stops working."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import hutch
+from hutch_testing import SDK_ENV, restore_env
+from sdk_support import RUN_TAG, start_remote, stop_remote
+
+ENV = (*SDK_ENV, "HUTCH_TOKEN_FILE", "HUTCH_FINGERPRINT", "HUTCH_CA")
+SHARED = "bb-shared"
+
+
+def hutch_cli(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hutch", *args], capture_output=True, text=True, timeout=60,
+                          env=env or dict(os.environ))
+
+
+def add_tenant(path: Path, name: str, *quotas: str, images=(SHARED,)) -> str:
+    tf = path.parent / f"{name}.token"
+    args = ["tenant", "add", name, "--file", str(path), "--token-file", str(tf)]
+    for q in quotas:
+        args += ["--quota", q]
+    for i in images:
+        args += ["--image", i]
+    r = hutch_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""   # written to the file, never printed as well
+    assert oct(tf.stat().st_mode & 0o777) == "0o600"
+    return tf.read_text().strip()
+
+
+class World:
+    """The daemon, its operator's socket, the tenants' tokens."""
+
+    def __init__(self, d: Path, remote, tokens: dict, tenants_file: Path, audit: Path):
+        self.d, self.remote, self.tokens, self.tenants_file, self.audit = d, remote, tokens, tenants_file, audit
+        self.sock = remote.run_dir / "run" / "hutch.sock"
+
+    def client(self, token: str | None):
+        """A raw HTTP client: as a tenant (its token, over TCP), or None: the operator (the Unix socket)."""
+        from hutch.sandbox._client import Client, Endpoint
+
+        if token is None:
+            return Client(Endpoint(url="", socket_path=str(self.sock)))
+        return Client(Endpoint(url=self.remote.url, token=token))
+
+    def as_tenant(self, name: str | None):
+        """Point the SDK of this process at the daemon as tenant `name` (None: the operator)."""
+        for k in ("HUTCH_TOKEN", "HUTCH_TOKEN_FILE", "HUTCH_URL"):
+            os.environ.pop(k, None)
+        os.environ["HUTCH_SOCKET"] = str(self.sock)
+        if name is not None:
+            os.environ.update(HUTCH_URL=self.remote.url, HUTCH_TOKEN=self.tokens[name])
+
+
+@pytest.fixture(scope="module")
+def world(busybox_root):
+    saved = {k: os.environ.get(k) for k in ENV}
+    d = Path(tempfile.mkdtemp(prefix="hutch-tenants-"))
+    tf, audit = d / "etc" / "tenants.json", d / "log" / "audit.jsonl"
+    tokens = {"a": add_tenant(tf, "a", "sandboxes=3", "memory=1G"), "b": add_tenant(tf, "b"),
+              "c": add_tenant(tf, "c", "sandboxes=2", "cpu=1.5", "memory=200M", "disk=1M"),
+              "r": add_tenant(tf, "r", "creates_per_second=1")}
+    assert oct(tf.stat().st_mode & 0o777) == "0o600" and "token_sha256" in tf.read_text()
+    assert not any(t in tf.read_text() for t in tokens.values())   # digests only
+    remote = start_remote(d, "--tenants", str(tf), "--audit-log", str(audit), "--audit-max-bytes", "20000",
+                          "--audit-keep", "2")
+    w = World(d, remote, tokens, tf, audit)
+    os.environ["HUTCH_FINGERPRINT"] = remote.fingerprint
+    os.environ["HUTCH_RUN_DIR"] = str(d / "client")
+    try:
+        # the operator shares an image: a snapshot of the busybox root (a host directory, which tenants may not use)
+        w.as_tenant(None)
+        with hutch.Sandbox.create(image=hutch.Image.from_directory(busybox_root), tags=RUN_TAG) as sb:
+            sb.snapshot_filesystem(name=SHARED)
+        yield w
+    finally:
+        try:
+            w.as_tenant(None)
+            for sb in hutch.Sandbox.list():
+                sb.terminate()
+        finally:
+            stop_remote(remote)
+            restore_env(saved)
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _create(w: World, tenant: str, **kw):
+    w.as_tenant(tenant)
+    return hutch.Sandbox.create(image=kw.pop("image", SHARED), tags=RUN_TAG, detach=True, **kw)
+
+
+def _cgroups(w: World) -> set[str]:
+    """The daemon's sandbox cgroups (memory controller), but for its zygote's."""
+    from hutch.sandbox._host.daemon import cgroup_parent_for
+
+    base = Path("/sys/fs/cgroup/memory") / cgroup_parent_for(w.remote.run_dir / "run")
+    return {p.name for p in base.iterdir() if p.is_dir() and p.name != "_zygote"}
+
+
+# --- isolation, on every route --------------------------------------------------------------------------------
+
+
+def _fill(path: str, ids: dict) -> str:
+    return re.sub(r"\{(\w+)\}", lambda m: ids[m.group(1)], path)
+
+
+def test_every_route_answers_another_tenants_ids_as_unknown_ones(world):
+    """Walks the OpenAPI document: a route that takes an id, given tenant a's, answers tenant b exactly as an
+    unknown id (status and body, ids aside); a listing shows b nothing of a's; a route tenants may not call
+    answers as an unknown route. A route added without a decision for tenants is refused to them (default-deny)."""
+    from hutch.sandbox._host.daemon.tenants import ROUTES
+
+    w = world
+    sa = _create(w, "a")
+    try:
+        sa.files.write("/tmp/x", b"1")
+        p = sa.exec("sh", "-c", "read x", stdin=True)
+        img = sa.snapshot_filesystem(name="mine")
+        w.as_tenant("a")
+        vol = hutch.Volume.from_name("va", create=True)
+        vol.write("/f", b"v")
+        a_ids = {"id": sa.id, "eid": p.id, "key": img.ref.split(":", 1)[1], "name": "va", "sid": "0" * 32}
+        own = w.client(w.tokens["a"])
+        assert own.json("GET", f"/v1/images/{a_ids['key']}")["id"] == a_ids["key"]
+        assert own.json("GET", f"/v1/volumes/va/files/list")["entries"]
+        unknown = {"id": secrets.token_hex(6), "eid": secrets.token_hex(6), "key": secrets.token_hex(32),
+                   "name": "vz" + secrets.token_hex(3), "sid": secrets.token_hex(16)}
+        b = w.client(w.tokens["b"]).http
+        doc = w.client(None).json("GET", "/v1/openapi.json")
+        checked = 0
+        for path, ops in doc["paths"].items():
+            for method in ops:
+                key = (method.upper(), path)
+                query = {"path": "/tmp/x", "timeout": "0"}
+                body = {"argv": ["true"], "network": {"mode": "none"}, "name": "va", "ref": "x"}
+                if key not in ROUTES:   # the operator's: as an unknown route, whatever the ids
+                    r = b.request(method, _fill(path, a_ids), params=query, json=body)
+                    assert r.status_code == 404 and r.json()["error"] == "NotFoundError", (key, r.text)
+                    assert "no route" in r.json()["message"], (key, r.text)
+                    checked += 1
+                    continue
+                if "{" not in path:
+                    continue   # listings and creates: below
+                send = b
+                if key == ("GET", "/v1/sandboxes/{id}/exec/pty"):
+                    headers = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+                    send = None   # a connection of its own for each: an upgrade request ends its keep-alive
+                else:
+                    headers = {}
+
+                def call(ids):
+                    c = send or w.client(w.tokens["b"]).http
+                    try:
+                        return c.request(method, _fill(path, ids), params=query, headers=headers,
+                                         **({"json": body} if method != "get" else {}))
+                    finally:
+                        if send is None:
+                            c.close()
+                try:
+                    got, ref = call(a_ids), call(unknown)
+                except Exception as e:
+                    raise AssertionError(f"{key}: {e}; the daemon's log: {w.remote.log.read_text()[-2000:]}") from e
+                assert got.status_code == 404 == ref.status_code, (key, got.text, ref.text)
+
+                def norm(text, ids):
+                    for k, v in ids.items():
+                        text = text.replace(v, f"<{k}>")
+                    return text
+                assert norm(got.text, a_ids) == norm(ref.text, unknown), (key, got.text, ref.text)
+                checked += 1
+        routes = [(m.upper(), p) for p, ops in doc["paths"].items() for m in ops]
+        assert checked == len([k for k in routes if k not in ROUTES or "{" in k[1]]) and checked > 30
+        assert set(ROUTES) <= set(routes)   # every route tenants may call is in the document
+        # listings: nothing of a's
+        assert [s.id for s in hutch.Sandbox.list()] and sa.id in [s.id for s in hutch.Sandbox.list()]
+        w.as_tenant("b")
+        assert sa.id not in [s.id for s in hutch.Sandbox.list()]
+        assert all(v["name"] != "va" for v in b.get("/v1/volumes").json()["volumes"])
+        imgs = b.get("/v1/images").json()["images"]
+        assert a_ids["key"] not in [i["id"] for i in imgs] and SHARED in [i["name"] for i in imgs]
+        assert "mine" not in [i["name"] for i in imgs]
+        # b's own volume of the same name is another volume
+        vb = hutch.Volume.from_name("va", create=True)
+        assert vb.list("/") == []
+        hutch.Volume.delete("va")
+        # the operator sees a's sandbox
+        assert sa.id in [s["id"] for s in w.client(None).json("GET", "/v1/sandboxes")["sandboxes"]]
+        p.kill()
+    finally:
+        w.as_tenant("a")
+        sa.terminate()
+        hutch.Volume.delete("va")
+
+
+def test_a_tenant_may_not_bind_host_paths_or_use_host_directories(world, busybox_root, tmp_path):
+    w = world
+    w.as_tenant("b")
+    with pytest.raises(hutch.ConfigError, match="may not bind a host path"):
+        hutch.Sandbox.create(image=SHARED, mounts=[hutch.Mount.bind(str(tmp_path), "/mnt")], tags=RUN_TAG)
+    with pytest.raises(hutch.ConfigError, match="directory of the host"):
+        hutch.Sandbox.create(image=hutch.Image.from_directory(busybox_root), tags=RUN_TAG)
+    with pytest.raises(hutch.NotFoundError):   # an image not shared with it is unknown to it
+        hutch.Sandbox.create(image="image:" + "e" * 64, tags=RUN_TAG)
+    with pytest.raises(hutch.UnsupportedError, match="build steps"):
+        _snapshot_with_key(w)
+
+
+def _snapshot_with_key(w):
+    sb = _create(w, "b")
+    try:
+        w.client(w.tokens["b"]).json("POST", f"/v1/sandboxes/{sb.id}/snapshot", json={"key": "a" * 64})
+    finally:
+        sb.terminate()
+
+
+def test_names_are_per_tenant(world):
+    w = world
+    one = _create(w, "a", name="agent")
+    two = _create(w, "b", name="agent")   # another tenant's name does not collide (nor say it exists)
+    try:
+        w.as_tenant("b")
+        assert hutch.Sandbox.from_id("agent").id == two.id
+        w.as_tenant("a")
+        assert hutch.Sandbox.from_id("agent").id == one.id
+    finally:
+        one.terminate()
+        two.terminate()
+
+
+# --- quotas ---------------------------------------------------------------------------------------------------
+
+
+def test_live_sandbox_quota_holds_under_concurrent_creates_and_leaves_nothing(world):
+    w = world
+    before = _cgroups(w)
+    w.as_tenant("c")
+
+    def one(_):
+        try:
+            return hutch.Sandbox.create(image=SHARED, tags=RUN_TAG, detach=True, memory="64M", cpu=0.5)
+        except hutch.QuotaExceededError as e:
+            return e
+    with cf.ThreadPoolExecutor(8) as ex:
+        got = list(ex.map(one, range(8)))
+    made = [g for g in got if isinstance(g, hutch.Sandbox)]
+    refused = [g for g in got if isinstance(g, hutch.QuotaExceededError)]
+    try:
+        assert len(made) == 2 and len(refused) == 6, got
+        e = refused[0]
+        assert e.quota == "sandboxes" and e.limit == 2 and e.used == 2, (e.quota, e.limit, e.used, str(e))
+        assert "hutch tenant set c --quota sandboxes=" in str(e)
+        # nothing of the refused ones: only the two sandboxes' cgroups are new
+        time.sleep(0.2)
+        assert len(_cgroups(w) - before - {s.id for s in made}) <= 4   # at most the refilled warm pool
+        assert not (_cgroups(w) - before) - {s.id for s in made} - set(_warm(w))
+        info = w.client(w.tokens["c"]).json("GET", "/v1/tenant")
+        assert info["name"] == "c" and info["use"]["sandboxes"] == 2 and info["quotas"]["sandboxes"] == 2
+    finally:
+        for s in made:
+            s.terminate()
+
+
+def _warm(w: World) -> list[str]:
+    return [p.stem for p in (w.remote.run_dir / "run" / "sandboxes").glob("*.json")]
+
+
+def test_cpu_and_memory_quotas(world):
+    w = world
+    w.as_tenant("c")
+    sb = hutch.Sandbox.create(image=SHARED, tags=RUN_TAG, detach=True, memory="150M", cpu=1.0)
+    try:
+        with pytest.raises(hutch.QuotaExceededError) as e:
+            hutch.Sandbox.create(image=SHARED, tags=RUN_TAG, detach=True, memory="100M", cpu=0.25)
+        assert e.value.quota == "memory" and e.value.limit == 200 << 20 and e.value.used == 150 << 20
+        with pytest.raises(hutch.QuotaExceededError) as e:
+            hutch.Sandbox.create(image=SHARED, tags=RUN_TAG, detach=True, memory="32M", cpu=1.0)
+        assert e.value.quota == "cpu" and e.value.limit == 1.5 and e.value.used == 1.0
+        assert len(hutch.Sandbox.list()) == 1
+    finally:
+        sb.terminate()
+
+
+def test_create_rate_quota(world):
+    w = world
+    w.as_tenant("r")
+    made = []
+    try:
+        made.append(hutch.Sandbox.create(image=SHARED, tags=RUN_TAG, detach=True))
+        with pytest.raises(hutch.QuotaExceededError) as e:
+            for _ in range(3):
+                made.append(hutch.Sandbox.create(image=SHARED, tags=RUN_TAG, detach=True))
+        assert e.value.quota == "creates_per_second" and e.value.limit == 1
+        time.sleep(1.1)
+        made.append(hutch.Sandbox.create(image=SHARED, tags=RUN_TAG, detach=True))   # the bucket refilled
+    finally:
+        for s in made:
+            s.terminate()
+
+
+def test_disk_quota_covers_volumes_and_images(world):
+    w = world
+    w.as_tenant("c")
+    v = hutch.Volume.from_name("big", create=True)
+    try:
+        with pytest.raises(hutch.QuotaExceededError) as e:
+            v.write("/blob", os.urandom(2 << 20))
+        assert e.value.quota == "disk" and e.value.limit == 1 << 20
+        assert v.list("/") == []   # nothing half-written
+        sb = hutch.Sandbox.create(image=SHARED, tags=RUN_TAG, detach=True, memory="64M", cpu=0.5)
+        try:
+            sb.run("sh", "-c", "head -c 3000000 /dev/urandom > /blob")
+            with pytest.raises(hutch.QuotaExceededError, match="disk"):
+                sb.snapshot_filesystem(name="fat")
+            imgs = w.client(w.tokens["c"]).json("GET", "/v1/images")["images"]
+            assert "fat" not in [i["name"] for i in imgs]
+            assert not [i for i in imgs if i["kind"] == "snapshot" and i["name"] != SHARED]
+        finally:
+            sb.terminate()
+    finally:
+        hutch.Volume.delete("big")
+
+
+def test_quota_error_is_a_documented_429(world):
+    w = world
+    w.as_tenant("c")
+    made = [hutch.Sandbox.create(image=SHARED, tags=RUN_TAG, detach=True, memory="32M", cpu=0.25) for _ in range(2)]
+    try:
+        from hutch.sandbox._spec import SandboxSpec
+        body = {"spec": SandboxSpec.build(image=SHARED, memory="32M", cpu=0.25, detach=True).to_dict()}
+        r = w.client(w.tokens["c"]).http.post("/v1/sandboxes", json=body)
+        assert r.status_code == 429
+        d = r.json()
+        assert d["error"] == "QuotaExceededError" and d["quota"] == "sandboxes" and d["limit"] == 2 and d["used"] == 2
+    finally:
+        for s in made:
+            s.terminate()
+
+
+# --- tokens and the tenants file --------------------------------------------------------------------------------
+
+
+def test_rotation_invalidates_the_old_token_at_once(world):
+    w = world
+    old = add_tenant(w.tenants_file, "rot")
+    assert w.client(old).json("GET", "/v1/tenant")["name"] == "rot"
+    tf = w.d / "rot.new"
+    r = hutch_cli("tenant", "rotate", "rot", "--file", str(w.tenants_file), "--token-file", str(tf))
+    assert r.returncode == 0, r.stderr
+    new = tf.read_text().strip()
+    with pytest.raises(hutch.DaemonError, match="token"):
+        w.client(old).json("GET", "/v1/tenant")
+    assert w.client(new).json("GET", "/v1/tenant")["name"] == "rot"
+    r = hutch_cli("tenant", "ls", "--file", str(w.tenants_file))
+    assert "rot" in r.stdout and new not in r.stdout
+    assert hutch_cli("tenant", "rm", "rot", "--file", str(w.tenants_file)).returncode == 0
+    with pytest.raises(hutch.DaemonError, match="token"):
+        w.client(new).json("GET", "/v1/tenant")
+
+
+def test_tenants_file_errors(tmp_path):
+    f = tmp_path / "t.json"
+    add_tenant(f, "x")
+    os.chmod(f, 0o640)
+    r = hutch_cli("serve", "--tenants", str(f), "--socket", str(tmp_path / "s.sock"),
+                  env=dict(os.environ, HUTCH_RUN_DIR=str(tmp_path / "run")))
+    assert r.returncode == 1 and "chmod 600" in r.stderr, r.stderr
+    os.chmod(f, 0o600)
+    os.chown(f, 1234, 0)
+    r = hutch_cli("tenant", "ls", "--file", str(f))
+    assert r.returncode == 1 and "not root" in r.stderr, r.stderr
+    os.chown(f, 0, 0)
+    for bad, why in [('{"tenants": {"x": {"token_sha256": "zz"}}}', "64 hex"),
+                     ('{"tenants": {"x": {"token_sha256": "' + "a" * 64 + '", "quotas": {"gpus": 1}}}}', "unknown quota"),
+                     ('{"tenants": {"X Y": {}}}', "tenant name"), ("not json", "not JSON")]:
+        f.write_text(bad)
+        r = hutch_cli("tenant", "ls", "--file", str(f))
+        assert r.returncode == 1 and why in r.stderr, (bad, r.stderr)
+    r = hutch_cli("tenant", "add", "y", "--file", str(tmp_path / "u.json"), "--quota", "memory=lots")
+    assert r.returncode == 1 and "memory" in r.stderr
+    r = hutch_cli("tenant", "add", "y", "--token", "x" * 20, "--file", str(tmp_path / "u.json"))
+    assert r.returncode == 2   # no token on argv
+
+
+# --- the audit log ----------------------------------------------------------------------------------------------
+
+
+def test_audit_log_records_and_rotates(world):
+    w = world
+    sb = _create(w, "a")
+    sb.run("true")
+    sb.terminate()
+    assert w.client(w.tokens["b"]).http.post(f"/v1/sandboxes/{sb.id}/terminate").status_code == 404
+    lines = []
+    for p in [w.audit.with_name(w.audit.name + ".2"), w.audit.with_name(w.audit.name + ".1"), w.audit]:
+        if p.exists():
+            assert p.stat().st_mode & 0o777 == 0o600 and p.stat().st_uid == 0
+            lines += [json.loads(x) for x in p.read_text().splitlines()]
+    mine = [x for x in lines if x["id"] == sb.id]
+    acts = [(x["tenant"], x["action"], x["outcome"]) for x in mine]
+    assert ("a", "POST /v1/sandboxes", "ok") in acts
+    assert ("a", "POST /v1/sandboxes/{id}/exec", "ok") in acts
+    assert ("a", "POST /v1/sandboxes/{id}/terminate", "ok") in acts
+    assert ("b", "POST /v1/sandboxes/{id}/terminate", "404 NotFoundError") in acts
+    assert all(set(x) >= {"time", "tenant", "action", "id", "outcome"} for x in lines)
+    # rotation: past 20000 bytes the log moves to .1, .1 to .2; no .3 is kept
+    client = w.client(w.tokens["b"]).http
+    for _ in range(400):
+        client.post(f"/v1/sandboxes/{secrets.token_hex(6)}/terminate")
+    assert w.audit.with_name(w.audit.name + ".1").exists() and w.audit.with_name(w.audit.name + ".2").exists()
+    assert not w.audit.with_name(w.audit.name + ".3").exists()
+    assert w.audit.stat().st_size <= 20000
