@@ -356,11 +356,18 @@ def wait_for(pred, timeout=5.0, step=0.05):
 
 
 @contextmanager
-def daemon_in_world(world: "World", subnet: str, mode: str, extra_env: dict | None = None):
+def daemon_in_world(world: "World", subnet: str, mode: str, extra_env: dict | None = None,
+                    default_image: bool = False):
     """The real daemon in the fake host's netns, the SDK pointed at it; yields its run dir. `mode`: "default"
     (sandboxes in user namespaces) or "opt-out" (HUTCH_USERNS=0). Daemons of one test session need subnets of
-    their own."""
+    their own. `default_image`: build the default image first, here in the real host's network: the daemon in
+    the fake host's netns can reach no Debian mirror, so on a fresh machine (CI) its own build would fail."""
     from hutch_testing import sdk_pointed_at, start_daemon, stop_daemon
+
+    if default_image:
+        from hutch.sandbox._host.images import DEBIAN_SLIM, ensure_image
+
+        ensure_image(DEBIAN_SLIM)
 
     run_dir = Path(tempfile.mkdtemp(prefix="hutch-egress-run-"))
     env = {"HUTCH_EGRESS_RESOLVERS": "192.0.2.53", "HUTCH_EGRESS_SUBNET": subnet, **(extra_env or {})}

@@ -27,7 +27,8 @@ VAR = "HUTCH_TEST_EXAMPLE_KEY"
 
 @pytest.fixture(scope="module")
 def daemon(world):
-    with daemon_in_world(world, "198.18.5.0/24", "default", {"HUTCH_EGRESS_UPSTREAM_CA": str(world.ca)}) as run_dir:
+    with daemon_in_world(world, "198.18.5.0/24", "default", {"HUTCH_EGRESS_UPSTREAM_CA": str(world.ca)},
+                         default_image=True) as run_dir:
         yield run_dir
 
 
