@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -71,6 +72,14 @@ def test_a_failed_create_leaves_no_view(daemon, store):
     with pytest.raises(hutch.Error):
         hutch.Sandbox.create(image="dir:/nonexistent-hutch-root", mounts=[hutch.MemoryMount(store, "/memory")])
     assert views_settled() == []
+
+
+@pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc is not installed (scripts/setup.sh)")
+def test_a_gvisor_sandbox_refuses_a_memory_mount_naming_native(daemon, image, store):
+    with pytest.raises(hutch.UnsupportedError, match='FUSE.*runtime="native"'):
+        hutch.Sandbox.create(image=image, mounts=[hutch.MemoryMount(store, "/memory", writable=True)],
+                             runtime="gvisor")
+    assert views_settled() == [], "the memory view outlived the refused sandbox"
 
 
 def test_memory_mount_validates(store, tmp_path, monkeypatch):

@@ -28,6 +28,7 @@ class Api:
         self.run_dir = run_dir
         self.http = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://hutch", timeout=60)
         self.created: list[str] = []
+        self.runtime: str | None = None   # the runtime create() asks for unless a test names one
 
     def close(self):
         for sid in self.created:
@@ -38,6 +39,8 @@ class Api:
         self.http.close()
 
     def create(self, image: str, **spec) -> dict:
+        if self.runtime:
+            spec.setdefault("runtime", self.runtime)
         spec.setdefault("detach", True)
         spec.setdefault("timeout", 120)
         r = self.http.post("/v1/sandboxes", json={"spec": {"image": image, **spec}})
@@ -47,6 +50,8 @@ class Api:
         return info
 
     def create_error(self, image: str, **spec) -> tuple[int, dict]:
+        if self.runtime:
+            spec.setdefault("runtime", self.runtime)
         spec.setdefault("detach", True)
         r = self.http.post("/v1/sandboxes", json={"spec": {"image": image, **spec}})
         assert r.status_code >= 400, r.text

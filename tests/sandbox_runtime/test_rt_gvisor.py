@@ -93,10 +93,24 @@ def test_pause_resume_and_terminate_leave_nothing(api, daemon, image):
     assert _leftovers(daemon, sid) == []
 
 
-def test_unsupported_mounts_are_refused_naming_native(api, image, tmp_path):
-    code, body = api.create_error(image, runtime="gvisor",
-                                  mounts=[{"kind": "bind", "source": str(tmp_path), "target": "/data", "readonly": True}])
-    assert code == 400 and body["error"] == "UnsupportedError" and 'runtime="native"' in body["message"]
+def test_a_bind_target_through_a_symlink_of_the_image_is_refused(api, daemon, tmp_path):
+    """The daemon makes a bind's mount point inside the sandbox's root on the host: a symlink of the image on
+    the way would resolve on the host (here: make /etc/hutch-evil-<n>), so it is refused, and nothing is left."""
+    root = tmp_path / "root"
+    root.mkdir()
+    name = f"hutch-evil-{os.getpid()}"
+    (root / "evil").symlink_to("/etc")
+    (root / "afile").write_text("x")
+    src = tmp_path / "src"
+    src.mkdir()
+    for target in (f"/evil/{name}", f"/afile/{name}"):
+        code, body = api.create_error(f"dir:{root}", runtime="gvisor",
+                                      mounts=[{"kind": "bind", "source": str(src), "target": target, "readonly": True}])
+        assert code == 400 and body["error"] == "InvalidSpecError" and "symlink" in body["message"], body
+    assert not os.path.exists(f"/etc/{name}")
+    dirs = Path("/run/hutch-gvisor") / daemon.cgroup_parent   # each gVisor sandbox's directory (runtime.Runsc)
+    left = [p.name for p in dirs.iterdir()] if dirs.exists() else []
+    assert not [sid for sid in left if sid not in {s["id"] for s in api.http.get("/v1/sandboxes").json()["sandboxes"]}]
 
 
 def test_doctor_reports_the_gvisor_runtime(api, daemon):

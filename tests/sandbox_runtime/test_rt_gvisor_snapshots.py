@@ -152,3 +152,32 @@ def test_a_client_gone_mid_snapshot_leaves_nothing(gapi, gvd, image):
         time.sleep(0.1)
     out, _, res = gapi.sh(sid, "echo still running")   # and the source runs on
     assert out == "still running\n"
+
+
+def test_a_snapshot_with_a_bind_and_a_tmpfs_restores_with_both(gapi, image, tmp_path):
+    """The bind is the host's (not in the snapshot: the copy sees it as it is now, and writes to it); the
+    tmpfs is the sandbox's memory (in the snapshot: the copy has it as it was); neither can be exported."""
+    share = tmp_path / "share"
+    share.mkdir()
+    share.chmod(0o777)
+    tmp_path.chmod(0o755)
+    sid = gapi.create(image, runtime="gvisor", mounts=[
+        {"kind": "bind", "source": str(share), "target": "/share", "readonly": False},
+        {"kind": "tmpfs", "target": "/t", "size": 1 << 20, "readonly": False, "source": None}])["id"]
+    out, err, _ = gapi.sh(sid, "echo before > /share/f && echo mem > /t/m && echo ok")
+    assert out == "ok\n", err
+    snap = gapi.http.post(f"/v1/sandboxes/{sid}/snapshot-memory").json()
+    (share / "f").write_text("after\n")
+    r = gapi.http.post(f"/v1/memory-snapshots/{snap['id']}/restore", json={"detach": True})
+    assert r.status_code == 201, r.text
+    copy = r.json()["id"]
+    gapi.created.append(copy)
+    out, err, _ = gapi.sh(copy, "cat /share/f /t/m && echo copy > /share/g && echo ok")
+    assert out == "after\nmem\nok\n", out + err
+    assert (share / "g").read_text() == "copy\n"
+    r = gapi.http.get(f"/v1/memory-snapshots/{snap['id']}/export")
+    assert r.status_code == 409 and "bind" in r.json()["message"], r.text
+    gapi.terminate(copy)
+    gapi.terminate(sid)
+    assert sorted(p.name for p in share.iterdir()) == ["f", "g"]   # the host's files outlive both
+    gapi.http.delete(f"/v1/memory-snapshots/{snap['id']}")

@@ -20,10 +20,12 @@ from hutch._core.errors import ConfigError, SandboxError, StateError, Unsupporte
 from hutch.sandbox._host import images, layers
 from hutch.sandbox._host.gvisor import runsc, snapshots, transfer
 from hutch.sandbox._host.gvisor.runtime import (
-    GvisorChannel, GvSandbox, Runsc, keeper_run, kill_all, mount_root, start_keeper, stop_keeper, unmount_root,
+    GvisorChannel, GvSandbox, Runsc, keeper_run, kill_all, mount_binds, mount_root, start_keeper, stop_keeper, unmount_root,
     write_bundle,
 )
-from hutch.sandbox._host.native.runtime import exec_env
+from hutch.sandbox._host.native import linux
+from hutch.sandbox._host.native.plan import build_plan
+from hutch.sandbox._host.native.runtime import bind_trees, exec_env
 from hutch.sandbox._spec import SandboxSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,9 +44,10 @@ def check_supported(spec) -> None:
     if not runsc.host_busybox():
         raise UnsupportedError('runtime="gvisor" needs the host\'s static busybox (busybox-static); run scripts/setup.sh.')
     for m in spec.mounts:
-        if m.kind != "tmpfs":
-            raise UnsupportedError(f"a gVisor sandbox takes Mount.tmpfs only so far, not the {m.kind} at {m.target}; "
-                                   'use runtime="native" for binds, volumes and memory mounts.')
+        if m.kind not in ("tmpfs", "bind", "volume"):
+            raise UnsupportedError(f"a gVisor sandbox takes Mount.tmpfs, Mount.bind and Mount.volume, not the {m.kind} "
+                                   f"at {m.target} (a memory view is a FUSE mount of the host's, which gVisor's gofer "
+                                   'does not serve); use runtime="native" for memory mounts.')
 
 
 class Gvisor:
@@ -81,7 +84,7 @@ class Gvisor:
             self._running(sb, gv)
         except BaseException as e:
             await mgr.end(sb, "failed")
-            if isinstance(e, (SandboxError, StateError, UnsupportedError)):
+            if isinstance(e, (SandboxError, StateError, ConfigError)):
                 raise
             raise SandboxError(f"gVisor sandbox {sb.id} could not be started: {e}") from e
         return sb
@@ -95,7 +98,8 @@ class Gvisor:
             cwd=spec.workdir if spec.command else "/", root=str(gv.merged), hostname=sb.hostname,
             netns=f"/proc/{gv.keeper.pid}/ns/net", cgroups_path=f"/{self.mgr.cgroups.parent}/{sb.id}",
             memory=spec.limits.memory, cpu=spec.limits.cpu, pids=spec.limits.pids, uid_base=sb.uid_base,
-            caps=spec.capabilities, tmpfs=[(m.target, m.size or 64 * 1024**2) for m in spec.mounts])
+            caps=spec.capabilities, tmpfs=[(m.target, m.size or 64 * 1024**2) for m in spec.mounts if m.kind == "tmpfs"],
+            binds=[(m.target, m.readonly) for m in spec.mounts if m.kind in ("bind", "volume")])
 
     async def _prepare(self, sb: "LiveSandbox", spec, image, lowerdirs=None) -> GvSandbox:
         """Everything before runsc: uid range, cgroups, root, keeper and files server, network."""
@@ -113,6 +117,8 @@ class Gvisor:
             ns = await mgr.zygote.userns(m, m)
         try:
             mount_root(gv, lowerdirs if lowerdirs is not None else image.lowerdirs, spec.limits.disk, sb.uid_base, ns)
+            if any(m.kind in ("bind", "volume") for m in spec.mounts):   # before the keeper: it copies the mounts
+                await self._binds(sb, gv, spec, image, ns)
         finally:
             if ns >= 0:
                 os.close(ns)
@@ -121,6 +127,27 @@ class Gvisor:
         if mgr.network is not None:
             await mgr.network.attach(sb.id, gv.files_pid, spec.network, plain=True)
         return gv
+
+    async def _binds(self, sb: "LiveSandbox", gv: GvSandbox, spec, image, ns: int) -> None:
+        """Binds and volumes, idmapped as a native sandbox's (plan.bind_map: what root inside writes never lands
+        as host root), attached inside the sandbox's root (runtime.mount_binds)."""
+        plan = dataclasses.replace(build_plan(spec, image, scratch=""), lowerdirs=())
+        for m in plan.mounts:
+            if m.kind == "bind" and linux.fs_type(m.source) == linux.FUSE_SUPER_MAGIC:
+                raise UnsupportedError(f"the mount at {m.target} is a FUSE filesystem (a memory view, "
+                                       "hutch.MemoryMount), which a gVisor sandbox does not take yet: its gofer's "
+                                       'file calls are not the ones the view allows; use runtime="native".')
+        plan, helpers = await self.mgr._bind_helpers(sb, plan)
+        try:
+            plan, fds = bind_trees(plan, ns, helpers)
+        finally:
+            for fd in helpers.values():
+                os.close(fd)
+        try:
+            mount_binds(gv, [m for m in plan.mounts if m.kind == "bind"], fds, sb.uid_base)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     async def _run(self, gv: GvSandbox, *args: str) -> None:
         """`runsc run/restore` under the keeper, the container's stdio /dev/null (it never reads a pipe of it)."""
@@ -284,7 +311,7 @@ class Gvisor:
             self._running(sb, gv)
         except BaseException as e:
             await mgr.end(sb, "failed")
-            if isinstance(e, (SandboxError, StateError, UnsupportedError)):
+            if isinstance(e, (SandboxError, StateError, ConfigError)):
                 raise
             raise SandboxError(f"memory snapshot {snap_id} could not be restored: {e}") from e
         return sb

@@ -93,7 +93,7 @@ def global_flags(root: str, network: bool) -> list[str]:
 
 def bundle_config(*, args: list[str], env: dict, cwd: str, root: str, hostname: str, netns: str, cgroups_path: str,
                   memory: int, cpu: float, pids: int, uid_base: int, caps=(), resolv_conf: str = "",
-                  tmpfs=()) -> dict:
+                  tmpfs=(), binds=()) -> dict:
     """config.json of a sandbox. Every copy restored from it must list the same mounts (by destination)."""
     capabilities = [f"CAP_{c}" for c in caps]
     mounts = [
@@ -108,6 +108,9 @@ def bundle_config(*, args: list[str], env: dict, cwd: str, root: str, hostname: 
     for target, size in tmpfs:
         mounts.append({"destination": target, "type": "tmpfs", "source": "tmpfs",
                        "options": ["nosuid", "nodev", f"size={size}"]})
+    for target, readonly in binds:   # the host tree the daemon attached at root+target (runtime.mount_binds)
+        mounts.append({"destination": target, "type": "bind", "source": root + target.rstrip("/"),
+                       "options": ["rbind", "nosuid", "nodev", "ro" if readonly else "rw"]})
     linux: dict = {
         "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount")] + [{"type": "network", "path": netns}],
         "cgroupsPath": cgroups_path,

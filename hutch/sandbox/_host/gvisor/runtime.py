@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 import hutch
-from hutch._core.errors import SandboxError, StateError
+from hutch._core.errors import InvalidSpecError, SandboxError, StateError
 from hutch.sandbox._host.gvisor import runsc
 from hutch.sandbox._host.native import linux
 from hutch.sandbox._host.native.runtime import Channel
@@ -101,7 +101,7 @@ class Runsc:
         for d in (self.root, self.dirs):
             if d.is_dir():
                 _unmount_all(d)
-                shutil.rmtree(d, ignore_errors=True)
+                remove_unmounted(d)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         for d in (self.dirs.parent, self.dirs):
             d.mkdir(exist_ok=True, mode=0o711)
@@ -166,6 +166,64 @@ def mount_root(gv: GvSandbox, lowerdirs, disk: int, uid_base: int, userns_fd: in
     gv.mounts.append(str(gv.merged))
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def mount_binds(gv: GvSandbox, binds, fds: list[int], uid_base: int) -> None:
+    """Attach each bind's detached tree (native.runtime.bind_trees: idmapped as a native sandbox's) at its target
+    inside the merged root, on the host: runsc's gofer serves the root with what is mounted in it, and the files
+    server (chrooted there) sees the binds as the sandbox does. The target is made walking the image's tree from
+    the root one component at a time, O_NOFOLLOW: a symlink on the way is refused (it would resolve on the host)."""
+    for m in binds:
+        tree = fds[m.tree]
+        parts = [p for p in m.target.split("/") if p]
+        is_dir = os.path.isdir(m.source)
+        fd = os.open(gv.merged, _DIR_FLAGS)
+        try:
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                if not last or is_dir:
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                        os.chown(part, uid_base, uid_base, dir_fd=fd, follow_symlinks=False)
+                    except FileExistsError:
+                        pass
+                    try:
+                        nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    except OSError:
+                        raise InvalidSpecError(f"the bind target {m.target!r} passes through a symlink or a file of "
+                                               f"the image at {'/'.join(parts[:i + 1])!r}; bind it elsewhere.") from None
+                else:
+                    try:
+                        nfd = os.open(part, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+                    except OSError:
+                        raise InvalidSpecError(f"the bind target {m.target!r} of a file is a directory or a symlink "
+                                               "in the image; bind it elsewhere.") from None
+                os.close(fd)
+                fd = nfd
+            linux.move_mount_at(tree, fd)
+        finally:
+            os.close(fd)
+        gv.mounts.append(str(gv.merged) + m.target.rstrip("/"))
+
+
+def _still_mounted(d: Path) -> list[str]:
+    prefix = str(d) + "/"
+    return [t for t in (line.split()[4].replace("\\040", " ")
+                        for line in Path("/proc/self/mountinfo").read_text().splitlines())
+            if t.startswith(prefix) or t == str(d)]
+
+
+def remove_unmounted(d: Path) -> None:
+    """rmtree `d`, unless anything is still mounted under it: a bind of the host's, writable, may be among them."""
+    left = _still_mounted(d)
+    if left:
+        print(f"hutch daemon: {d} is kept: {left[0]} is still mounted under it (unmount it, then remove it).",
+              file=sys.stderr)
+        return
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def unmount_root(gv: GvSandbox) -> None:
     for target in reversed(gv.mounts):
         try:
@@ -173,7 +231,7 @@ def unmount_root(gv: GvSandbox) -> None:
         except OSError:
             pass
     gv.mounts.clear()
-    shutil.rmtree(gv.dir, ignore_errors=True)
+    remove_unmounted(gv.dir)
 
 
 async def start_keeper(gv: GvSandbox, cgroup_procs: list[str], uid_base: int,
@@ -363,5 +421,5 @@ def kill_all(cgroups, sid: str, keep: int) -> None:
                 pass
 
 
-__all__ = ["GvSandbox", "GvisorChannel", "Runsc", "kill_all", "keeper_run", "mount_root", "start_keeper",
+__all__ = ["GvSandbox", "GvisorChannel", "Runsc", "kill_all", "keeper_run", "mount_binds", "mount_root", "remove_unmounted", "start_keeper",
            "stop_keeper", "unmount_root", "wait_status", "write_bundle"]

@@ -71,6 +71,10 @@ def _sha256(path: Path) -> str:
 def export(snap_id: str, fileobj, *, runsc_version: str, flags: list[str]) -> dict:
     """Write memory snapshot `snap_id` (checked as a restore checks it) as a tar stream to `fileobj`."""
     meta = snapshots.load(snap_id, runsc_version=runsc_version, flags=flags)
+    kinds = {m.get("kind") for m in meta.spec.get("mounts") or []} - {"tmpfs"}
+    if kinds:
+        raise StateError(f"memory snapshot {snap_id} is of a sandbox with {' and '.join(sorted(kinds))} mounts, "
+                         "whose content is this host's and not in the snapshot; it can be restored here only.")
     d = snapshots.path_of(snap_id)
     mem = {name: {"size": (d / "mem" / name).stat().st_size, "sha256": _sha256(d / "mem" / name)}
            for name in sorted(os.listdir(d / "mem"))}
@@ -175,6 +179,9 @@ def check_manifest(m, *, runsc_version: str, flags: list[str],
     if spec.runtime != "gvisor" or not spec.image.startswith(layers.PREFIX) \
             or not layers.ID_RE.match(spec.image[len(layers.PREFIX):]):
         raise refuse(MANIFEST, "holds a spec that is not a gVisor sandbox of an image node")
+    if any(m.kind != "tmpfs" for m in spec.mounts):
+        raise refuse(MANIFEST, "holds a spec with binds or volumes (this host's paths); an archive carries "
+                               "Mount.tmpfs mounts only")
     if spec.network.credentials:
         raise refuse(MANIFEST, "holds a spec with credentials, which an export never carries")
     check_spec(spec)

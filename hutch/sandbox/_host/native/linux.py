@@ -112,6 +112,22 @@ def move_mount_fd(fd: int, target) -> None:
            f"move_mount {target}")
 
 
+def move_mount_at(fd: int, dir_fd: int) -> None:
+    """Attach the detached mount `fd` on what `dir_fd` is open on (MOVE_MOUNT_T_EMPTY_PATH: no path is resolved
+    again, so nothing can be swapped for a symlink meanwhile)."""
+    _check(_libc.syscall(NR_MOVE_MOUNT, fd, b"", dir_fd, b"", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH),
+           "move_mount")
+
+
+MOVE_MOUNT_T_EMPTY_PATH = 0x40
+FUSE_SUPER_MAGIC = 0x65735546
+
+
+def fs_type(path) -> int:
+    """statfs(2)'s f_type of the filesystem `path` is on (FUSE_SUPER_MAGIC for a FUSE mount)."""
+    buf = ctypes.create_string_buffer(256)   # struct statfs is 120 bytes on x86-64 and arm64; f_type first
+    _check(_libc.statfs(_b(str(path)), buf), f"statfs {path}")
+    return struct.unpack_from("l", buf.raw)[0]
 NR_OPENAT2 = 437
 RESOLVE_NO_MAGICLINKS = 0x02
 
