@@ -181,3 +181,32 @@ def test_a_snapshot_with_a_bind_and_a_tmpfs_restores_with_both(gapi, image, tmp_
     gapi.terminate(sid)
     assert sorted(p.name for p in share.iterdir()) == ["f", "g"]   # the host's files outlive both
     gapi.http.delete(f"/v1/memory-snapshots/{snap['id']}")
+
+
+def test_a_daemon_start_removes_only_the_partial_snapshots_of_daemons_gone(tmp_path, monkeypatch):
+    """Daemons of several run directories may share a state directory: one starting must not delete the
+    snapshot another is taking (it did: a restore then found its image gone)."""
+    import os
+    import subprocess
+
+    from hutch.sandbox._host.gvisor import snapshots
+
+    monkeypatch.setenv("HUTCH_STATE_DIR", str(tmp_path))
+    live = subprocess.Popen(["sleep", "60"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        store = snapshots.store_dir()
+        store.mkdir(parents=True)
+        names = {f"{'a' * 32}.{live.pid}.tmp": True, f"{'b' * 32}.{dead.pid}.tmp": False,
+                 f".export-{live.pid}-x.tmp": True, f".import-{dead.pid}-y.tmp": False, f"{'c' * 32}.tmp": True}
+        for n in names:
+            (store / n).mkdir() if n[0] != "." else (store / n).write_bytes(b"x")
+        old = store / f"{'d' * 32}.tmp"
+        old.mkdir()
+        os.utime(old, (time.time() - 7200,) * 2)
+        snapshots.remove_partial()
+        assert sorted(p.name for p in store.iterdir()) == sorted(n for n, kept in names.items() if kept)
+    finally:
+        live.kill()
+        live.wait()

@@ -329,7 +329,8 @@ class Handlers:
         sid = request.match_info["sid"]
         memsnaps.path_of(sid)   # a malformed id: ConfigError, before anything is spooled
         memsnaps.store_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(prefix=".export-", suffix=".tmp", dir=memsnaps.store_dir())
+        fd, tmp = tempfile.mkstemp(prefix=memsnaps.spool_prefix("export"), suffix=".tmp",
+                                   dir=memsnaps.store_dir())
         try:
             with os.fdopen(fd, "wb") as f:
                 await self.mgr.gvisor.export(sid, f)
@@ -347,7 +348,8 @@ class Handlers:
     async def import_memory_snapshot(self, request):
         limits = ImportLimits.from_env()
         memsnaps.store_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(prefix=".import-", suffix=".tmp", dir=memsnaps.store_dir())
+        fd, tmp = tempfile.mkstemp(prefix=memsnaps.spool_prefix("import"), suffix=".tmp",
+                                   dir=memsnaps.store_dir())
         try:
             with os.fdopen(fd, "wb") as f:
                 size = 0

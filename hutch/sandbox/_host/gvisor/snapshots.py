@@ -16,6 +16,7 @@ import re
 import secrets
 import shutil
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,10 +149,11 @@ def total_bytes() -> int:
 
 
 def make_dir(snap_id: str) -> Path:
-    """A fresh directory for a snapshot being taken (`<id>.tmp`, renamed once complete); 0700 root's."""
+    """A fresh directory for a snapshot being taken (`<id>.<daemon pid>.tmp`, renamed once complete); 0700
+    root's. The pid: daemons of several run directories may share a state directory (remove_partial)."""
     root = store_dir()
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = root / f"{snap_id}.tmp"
+    tmp = root / f"{snap_id}.{os.getpid()}.tmp"
     tmp.mkdir(mode=0o700)
     (tmp / "mem").mkdir(mode=0o700)
     return tmp
@@ -170,12 +172,27 @@ def remove(snap_id: str) -> None:
     shutil.rmtree(d)
 
 
+_TMP_PID = re.compile(r"(?:^\.(?:export|import)-(\d+)-|\.(\d+)\.tmp\Z)")
+
+
+def spool_prefix(kind: str) -> str:
+    """The name an export or import spools its archive under (remove_partial tells whose it is)."""
+    return f".{kind}-{os.getpid()}-"
+
+
 def remove_partial() -> None:
     """At daemon start: a snapshot a crashed daemon was taking (or importing) is incomplete, and the archive
-    an export or import spooled (`.export-*.tmp`, `.import-*.tmp`) is left over."""
+    an export or import spooled (`.export-<pid>-*.tmp`, `.import-<pid>-*.tmp`) is left over; only those of a
+    daemon no longer running (another daemon sharing this state directory may be taking one now)."""
     root = store_dir()
     if root.is_dir():
         for d in root.glob("*.tmp"):
+            m = _TMP_PID.search(d.name)
+            pid = m and (m.group(1) or m.group(2))
+            if pid and int(pid) != os.getpid() and os.path.exists(f"/proc/{pid}"):
+                continue
+            if not pid and time.time() - d.lstat().st_mtime < 3600:   # an older hutch's: whose is not known
+                continue
             if d.is_dir() and not d.is_symlink():
                 shutil.rmtree(d, ignore_errors=True)
             else:
@@ -212,4 +229,4 @@ def prefetch(mem: Path) -> None:
 
 
 __all__ = ["Meta", "complete", "image_bytes", "list_all", "load", "make_dir", "new_id", "path_of", "prefetch",
-           "remove", "remove_partial", "store_dir", "total_bytes", "total_max", "write_meta"]
+           "remove", "remove_partial", "spool_prefix", "store_dir", "total_bytes", "total_max", "write_meta"]
