@@ -64,6 +64,6 @@ stamp=.venv/.hutch-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
   echo "setup: installing hutch and its dependencies into .venv"
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e ".[dev]"
+  .venv/bin/pip install -q -e ".[all,dev]"   # every wing's extra (pyproject.toml), and the test tools
   touch "$stamp"
 fi

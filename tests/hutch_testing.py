@@ -44,11 +44,12 @@ def make_busybox_root(root: Path, busybox: str | None = None) -> Path:
 
 def start_daemon(run_dir: Path, extra_env: dict | None = None, prefix: tuple[str, ...] = (),
                  timeout: float = 30.0, args: tuple[str, ...] = (), sock: Path | None = None,
-                 log: Path | None = None, preexec_fn=None) -> subprocess.Popen:
+                 log: Path | None = None, preexec_fn=None, python: str | None = None) -> subprocess.Popen:
     """`python -m hutch serve [args]` on `sock` (default run_dir/hutch.sock; state dir from os.environ),
     ready when this returns; its output goes to `log` (default run_dir/test-daemon.log).
 
-    `prefix` runs it under another command (e.g. nsenter into a test network namespace)."""
+    `prefix` runs it under another command (e.g. nsenter into a test network namespace); `python` is the
+    interpreter (default this one; another venv's runs the hutch installed there)."""
     from hutch.sandbox._client import Endpoint, _ping
 
     sock = sock or run_dir / "hutch.sock"
@@ -56,7 +57,7 @@ def start_daemon(run_dir: Path, extra_env: dict | None = None, prefix: tuple[str
     env = dict(os.environ, HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(sock), **(extra_env or {}))
     env.pop("HUTCH_URL", None)
     with open(log, "ab") as lf:
-        proc = subprocess.Popen([*prefix, sys.executable, "-m", "hutch", "serve", *args], env=env,
+        proc = subprocess.Popen([*prefix, python or sys.executable, "-m", "hutch", "serve", *args], env=env,
                                 stdin=subprocess.DEVNULL, stdout=lf, stderr=lf, start_new_session=True,
                                 preexec_fn=preexec_fn)
     ep = Endpoint(socket_path=str(sock))

@@ -16,6 +16,7 @@
     │       └── OutOfMemoryError   ... because the kernel killed it at its sandbox's memory limit
     ├── DaemonError            the host daemon could not be reached or answered badly
     ├── QuotaExceededError     a tenant's quota would be exceeded (HTTP 429): carries quota, limit, used
+    ├── MissingExtraError      a wing imported without its extra installed (also an ImportError): names the pip line
     └── MemoryStoreError       the SMF store: bad files, dangling links, conflicts
         ├── SearchIndexError   the derived search index could not be built or read
         ├── EntityNotFoundError   no such entity (also a NotFoundError)
@@ -135,6 +136,11 @@ class QuotaExceededError(Error):
         self.used = used
 
 
+class MissingExtraError(Error, ImportError):
+    """A wing was imported without the optional dependencies it needs; the message is the one line that names
+    its extra: "hutch.memory needs the 'memory' extra: pip install 'hutch[memory]'"."""
+
+
 class NetworkPolicyError(ConfigError):
     """An egress policy entry is invalid; the message names the entry."""
 
@@ -184,6 +190,7 @@ __all__ = [
     "InvalidSpecError",
     "MalformedEntityError",
     "MemoryStoreError",
+    "MissingExtraError",
     "NetworkPolicyError",
     "NotFoundError",
     "OutOfMemoryError",

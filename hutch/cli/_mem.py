@@ -21,7 +21,20 @@ from hutch._core import settings
 EXIT_CHECK_FAILED = 3
 
 
-@click.group()
+class _NeedsExtra(click.Group):
+    """Every subcommand needs the memory extra (mount and umount: fuse): without it, the one line naming the
+    extra, before a store is looked at. Help needs none."""
+
+    def resolve_command(self, ctx, args):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if not ctx.resilient_parsing and not {"-h", "--help"} & set(rest):
+            from hutch._core.extras import require
+
+            require(*(("hutch.fuse", "fuse") if name in ("mount", "umount") else ("hutch.memory", "memory")))
+        return name, cmd, rest
+
+
+@click.group(cls=_NeedsExtra)
 @click.option("--store", "-s", metavar="PATH", envvar=settings.MEMORY.name,
               help="The store directory (default: $HUTCH_MEMORY, else the current directory).")
 @click.pass_context

@@ -8,6 +8,10 @@ a sandbox. This package joins the two wings (it may import both); neither of
 them imports it. See docs/fuse.md.
 """
 
-from hutch.fuse._mount import mount, serve, umount
+from hutch._core.extras import require
+
+require("hutch.fuse", "fuse")
+
+from hutch.fuse._mount import mount, serve, umount  # noqa: E402
 
 __all__ = ["mount", "serve", "umount"]

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import os
 
+from hutch._core.extras import require
+
+require("hutch.mcp", "mcp")
+
 #: Defaults of `hutch mcp --http`.
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765

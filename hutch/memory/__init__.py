@@ -6,8 +6,12 @@
 lists them all). The on-disk format is specified in docs/smf-format.md.
 """
 
-from hutch.memory._entity import CheckIssue, CheckReport, Entity, Neighbor, Version
-from hutch.memory._format import slugify
-from hutch.memory._store import Memory
+from hutch._core.extras import require
+
+require("hutch.memory", "memory")   # numpy, pyyaml, the embedding model: one line naming the extra, not a traceback
+
+from hutch.memory._entity import CheckIssue, CheckReport, Entity, Neighbor, Version  # noqa: E402
+from hutch.memory._format import slugify  # noqa: E402
+from hutch.memory._store import Memory  # noqa: E402
 
 __all__ = ["CheckIssue", "CheckReport", "Entity", "Memory", "Neighbor", "Version", "slugify"]
