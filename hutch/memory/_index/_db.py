@@ -73,6 +73,10 @@ create index if not exists titles_eid on titles(eid);
 """
 
 
+#: How often the cheap checks of an index file are made before a damage they see is believed (see _verify_file).
+VERIFY_TRIES = 4
+
+
 @dataclass
 class SyncStats:
     """What one freshness pass did."""
@@ -138,15 +142,23 @@ class IndexDB:
         db.execute("pragma journal_mode=wal")
         db.execute("pragma synchronous=normal")
         db.executescript(_SCHEMA)
-        ver = db.execute("select value from meta where key='schema'").fetchone()
-        if ver is None:
-            db.execute("insert into meta values('schema', ?)", (SCHEMA_VERSION,))
-            db.execute("insert or replace into meta values('generation', '0')")
-        elif ver[0] in ("4", "5"):
-            _upgrade(db, ver[0])
-        elif ver[0] != SCHEMA_VERSION:
+        # read and set the version in one write transaction: processes opening a new store at once both saw
+        # no version, and the second's insert failed (a UNIQUE constraint), which discarded everyone's index
+        db.execute("begin immediate")
+        try:
+            ver = db.execute("select value from meta where key='schema'").fetchone()
+            if ver is None:
+                db.execute("insert into meta values('schema', ?)", (SCHEMA_VERSION,))
+                db.execute("insert or replace into meta values('generation', '0')")
+            elif ver[0] in ("4", "5"):
+                _upgrade(db, ver[0])
+            elif ver[0] != SCHEMA_VERSION:
+                raise sqlite3.DatabaseError(f"schema version {ver[0]} is not {SCHEMA_VERSION}")
+            db.execute("commit")
+        except BaseException:
+            db.execute("rollback")
             db.close()
-            raise sqlite3.DatabaseError(f"schema version {ver[0]} is not {SCHEMA_VERSION}")
+            raise
         return db
 
     def _verify_file(self) -> str | None:
@@ -157,19 +169,17 @@ class IndexDB:
         if not self.path.exists():
             return None
         try:
-            size = self.path.stat().st_size
-            with open(self.path, "rb") as f:
-                header = f.read(100)
-            if size == 0:
+            # another process may be making the file or checkpointing into it right now (its header names the
+            # new size before the file has it, and its WAL goes once it is done): only a problem that stays is one
+            for attempt in range(VERIFY_TRIES):
+                problem = self._cheap_problem()
+                if problem is None:
+                    break
+                time.sleep(0.05 * (attempt + 1))
+            else:
+                return problem
+            if not self.path.exists():
                 return None
-            if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
-                return "its header is not an SQLite header"
-            page_size = int.from_bytes(header[16:18], "big")
-            page_size = 65536 if page_size == 1 else page_size
-            pages = int.from_bytes(header[28:32], "big")
-            wal = self.path.with_name(INDEX_NAME + "-wal")
-            if pages and size < pages * page_size and not (wal.exists() and wal.stat().st_size):
-                return f"it is truncated ({size} bytes, header says {pages * page_size})"
             db = sqlite3.connect(self.path, timeout=30)
             try:
                 row = db.execute("pragma quick_check(1)").fetchone()
@@ -179,6 +189,26 @@ class IndexDB:
                 return f"SQLite's quick_check failed ({row[0] if row else 'no answer'})"
         except (sqlite3.DatabaseError, OSError) as e:
             return f"it cannot be read ({e})"
+        return None
+
+    def _cheap_problem(self) -> str | None:
+        """The header and size checks: why the file looks damaged now, or None."""
+        try:
+            with open(self.path, "rb") as f:
+                header = f.read(100)
+                size = os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            return None
+        if size == 0:
+            return None
+        if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
+            return "its header is not an SQLite header"
+        page_size = int.from_bytes(header[16:18], "big")
+        page_size = 65536 if page_size == 1 else page_size
+        pages = int.from_bytes(header[28:32], "big")
+        wal = self.path.with_name(INDEX_NAME + "-wal")
+        if pages and size < pages * page_size and not (wal.exists() and wal.stat().st_size):
+            return f"it is truncated ({size} bytes, header says {pages * page_size})"
         return None
 
     def _discard(self, reason: str) -> None:
@@ -254,6 +284,11 @@ class IndexDB:
         db = self.db
         db.execute("begin immediate")
         try:
+            # again under the lock: another process may have set it since (then there is nothing to drop)
+            old = (self.meta("model_name"), self.meta("model_revision"), self.meta("model_dim"))
+            if old == (name, rev, str(dim)):
+                db.execute("commit")
+                return
             if old[0] is not None:
                 self.space_changed = f"{old[0]} rev {old[1]} dim {old[2]}"
                 db.execute("delete from vectors")
@@ -633,19 +668,14 @@ def _upgrade(db: sqlite3.Connection, old: str) -> None:
     """Schema 4 or 5 -> 6 in place, keeping the vectors (a rebuild would embed every unit again): the new tables
     exist already (_SCHEMA); a file that may now be indexed differently is marked changed, so the next pass indexes
     it anew: from 4, one past DENSE_CHARS (every unit's text was shorter than that); from 4 and 5, one that holds
-    turns (their event times are read by schema 6's rule). Their unchanged texts keep their vectors."""
-    db.execute("begin immediate")
-    try:
-        if old == "4":
-            db.execute("update files set mtime_ns=-1, hash='' where size > ?", (_units.DENSE_CHARS,))
-        db.execute("update files set mtime_ns=-1, hash='' where eid in "
-                   "(select distinct eid from units where anchor is not null and speaker is not null)")
-        db.execute("update meta set value=? where key='schema'", (SCHEMA_VERSION,))
-        db.execute("update meta set value = cast(value as integer) + 1 where key='generation'")
-        db.execute("commit")
-    except BaseException:
-        db.execute("rollback")
-        raise
+    turns (their event times are read by schema 6's rule). Their unchanged texts keep their vectors.
+    Inside the caller's write transaction (in which the old version was read)."""
+    if old == "4":
+        db.execute("update files set mtime_ns=-1, hash='' where size > ?", (_units.DENSE_CHARS,))
+    db.execute("update files set mtime_ns=-1, hash='' where eid in "
+               "(select distinct eid from units where anchor is not null and speaker is not null)")
+    db.execute("update meta set value=? where key='schema'", (SCHEMA_VERSION,))
+    db.execute("update meta set value = cast(value as integer) + 1 where key='generation'")
 
 
 def _utf8(name: str) -> bool:
