@@ -12,7 +12,7 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from hutch._core.errors import ConfigError
-from rt_support import private_state_daemon
+from rt_support import Api, private_state_daemon
 
 MAX_JSON_BODY = 8 << 20   # hutch.sandbox._host.daemon.http's (imported below, where the code has it)
 
@@ -142,3 +142,68 @@ def test_export_and_import_of_bad_input_on_a_fresh_host(tmp_path):
         for junk in (b"", b"\x00" * 1024, b"not a tar at all"):   # was 500 ImageError: the client's input is bad
             _error(c.post("/v1/images/import", content=junk), 400, "InvalidArchiveError", "archive")
         c.close()
+
+
+def _raw_answer(sock, request: bytes) -> tuple[int, str, dict]:
+    """Send bytes as they are; the status, content type and JSON body of the one answer (the daemon closes)."""
+    sock.settimeout(20)
+    sock.sendall(request)
+    got = b""
+    while chunk := sock.recv(65536):
+        got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    return int(lines[0].split()[1]), headers.get("content-type", ""), json.loads(body)
+
+
+UNREADABLE = [
+    b"GET /v1/health?" + b"a" * 9000 + b" HTTP/1.1\r\nHost: hutch\r\n\r\n",            # request line over 8 KiB
+    b"GET /v1/health HTTP/1.1\r\nHost: hutch\r\nX-Big: " + b"b" * 9000 + b"\r\n\r\n",   # a header over 8 KiB
+    b"G\x01T /v1/health HTTP/1.1\r\nHost: hutch\r\n\r\n",                               # not a method
+    b"POST /v1/sandboxes HTTP/1.1\r\nHost: hutch\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nabcde",
+    b"POST /v1/sandboxes HTTP/1.1\r\nHost: hutch\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+]
+
+
+def test_requests_aiohttp_cannot_parse_get_the_apis_json_error(daemon, api):
+    """aiohttp answers these before the app (or its middleware) runs: the daemon's handler answers them as JSON."""
+    import socket
+    import ssl
+
+    for req in UNREADABLE:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(daemon.sock))
+            status, ctype, body = _raw_answer(s, req)
+        assert status == 400 and ctype.startswith("application/json"), (req[:40], status, ctype, body)
+        assert body["error"] == "ConfigError" and "could not be read as HTTP" in body["message"], body
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", daemon.port)) as raw, ctx.wrap_socket(raw) as s:
+        status, ctype, body = _raw_answer(s, UNREADABLE[0])   # no token could be read either: refused all the same
+    assert status == 400 and body["error"] == "ConfigError", body
+    assert api.http.get("/v1/health").status_code == 200
+
+
+def test_a_full_host_disk_is_a_json_error_and_leaves_nothing(tmp_path):
+    """The volumes' directory on a small filesystem of the test's own: a write that does not fit is 503
+    DaemonError naming the full disk, its temp file is gone, and what fits is still written."""
+    import subprocess
+
+    vols = tmp_path / "state" / "volumes"
+    vols.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0711", "hutch-test-full", str(vols)], check=True)
+    try:
+        with private_state_daemon(tmp_path) as d:
+            api = Api(d.sock, d.run_dir)
+            try:
+                assert api.http.post("/v1/volumes", json={"name": "small", "create": True}).status_code == 200
+                r = api.http.put("/v1/volumes/small/files/write", params={"path": "/big.bin"}, content=b"x" * (8 << 20))
+                _error(r, 503, "DaemonError", "disk is full", "Free space")
+                assert not [p for p in vols.rglob("*") if p.is_file()], list(vols.rglob("*"))   # no temp file left
+                r = api.http.put("/v1/volumes/small/files/write", params={"path": "/ok.txt"}, content=b"fits")
+                assert r.status_code == 204, r.text
+            finally:
+                api.close()
+    finally:
+        subprocess.run(["umount", str(vols)], check=True)

@@ -141,7 +141,8 @@ def test_disk_not_memory_is_the_limit_of_the_writable_layer(dapi, ddaemon, image
     assert _fill(dapi, sid, "/third", 200) == {"mib": 200, "errno": 0}
     # the files API writes count against disk= as well
     r = dapi.http.put(f"/v1/sandboxes/{sid}/files/write", params={"path": "/api.bin"}, content=b"y" * (80 * MiB))
-    assert r.status_code >= 400 and r.json()["error"] == "SandboxError" and "disk" in r.json()["message"], r.text
+    assert r.status_code == 409 and r.json()["error"] == "StateError" and "disk" in r.json()["message"], r.text
+    assert dapi.sh(sid, "ls /api.bin* /.hutch* 2>&1 | grep -v 'No such' || echo none")[0] == "none\n"   # no part left
     assert dapi.sh(sid, "echo alive")[0] == "alive\n"
 
 
@@ -193,8 +194,11 @@ def test_the_store_grows_for_a_larger_disk_and_refuses_what_the_host_cannot_hold
     st = os.statvfs(store)
     assert st.f_bavail * st.f_frsize >= size + (1 << 30), "the store did not grow for the new sandbox's disk="
     assert dapi.sh(sid, "echo alive")[0] == "alive\n"
+    before = {x["id"] for x in dapi.http.get("/v1/sandboxes").json()["sandboxes"]}
     code, body = dapi.create_error(image, limits=_limits(256 * MiB, 1 << 50))   # a petabyte
-    assert code >= 400 and body["error"] == "SandboxError" and "host disk" in body["message"], body
+    assert code == 400 and body["error"] == "ConfigError", body
+    assert "does not fit" in body["message"] and "MiB free" in body["message"] and "at most" in body["message"], body
+    assert {x["id"] for x in dapi.http.get("/v1/sandboxes").json()["sandboxes"]} <= before   # nothing half-made is left
     assert dapi.sh(dapi.create(image)["id"], "echo alive")[0] == "alive\n"
 
 

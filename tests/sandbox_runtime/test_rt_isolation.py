@@ -209,7 +209,7 @@ def test_disk_limit_holds_and_harms_no_other_sandbox(api, image):
     size = int(out.strip().splitlines()[-1].split()[4])
     assert size <= 16 * 1024**2
     r = api.http.put(f"/v1/sandboxes/{small}/files/write", params={"path": "/tmp/more"}, content=b"y" * (4 * 1024**2))
-    assert r.status_code >= 400 and r.json()["error"] == "SandboxError" and "disk" in r.json()["message"]
+    assert r.status_code == 409 and r.json()["error"] == "StateError" and "disk" in r.json()["message"], r.text
     assert api.sh(small, "ls /tmp/ | grep -c hutch-write || true")[0].strip() == "0"  # nothing half-written
     out, _, res = api.sh(other, "dd if=/dev/zero of=/tmp/ok bs=1M count=8 2>/dev/null && echo fine")
     assert out.strip() == "fine"

@@ -187,6 +187,49 @@ class Conn(asyncio.Protocol):
         self.transport.abort()
 
 
+def _json_errors(handler):
+    """aiohttp's request handler (one per connection), answering the errors it makes itself as the API's JSON.
+
+    A request aiohttp cannot parse (a request line or header over its limits, a bad method, broken framing)
+    never reaches the app or its middleware: aiohttp answers it from `handle_error`, in plain text. The class
+    swap keeps aiohttp's construction (whatever the runner's handler arguments) and changes only that answer;
+    the subclass adds no slots, so the object's layout is aiohttp's."""
+    handler.__class__ = _handler_class(type(handler))
+    return handler
+
+
+_classes: dict = {}
+
+
+def _handler_class(base):
+    cls = _classes.get(base)
+    if cls is None:
+        from aiohttp import web
+
+        class JsonErrorHandler(base):
+            __slots__ = ()
+
+            def handle_error(self, request, status=500, exc=None, message=None):
+                if status >= 500:
+                    self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
+                if request.writer.output_size > 0:
+                    raise ConnectionError("the response had begun; no error answer can follow it")
+                if status == 504:
+                    body = {"error": "SandboxTimeout", "message": "the request took too long and was given up; retry it."}
+                elif status >= 500:
+                    body = {"error": "DaemonError", "message": f"the daemon failed ({status}); see its log."}
+                else:
+                    why = (message or (str(exc) if exc else "") or "malformed").splitlines()[0][:300]
+                    body = {"error": "ConfigError", "message": f"the request could not be read as HTTP/1.1 ({why}); "
+                            "keep the request line and each header under 8 KiB and frame the body as HTTP/1.1."}
+                resp = web.json_response(body, status=status)
+                resp.force_close()
+                return resp
+
+        cls = _classes[base] = JsonErrorHandler
+    return cls
+
+
 class Gate:
     """The accept loops, the connections they made and the caps and timers over them."""
 
@@ -267,7 +310,7 @@ class Gate:
                 continue
             try:
                 await self.loop.connect_accepted_socket(
-                    lambda: Conn(self, self.server(), False, f"uid {peer.uid}", self.loop.time()), csock)
+                    lambda: Conn(self, _json_errors(self.server()), False, f"uid {peer.uid}", self.loop.time()), csock)
             except OSError:
                 csock.close()
 
@@ -335,7 +378,7 @@ class Gate:
             self.pending += 1
             self.pending_by_peer[peer] += 1
             self._update_room()
-            conn = Conn(self, self.server(), True, peer, self.loop.time())
+            conn = Conn(self, _json_errors(self.server()), True, peer, self.loop.time())
             self._spawn(self._handshake(csock, conn))
 
     async def _handshake(self, csock: socket.socket, conn: Conn) -> None:

@@ -49,6 +49,11 @@ def error_response(e: BaseException) -> web.Response:
         body = {"error": type(e).__name__, "message": str(e)}
         if isinstance(e, errors.QuotaExceededError):
             body.update(quota=e.quota, limit=e.limit, used=e.used)
+    elif isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):   # the host's disk, not a bug
+        status = 503
+        body = {"error": "DaemonError", "message": f"the host's disk is full ({e.strerror}"
+                + (f": {e.filename}" if e.filename else "") + "); nothing was kept. Free space on the disk holding "
+                "the daemon's state directory (images, volumes), then retry."}
     else:
         status = 500
         body = {"error": "DaemonError", "message": f"the daemon failed: {type(e).__name__}: {e}. See its log."}
@@ -536,7 +541,7 @@ class Handlers:
             os.close(fd)
             await self.mgr.execs.file_call(sb, "write_abort", path, tmp=tmp)
             if isinstance(e, OSError) and e.errno in (28, 122):  # ENOSPC, EDQUOT
-                raise errors.SandboxError(f"writing {path}: the sandbox's disk limit is reached; "
+                raise errors.StateError(f"writing {path}: the sandbox's disk limit is reached; "
                                           "create it with a larger disk= or remove files.") from e
             raise
         os.close(fd)

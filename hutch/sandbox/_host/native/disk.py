@@ -34,7 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hutch._core.errors import SandboxError
+from hutch._core.errors import ConfigError, SandboxError
 
 INITIAL_SIZE = 2 << 30        # the store's first size: room for a sandbox of the default disk= (1 GiB) and metadata
 GROW_MARGIN = 256 << 20       # keep at least this free, and the disk= of each new sandbox
@@ -173,12 +173,19 @@ class LayerStore:
         try:
             await asyncio.get_running_loop().run_in_executor(self.pool, self.grow, disk + GROW_MARGIN - free)
         except OSError as e:
-            if self.free() >= disk:
+            free = self.free()
+            if free >= disk:
                 return
-            raise SandboxError(
-                f"the disk of writable layers is full and cannot grow ({e}): a sandbox with disk={disk >> 20}M does "
-                f"not fit. Free space on the host disk holding {self.state_dir}, end some sandboxes, or give a "
-                "smaller disk=.") from None
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise SandboxError(f"the disk of writable layers cannot grow ({e}): a sandbox with disk={disk >> 20}M "
+                                   "does not fit; see the daemon's log.") from None
+            st = os.statvfs(self.state_dir)
+            more = max(0, st.f_bavail * st.f_frsize - HOST_RESERVE)
+            fits = max(0, free + more - GROW_MARGIN)
+            raise ConfigError(
+                f"disk={disk >> 20}M does not fit on this host: the disk of writable layers has {free >> 20} MiB free "
+                f"and the host disk under {self.state_dir} can add {more >> 20} MiB (it keeps {HOST_RESERVE >> 20} MiB "
+                f"free); give disk= of at most {fits >> 20}M, end some sandboxes, or free space on the host.") from None
 
     def grow(self, need: int) -> None:
         """Make the store at least `need` bytes bigger (blocking); OSError if the host disk cannot give it."""

@@ -311,8 +311,8 @@ def _lockdown(seccomp: bytes, caps=()) -> None:
 
 _ERRNO_CLASS = {
     errno.ENOENT: "NotFoundError", errno.ENOTDIR: "NotFoundError", errno.EISDIR: "ConfigError",
-    errno.EEXIST: "ConfigError", errno.ENOTEMPTY: "ConfigError", errno.ENOSPC: "SandboxError",
-    errno.EDQUOT: "SandboxError", errno.EACCES: "ConfigError", errno.EPERM: "ConfigError",
+    errno.EEXIST: "ConfigError", errno.ENOTEMPTY: "ConfigError", errno.ENOSPC: "StateError",
+    errno.EDQUOT: "StateError", errno.EACCES: "ConfigError", errno.EPERM: "ConfigError",
     errno.EROFS: "ConfigError", errno.ELOOP: "ConfigError", errno.ENAMETOOLONG: "ConfigError",
     errno.ENOEXEC: "ConfigError", errno.EINVAL: "ConfigError", errno.EBUSY: "StateError",
     errno.ETXTBSY: "StateError", errno.EXDEV: "ConfigError", errno.ENXIO: "ConfigError", errno.ENODEV: "ConfigError",
