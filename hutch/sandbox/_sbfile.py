@@ -321,11 +321,17 @@ class _Builder:
 
     def network(self, n: dict) -> Network:
         mode = n.get("mode", "allow" if n.get("domains") or n.get("cidrs") else "none")
+        budget = {k: n[k] for k in ("requests_per_minute", "bytes_per_minute") if k in n}
         if mode != "allow":
             extra = sorted(k for k in ("domains", "cidrs", "ports", "credentials") if k in n)
             if extra:
                 raise ConfigError(f"mode = {mode!r} takes no {', '.join(extra)}; use mode = \"allow\" with them.")
-            return Network.open() if mode == "open" else Network.none()
+            if mode == "open":
+                return Network.open(**budget)
+            if budget:
+                raise ConfigError(f"mode = \"none\" takes no {', '.join(sorted(budget))}: nothing moves to budget; "
+                                  "use them with mode = \"allow\" or \"open\".")
+            return Network.none()
         ports = n.get("ports", [443, 80])
         creds = {h: Secret.from_env(c["from_env"], header=c.get("header", "Authorization"),
                                     format=c.get("format", "Bearer {}"),
@@ -333,7 +339,7 @@ class _Builder:
                                     bytes_per_minute=c.get("bytes_per_minute"))
                  for h, c in n.get("credentials", {}).items()}
         return Network.allow(domains=n.get("domains", []), cidrs=n.get("cidrs", []),
-                             ports=None if ports == "all" else ports, credentials=creds)
+                             ports=None if ports == "all" else ports, credentials=creds, **budget)
 
 
 def _base(ref: str) -> Image:
@@ -525,10 +531,11 @@ def _v(v) -> str:
 
 
 def _network_dict(n: Network) -> dict:
+    budget = {k: getattr(n, k) for k in ("requests_per_minute", "bytes_per_minute") if getattr(n, k) is not None}
     if n.mode != "allow":
-        return {"mode": n.mode}
+        return {"mode": n.mode, **budget}
     return {"mode": "allow", "domains": list(n.domains), "cidrs": list(n.cidrs),
-            "ports": list(n.ports) if n.ports else "all"}
+            "ports": list(n.ports) if n.ports else "all", **budget}
 
 
 def _credentials(n: Network) -> list[str]:

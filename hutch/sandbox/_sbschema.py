@@ -114,7 +114,12 @@ _NETWORK = {"mode": {"enum": ["none", "allow", "open"]}, "domains": _STRS, "cidr
                                                                             "maximum": 65535}},
                                 {"const": "all"}]},
             "credentials": {"type": "object", "maxProperties": MAX_KEYS, "additionalProperties": _SECRET,
-                            "description": "host -> the credential the gateway injects for it"}}
+                            "description": "host -> the credential the gateway injects for it"},
+            "requests_per_minute": {"type": "integer", "minimum": 1, "description": "requests (a connection relayed "
+                                    "unread counts as one) through each domain or cidr entry per minute; under "
+                                    "mode open, through all of it"},
+            "bytes_per_minute": {"type": "integer", "minimum": 1, "description": "bytes both ways through each "
+                                 "domain or cidr entry per minute; under mode open, through all of it"}}
 NOT_IN_FILE = {"capabilities"}
 
 

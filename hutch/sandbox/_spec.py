@@ -332,6 +332,11 @@ class Network:
     rule lying inside their block (`cidrs=["10.1.0.0/16"]`, not "0.0.0.0/0");
     loopback, multicast, the host and other sandboxes never. `ports=None` means
     every TCP port. See docs/egress.md.
+
+    `requests_per_minute` / `bytes_per_minute` (allow and open) cap what the sandbox moves through each
+    entry of the policy over a sliding minute: each domain entry (a wildcard is one entry, whatever names
+    below it are used), each CIDR, and under `open()` everything together; bytes count both ways. A
+    credential's own budget (`Secret`) caps its host as well. None: no cap. See docs/egress.md, "Budgets".
     """
 
     mode: Literal["none", "allow", "open"] = "none"
@@ -339,6 +344,8 @@ class Network:
     cidrs: tuple[str, ...] = ()
     ports: tuple[int, ...] = ()
     credentials: tuple[tuple[str, Secret], ...] = ()   # (host, Secret), sorted; see Secret
+    requests_per_minute: int | None = None             # per entry of the policy (see above)
+    bytes_per_minute: int | None = None
 
     @classmethod
     def none(cls) -> "Network":
@@ -346,16 +353,19 @@ class Network:
         return cls("none")
 
     @classmethod
-    def open(cls) -> "Network":
-        """The public internet, never private, loopback, link-local or metadata ranges."""
-        return cls("open")
+    def open(cls, *, requests_per_minute: int | None = None, bytes_per_minute: int | None = None) -> "Network":
+        """The public internet, never private, loopback, link-local or metadata ranges; the budgets cap all of
+        it together."""
+        return cls("open")._with_budget(requests_per_minute, bytes_per_minute)
 
     @classmethod
-    def allow(cls, domains=(), cidrs=(), ports=(443, 80), credentials=None) -> "Network":
+    def allow(cls, domains=(), cidrs=(), ports=(443, 80), credentials=None, *, requests_per_minute=None,
+              bytes_per_minute=None) -> "Network":
         """Only these domains (DNS names, '*.' wildcards) and CIDR ranges, on these TCP ports.
 
         `credentials` maps an allowed host (an exact name) to a `hutch.Secret` that the gateway adds to the
-        sandbox's HTTPS requests to it, so the sandbox never holds the key (docs/egress.md, Credentials)."""
+        sandbox's HTTPS requests to it, so the sandbox never holds the key (docs/egress.md, Credentials).
+        `requests_per_minute` / `bytes_per_minute` cap each domain and CIDR entry (see the class)."""
         every_port = ports is None
         domains, cidrs, ports = (_entries(v) for v in (domains, cidrs, () if every_port else ports))
         if not every_port and not ports:
@@ -390,7 +400,13 @@ class Network:
         if not doms and not nets:
             raise NetworkPolicyError("Network.allow() needs at least one domain or cidr; use Network.none() for no network.")
         net = cls("allow", tuple(sorted(set(doms))), tuple(sorted(set(nets))), tuple(sorted(set(prts))))
-        return net._with_credentials(credentials)
+        return net._with_credentials(credentials)._with_budget(requests_per_minute, bytes_per_minute)
+
+    def _with_budget(self, rpm, bpm) -> "Network":
+        for what, n in (("requests_per_minute", rpm), ("bytes_per_minute", bpm)):
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+                raise NetworkPolicyError(f"Network {what}={n!r} must be a positive int, or None for no cap.")
+        return dataclasses.replace(self, requests_per_minute=rpm, bytes_per_minute=bpm) if rpm or bpm else self
 
     def _with_credentials(self, credentials) -> "Network":
         if not credentials:
@@ -418,6 +434,9 @@ class Network:
         d = {"mode": self.mode, "domains": list(self.domains), "cidrs": list(self.cidrs), "ports": list(self.ports)}
         if self.credentials:
             d["credentials"] = {h: s.to_dict(reveal=reveal) for h, s in self.credentials}
+        for k in ("requests_per_minute", "bytes_per_minute"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
         return d
 
     @classmethod
@@ -427,25 +446,30 @@ class Network:
             return d
         if not isinstance(d, dict):
             raise NetworkPolicyError(f"network={d!r} is not a policy; send Network.to_dict(), e.g. {{'mode': 'none'}}.")
-        unknown = set(d) - {"mode", "domains", "cidrs", "ports", "credentials"}
+        unknown = set(d) - {"mode", "domains", "cidrs", "ports", "credentials", "requests_per_minute",
+                            "bytes_per_minute"}
         if unknown:
             raise NetworkPolicyError(f"network has unknown fields {sorted(unknown)}; use mode, domains, cidrs, ports, "
-                                     "credentials.")
+                                     "credentials, requests_per_minute, bytes_per_minute.")
+        budget = {k: d[k] for k in ("requests_per_minute", "bytes_per_minute") if d.get(k) is not None}
         creds = d.get("credentials")
         if creds is not None and (not isinstance(creds, dict) or d.get("mode") != "allow"):
             raise NetworkPolicyError("network credentials must be an object of host to credential, and only "
                                      "with mode 'allow'.")
         mode = d.get("mode", "none")
         if mode == "none":
+            if budget:
+                raise NetworkPolicyError("network mode 'none' moves nothing to budget; give requests_per_minute and "
+                                         "bytes_per_minute only with 'allow' or 'open'.")
             return cls.none()
         if mode == "open":
-            return cls.open()
+            return cls.open(**budget)
         if mode == "allow":
             ports = d.get("ports", (443, 80))
             if isinstance(ports, (list, tuple)) and len(ports) == 0:
                 ports = None   # to_dict's form of "every port"
             return cls.allow(domains=d.get("domains") or (), cidrs=d.get("cidrs") or (), ports=ports,
-                             credentials={h: Secret.from_dict(c) for h, c in (creds or {}).items()})
+                             credentials={h: Secret.from_dict(c) for h, c in (creds or {}).items()}, **budget)
         raise NetworkPolicyError(f"network mode {mode!r} is unknown; use 'none', 'allow' or 'open'.")
 
 

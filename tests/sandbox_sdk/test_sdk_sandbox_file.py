@@ -431,6 +431,21 @@ def test_cli_run_and_create_with_a_file(daemon, busybox_root, tmp_path):
     assert r.returncode == 1 and "cannot read the sandbox file" in r.stderr
 
 
+def test_a_files_network_budgets_round_trip_and_none_refuses_them(tmp_path):
+    f = load('[network]\ndomains = ["*.example.com"]\nrequests_per_minute = 600\nbytes_per_minute = 5000000\n',
+             tmp_path)
+    assert f.spec.network == hutch.Network.allow(domains=["*.example.com"], requests_per_minute=600,
+                                                 bytes_per_minute=5_000_000)
+    assert hutch.SandboxFile.loads(f.to_toml()) == f
+    f = load('[network]\nmode = "open"\nbytes_per_minute = 7000\n', tmp_path)
+    assert f.spec.network == hutch.Network.open(bytes_per_minute=7000)
+    assert hutch.SandboxFile.loads(f.to_toml()) == f
+    e = refused('[network]\nmode = "none"\nrequests_per_minute = 5\n', tmp_path)
+    assert "requests_per_minute" in str(e)
+    e = refused('[network]\ndomains = ["a.example.com"]\nbytes_per_minute = 0\n', tmp_path)
+    assert "bytes_per_minute" in e.key and "smaller than 1" in str(e), str(e)
+
+
 def test_credentials_in_a_file_are_references_and_round_trip(tmp_path):
     f = load('[network]\ndomains = ["api.example.com"]\n[network.credentials."api.example.com"]\n'
              'from_env = "EXAMPLE_KEY"\nheader = "X-Api-Key"\nformat = "{}"\nbytes_per_minute = 100000\n', tmp_path)

@@ -234,7 +234,11 @@ _SCHEMAS = {
         "ports": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 65535}},
         "credentials": {"type": "object", "description": "allowed host -> Secret.to_dict(reveal=True): the gateway "
                                                          "adds it to the sandbox's HTTPS requests to that host",
-                        "additionalProperties": {"$ref": "#/components/schemas/Secret"}}}},
+                        "additionalProperties": {"$ref": "#/components/schemas/Secret"}},
+        "requests_per_minute": {"type": "integer", "minimum": 1, "nullable": True,
+                                "description": "budget of each domain or cidr entry (open: of all), a sliding minute"},
+        "bytes_per_minute": {"type": "integer", "minimum": 1, "nullable": True,
+                             "description": "bytes both ways, per entry like requests_per_minute"}}},
     "Secret": {"type": "object", "properties": {
         "env": {"type": "string", "nullable": True}, "header": {"type": "string"}, "format": {"type": "string"},
         "requests_per_minute": {"type": "integer", "minimum": 1, "nullable": True},

@@ -115,12 +115,14 @@ def upstream_context(cafile: str | None = None) -> ssl.SSLContext:
 
 
 class Budget:
-    """Requests and bytes to one host over the last minute (sliding); None: no cap."""
+    """Requests and bytes over the last minute (sliding); None: no cap. `what` names it in a refusal."""
 
-    def __init__(self, requests: int | None, nbytes: int | None):
-        self.requests, self.nbytes = requests, nbytes
+    BUCKET = 0.1   # seconds of byte counts kept as one entry: a minute is at most 600 of them
+
+    def __init__(self, requests: int | None, nbytes: int | None, what: str = "its budget"):
+        self.requests, self.nbytes, self.what = requests, nbytes, what
         self._reqs: collections.deque = collections.deque()
-        self._bytes: collections.deque = collections.deque()
+        self._bytes: collections.deque = collections.deque()   # [time, bytes] per BUCKET
         self._bytes_sum = 0
 
     def _trim(self, now: float) -> None:
@@ -129,25 +131,77 @@ class Budget:
         while self._bytes and self._bytes[0][0] <= now - WINDOW:
             self._bytes_sum -= self._bytes.popleft()[1]
 
+    def over(self, body: int = 0) -> str | None:
+        """Why one more request with `body` bytes known ahead would be over this budget, or None."""
+        self._trim(time.monotonic())
+        if self.requests is not None and len(self._reqs) >= self.requests:
+            return f"over {self.what} of {self.requests} requests per minute"
+        if self.nbytes is not None and self._bytes_sum + body > self.nbytes:
+            return f"over {self.what} of {self.nbytes} bytes per minute"
+        return None
+
+    def count_request(self) -> None:
+        if self.requests is not None:
+            self._reqs.append(time.monotonic())
+
     def take_request(self, body: int) -> str | None:
         """Count one request with `body` bytes known ahead; the reason if it is over a budget."""
-        now = time.monotonic()
-        self._trim(now)
-        if self.requests is not None and len(self._reqs) >= self.requests:
-            return f"over its budget of {self.requests} requests per minute"
-        if self.nbytes is not None and self._bytes_sum + body > self.nbytes:
-            return f"over its budget of {self.nbytes} bytes per minute"
-        self._reqs.append(now)
-        return None
+        why = self.over(body)
+        if why is None:
+            self.count_request()
+        return why
 
     def add(self, n: int) -> bool:
         """Count bytes moved; False once the minute's bytes are over the budget."""
         now = time.monotonic()
         self._trim(now)
-        if n:
-            self._bytes.append((now, n))
+        if n and self.nbytes is not None:
+            if self._bytes and now - self._bytes[-1][0] < self.BUCKET:
+                self._bytes[-1][1] += n
+            else:
+                self._bytes.append([now, n])
             self._bytes_sum += n
         return self.nbytes is None or self._bytes_sum <= self.nbytes
+
+    def left(self) -> int | None:
+        """Bytes the minute has left (0 or less: none), None without a byte cap."""
+        if self.nbytes is None:
+            return None
+        self._trim(time.monotonic())
+        return self.nbytes - self._bytes_sum
+
+
+class Meter:
+    """What one connection is charged to: its policy entry's budget (looked up at each charge, so a policy
+    change applies to open connections too) and its credential's, if any."""
+
+    def __init__(self, sandbox, entry: str, extra: "Budget | None" = None):
+        self.sandbox, self.entry, self.extra = sandbox, entry, extra
+
+    def budgets(self) -> list:
+        return [b for b in (self.sandbox.entry_budget(self.entry), self.extra) if b is not None]
+
+    def take_request(self, body: int = 0) -> str | None:
+        bs = self.budgets()
+        for b in bs:
+            why = b.over(body)
+            if why:
+                return why
+        for b in bs:
+            b.count_request()
+        return None
+
+    def add(self, n: int) -> str | None:
+        """Count bytes moved; the reason once a budget's minute is past it."""
+        why = None
+        for b in self.budgets():
+            if not b.add(n) and why is None:
+                why = f"over {b.what} of {b.nbytes} bytes per minute"
+        return why
+
+    def left(self) -> int | None:
+        lefts = [x for x in (b.left() for b in self.budgets()) if x is not None]
+        return min(lefts) if lefts else None
 
 
 class OverBudget(sniff.Refused):
@@ -349,7 +403,7 @@ class TLSEnd:
             pass
 
 
-def _rewrite(secret, host: str, budget: Budget, responses: "Responses"):
+def _rewrite(secret, host: str, budget: "Meter", responses: "Responses"):
     """The request-head rewrite of a brokered connection: the credential set, compression off, budget taken."""
     header = secret.header.lower().encode()
     value = header_value(secret).encode()
@@ -377,7 +431,7 @@ def header_value(secret) -> str:
 
 
 def too_many(reason: str) -> bytes:
-    body = (f"hutch egress gateway: {reason}; the request was not sent. Wait, or raise the Secret's budget.\n"
+    body = (f"hutch egress gateway: {reason}; the request was not sent. Wait, or raise the budget (the Network's or the Secret's).\n"
             ).encode()
     return (b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
             b"Retry-After: 60\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -402,7 +456,9 @@ async def serve(proxy, conn, host: str, target: str, port: int, hello: bytes, se
                            "credential was not sent", name=host, address=target, port=port, protocol="tls")
     conn.kind, conn.secret = "brokered", secret
     gw._record(sb, host, target, port, "tls", "allow", f"{why}; credential brokered ({secret.header})")
-    budget = sb.budgets.setdefault(host, Budget(secret.requests_per_minute, secret.bytes_per_minute))
+    budget = sb.budgets.setdefault(host, Budget(secret.requests_per_minute, secret.bytes_per_minute,
+                                                "the credential's budget"))
+    budget = conn.meter = Meter(sb, conn.meter.entry if conn.meter else host, budget)
     responses = Responses()
     stream = sniff.RequestStream(host, rewrite=_rewrite(secret, host, budget, responses))
     red = Redactor([secret.value.encode(), header_value(secret).encode()])
@@ -451,9 +507,9 @@ async def serve(proxy, conn, host: str, target: str, port: int, hello: bytes, se
             except sniff.Refused as e:
                 gw._record(sb, host, target, port, "tls", "deny", str(e))
                 return conn.close(reset=True)
-            if not budget.add(len(out)):
-                gw._record(sb, host, target, port, "tls", "deny",
-                           f"a request to {host} went over its budget of {budget.nbytes} bytes per minute; reset")
+            over = budget.add(len(out))
+            if over:
+                gw._record(sb, host, target, port, "tls", "deny", f"a request to {host} went {over}; reset")
                 return conn.close(reset=True)
             await up_tls.send(out)
         await task

@@ -31,7 +31,7 @@ from hutch._core import settings
 from hutch._core.errors import ConfigError, NetworkPolicyError, NotFoundError, SandboxError, StateError
 from hutch.sandbox._host.egress import netns as _netns
 from hutch.sandbox._host.egress.audit import DecisionLog, LogView
-from hutch.sandbox._host.egress.broker import SandboxCA, upstream_context
+from hutch.sandbox._host.egress.broker import Budget, SandboxCA, upstream_context
 from hutch.sandbox._host.egress.dns import ANSWER_TTL, Lane, Resolver, ResolveError, Upstream
 from hutch.sandbox._host.egress.policy import (AddressRules, Verdict, chain_allowed, name_allowed, normalize_name,
                                            port_allowed)
@@ -78,7 +78,20 @@ class _SandboxNet:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     detached: bool = False
     ca: SandboxCA | None = None                       # made when the sandbox first has a credential (broker.py)
-    budgets: dict = field(default_factory=dict)       # host -> Budget of its credential
+    budgets: dict = field(default_factory=dict)       # host -> Budget of its credential; ("entry", e) -> policy's
+
+    def entry_budget(self, entry: str) -> Budget | None:
+        """The policy's budget of one of its entries (a domain or cidr entry, or "open"), None without one.
+        Its counts outlive a policy change (the limits follow the policy in force), so no change resets a minute."""
+        rpm, bpm = self.policy.requests_per_minute, self.policy.bytes_per_minute
+        b = self.budgets.get(("entry", entry))
+        if b is None:
+            if rpm is None and bpm is None:
+                return None
+            b = self.budgets[("entry", entry)] = Budget(rpm, bpm, f"the budget of {entry}")
+        else:
+            b.requests, b.nbytes = rpm, bpm
+        return b if rpm is not None or bpm is not None else None
 
     def release(self) -> None:
         if self.netns_fd >= 0:
@@ -573,7 +586,9 @@ def _give_ca(sb: "_SandboxNet", policy: Network) -> None:
 
 
 def _describe(p: Network) -> str:
+    budget = "".join(f", {k}={getattr(p, k)}" for k in ("requests_per_minute", "bytes_per_minute")
+                     if getattr(p, k) is not None)
     if p.mode != "allow":
-        return p.mode
+        return f"{p.mode}({budget[2:]})" if budget else p.mode
     creds = f", credentials for {[h for h, _ in p.credentials]}" if p.credentials else ""
-    return f"allow(domains={list(p.domains)}, cidrs={list(p.cidrs)}, ports={list(p.ports)}{creds})"
+    return f"allow(domains={list(p.domains)}, cidrs={list(p.cidrs)}, ports={list(p.ports)}{creds}{budget})"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import ipaddress
 import os
 import socket
 import struct
@@ -35,6 +36,7 @@ import traceback
 from hutch.sandbox._host.egress import broker, sniff
 from hutch.sandbox._host.egress.dns import ResolveError
 from hutch.sandbox._host.egress.policy import Verdict, chain_allowed, normalize_name, protocol_allowed
+from hutch.sandbox._spec import matching_domain
 
 SO_ORIGINAL_DST = 80
 PEEK_TIMEOUT = 10.0
@@ -106,6 +108,7 @@ class Conn:
         self.port = 0
         self.kind = "tcp"          # tcp (by address) | tls | http | brokered (TLS with a credential, broker.py)
         self.secret = None         # the credential a brokered connection carries
+        self.meter = None          # the budgets it is charged to (broker.Meter), once decided
         self.closed = False
         self.tasks: list[asyncio.Task] = []
 
@@ -146,9 +149,12 @@ class Conn:
         if self.closed:
             raise ConnectionAbortedError("connection closed")
 
-    async def splice(self, src: socket.socket, dst: socket.socket) -> None:
-        """Move bytes src -> dst through a pipe until EOF; then half-close dst."""
+    async def splice(self, src: socket.socket, dst: socket.socket, *, sending: bool = False) -> None:
+        """Move bytes src -> dst through a pipe until EOF; then half-close dst. Every byte is charged to the
+        connection's budgets; `sending` (the sandbox's side to the server's) never moves past what their minute
+        has left: a connection that would is refused (OverBudget)."""
         r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        meter = self.meter
         try:
             try:
                 fcntl.fcntl(w, _F_SETPIPE_SZ, CHUNK)
@@ -156,13 +162,31 @@ class Conn:
                 pass
             sfd, dfd = src.fileno(), dst.fileno()
             while True:
+                want = CHUNK
+                left = meter.left() if sending and meter is not None else None
+                if left is not None and left <= 0:
+                    await self._wait(src, False)   # nothing may go: see whether the sandbox sends more
+                    try:
+                        more = src.recv(1, socket.MSG_PEEK)
+                    except BlockingIOError:
+                        continue
+                    left = meter.left()
+                    if more and left is not None and left <= 0:   # it does, and the minute still has no room
+                        raise broker.OverBudget(f"{self.name or self.address} went over {_byte_budget(meter)}")
+                    want = 1 if not more else CHUNK          # the end of its stream: the splice reads the EOF
+                    if left is not None and more:
+                        want = min(CHUNK, left)
+                elif left is not None:
+                    want = min(CHUNK, left)
                 try:
-                    n = os.splice(sfd, w, CHUNK, flags=_SPLICE_FLAGS)
+                    n = os.splice(sfd, w, want, flags=_SPLICE_FLAGS)
                 except BlockingIOError:
                     await self._wait(src, False)
                     continue
                 if n == 0:
                     break
+                if meter is not None:
+                    meter.add(n)
                 while n:
                     try:
                         n -= os.splice(r, dfd, n, flags=_SPLICE_FLAGS)
@@ -184,7 +208,45 @@ class Conn:
                 return
             out = stream.feed(data)
             if out:
+                if self.meter is not None:
+                    left = self.meter.left()
+                    if left is not None and len(out) > left:
+                        raise broker.OverBudget(f"a request to {self.name} went over {_byte_budget(self.meter)}")
+                    self.meter.add(len(out))
                 await self.loop.sock_sendall(dst, out)
+
+
+def _byte_budget(meter) -> str:
+    b = min((b for b in meter.budgets() if b.nbytes is not None), key=lambda b: b.left())
+    return f"{b.what} of {b.nbytes} bytes per minute"
+
+
+def _entry(policy, conn: Conn) -> str:
+    """The entry of the policy whose budget a connection is charged to: the domain entry that admits its name,
+    the cidr that admits its address, or "open" (everything together)."""
+    if policy.mode == "allow":
+        if conn.name is not None and (d := matching_domain(policy.domains, conn.name)) is not None:
+            return d
+        ip = ipaddress.ip_address(conn.address)
+        for c in policy.cidrs:
+            if ip in ipaddress.ip_network(c):
+                return c
+    return "open"
+
+
+def _counting(meter, name: str):
+    """A plain-HTTP connection's request hook: each request is taken from its budgets (head and a known body
+    ahead), Upgrade refused as without it."""
+
+    def take(head: sniff.RequestHead, raw: bytes) -> bytes:
+        if head.upgrade:
+            raise sniff.Refused("HTTP Upgrade over plain HTTP is not relayed (use TLS, e.g. wss://)")
+        over = meter.take_request(len(raw) + (head.body[1] if head.body[0] == "length" else 0))
+        if over:
+            raise broker.OverBudget(f"a request to {name} {over}")
+        return raw
+
+    return take
 
 
 class Proxy:
@@ -268,6 +330,8 @@ class Proxy:
         av = self.gw._rules.address_allowed(policy, odst, by_cidr_only=True)
         if av:
             conn.kind, conn.address = "tcp", odst
+            if not self._take_connection(conn, policy):
+                return
             await self._dial(conn, odst, oport)
             self.gw._record(sb, None, odst, oport, "tcp", "allow", av.reason)
             await self._relay(conn, b"", None)
@@ -352,8 +416,9 @@ class Proxy:
                               address=target, port=oport, protocol=conn.kind)
         conn.address = target
         why = nv.reason + ("" if target == odst else f"; dialed {target}, not {odst}")
+        conn.meter = broker.Meter(sb, _entry(policy, conn))
         if conn.kind == "http":
-            stream = sniff.RequestStream(n)
+            stream = sniff.RequestStream(n, rewrite=_counting(conn.meter, n))
             try:
                 first = stream.feed(bytes(buf))
             except sniff.Refused as e:
@@ -366,13 +431,28 @@ class Proxy:
             # the gateway is the server here: its own TLS reads the ClientHello and whatever followed it
             return await broker.serve(self, conn, n, target, oport, bytes(buf), secret, why)
         end = sniff.client_hello_end(bytes(buf))
+        if not self._take_connection(conn, policy):
+            return
         await self._dial(conn, target, oport)
         self.gw._record(sb, n, target, oport, "tls", "allow", why)
         answer = await self._server_answers_tls(conn, bytes(buf[:end]))
         if answer is None:
             return
+        if conn.meter is not None:
+            conn.meter.add(len(answer) + end)   # the ClientHello and the server's first answer count too
         await loop.sock_sendall(conn.client, answer)
         await self._relay(conn, bytes(buf[end:]), None)
+
+    def _take_connection(self, conn: Conn, policy) -> bool:
+        """A connection relayed unread counts as one request of its entry's budget; False (and refused) if over."""
+        if conn.meter is None:
+            conn.meter = broker.Meter(conn.sandbox, _entry(policy, conn))
+        over = conn.meter.take_request()
+        if over:
+            self._deny(conn, f"a connection to {conn.name or conn.address} {over}", name=conn.name,
+                       address=conn.address, port=conn.port, protocol=conn.kind)
+            return False
+        return True
 
     async def _server_answers_tls(self, conn: Conn, hello: bytes) -> bytes | None:
         """Send the ClientHello alone; return the server's first bytes if they are TLS. Otherwise the
@@ -428,6 +508,16 @@ class Proxy:
         loop = conn.loop
         conn.client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if first:
+            if conn.meter is not None and stream is None:
+                left = conn.meter.left()
+                if left is not None and len(first) > left:
+                    self.gw._record(conn.sandbox, conn.name, conn.address, conn.port, conn.kind, "deny",
+                                    f"{conn.name or conn.address} went over {_byte_budget(conn.meter)}")
+                    conn.close(reset=True)
+                    return
+                conn.meter.add(len(first))
+            elif conn.meter is not None:
+                conn.meter.add(len(first))
             await loop.sock_sendall(conn.upstream, first)
         down = loop.create_task(conn.splice(conn.upstream, conn.client))
         conn.tasks.append(down)
@@ -439,15 +529,16 @@ class Proxy:
 
         down.add_done_callback(down_done)
         try:
-            if stream is not None:
-                try:
+            try:
+                if stream is not None:
                     await conn.copy_checked(conn.client, conn.upstream, stream)
-                except sniff.Refused as e:
-                    self.gw._record(conn.sandbox, conn.name, conn.address, conn.port, "http", "deny", str(e))
-                    conn.close(reset=True)
-                    return
-            else:
-                await conn.splice(conn.client, conn.upstream)
+                else:
+                    await conn.splice(conn.client, conn.upstream, sending=True)
+            except sniff.Refused as e:   # a request that cannot be framed, or over a budget (OverBudget)
+                self.gw._record(conn.sandbox, conn.name, conn.address, conn.port, conn.kind, "deny",
+                                f"{e}; reset" if isinstance(e, broker.OverBudget) else str(e))
+                conn.close(reset=True)
+                return
             await down
         except (OSError, ConnectionError):
             conn.close(reset=True)
