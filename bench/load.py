@@ -12,6 +12,14 @@ leftovers (sandboxes listed, mounts and cgroups of the daemon's) at the end and 
   - bwrap, 50 concurrent workers each running `bwrap ... true` on its own overlay of the same root per
     cycle (create, exec and terminate in one process: the floor of a sandbox without an API or a daemon).
 The daemon is a private one (its own run directory, certificate and token), started and stopped here.
+
+    .venv/bin/python bench/load.py --tenants 5 [--phase-seconds 40] [--burst 24] [--steady 1] [--write ...]
+
+is the fairness run instead (issue 17, docs/tenants.md): a daemon with 5 tenants, each client process one
+tenant with its own token over TCP; tenants 1-4 steady (create -> run -> terminate back to back) for a phase
+alone, then for a phase while tenant 0 bursts; each tenant's create p50 / p99 quiet and under the burst, the
+ratio, errors, leftovers. The peer, in the same run: the same load on a daemon without tenants (every process
+with the operator's token, no fair slots).
 """
 
 from __future__ import annotations
@@ -51,16 +59,20 @@ def pct(xs, q):
 # ------------------------------------------------------------------ one client process
 
 
-def worker(cycles: int, threads: int, image: str, tag: str) -> dict:
-    """Run `cycles` cycles on `threads` threads; the SDK finds the daemon from the environment."""
+def worker(cycles: int, threads: int, image: str, tag: str, seconds: float = 0.0, start_at: float = 0.0) -> dict:
+    """Run `cycles` cycles on `threads` threads (or, with `seconds`, cycles for that long from the wall-clock
+    time `start_at`); the SDK finds the daemon from the environment."""
     import hutch
 
     lat = {op: [] for op in OPS}
     errors: Counter = Counter()
     left = [cycles]
     lock = threading.Lock()
+    end = [0.0]
 
     def take() -> bool:
+        if seconds:
+            return time.time() < end[0]
         with lock:
             if left[0] <= 0:
                 return False
@@ -96,7 +108,10 @@ def worker(cycles: int, threads: int, image: str, tag: str) -> dict:
                     lat[op].append(d * 1000)
 
     import hutch.sandbox._client  # noqa: F401 - imported before the clock starts
+    if start_at:
+        time.sleep(max(0.0, start_at - time.time()))
     start = time.time()
+    end[0] = start + seconds
     with cf.ThreadPoolExecutor(threads) as ex:
         for f in [ex.submit(loop) for _ in range(threads)]:
             f.result()
@@ -143,10 +158,23 @@ def tree_cpu(pid: int) -> float:
 class PrivateDaemon:
     """`hutch serve` with its own run directory, listening on loopback TCP with a fresh certificate and token."""
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, tenants: int = 0):
+        """`tenants`: serve that many tenants (`--tenants`), their tokens' files in `self.tenant_tokens`."""
         self.base = base
         self.run_dir = base / "run"
         self.run_dir.mkdir()
+        extra = []
+        self.tenant_tokens: list[Path] = []
+        if tenants:
+            from hutch.sandbox._host.daemon import tenants as T
+
+            tf = base / "tenants.json"
+            for i in range(tenants):
+                p = base / f"tenant{i}.token"
+                p.write_text(T.add(tf, f"t{i}", T.Quotas()))
+                p.chmod(0o600)
+                self.tenant_tokens.append(p)
+            extra = ["--tenants", str(tf)]
         tls_state = base / "tls-state"
         fp = subprocess.run([sys.executable, "-m", "hutch", "tls-fingerprint"], capture_output=True, text=True,
                             env=dict(os.environ, HUTCH_STATE_DIR=str(tls_state)), check=True, timeout=60).stdout
@@ -163,7 +191,7 @@ class PrivateDaemon:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "hutch", "serve", "--listen", f"127.0.0.1:{self.port}",
              "--token-file", str(self.token_file), "--tls-cert", str(tls_state / "tls" / "daemon.crt"),
-             "--tls-key", str(tls_state / "tls" / "daemon.key")],
+             "--tls-key", str(tls_state / "tls" / "daemon.key"), *extra],
             env=env, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, start_new_session=True)
         self.unix_env = {k: v for k, v in env.items() if not k.startswith("HUTCH_TOKEN")}
         self.tcp_env = dict(self.unix_env, HUTCH_URL=f"https://127.0.0.1:{self.port}",
@@ -182,6 +210,12 @@ class PrivateDaemon:
                 break
             time.sleep(0.05)
         raise SystemExit(f"the daemon did not start; see {base / 'daemon.log'}")
+
+    def tenant_env(self, i: int) -> dict:
+        """The SDK's environment of tenant `i` (its token), or of the operator's token without tenants."""
+        if not self.tenant_tokens:
+            return self.tcp_env
+        return dict(self.tcp_env, HUTCH_TOKEN_FILE=str(self.tenant_tokens[i]))
 
     def listed(self, tag: str) -> list[str]:
         return [s["id"] for s in self.http.get("/v1/sandboxes", params={"tag": f"{TAG_KEY}:{tag}"}).json()["sandboxes"]]
@@ -260,6 +294,85 @@ def bwrap_load(root: Path, cycles: int, clients: int) -> dict:
     return {"lat": {"cycle": lat}, "errors": dict(errors), "wall": time.perf_counter() - t0, "ok": len(lat)}
 
 
+# ------------------------------------------------------------------ fairness between tenants
+
+
+def phase(d: PrivateDaemon, who: list[tuple[int, int]], seconds: float, image: str, tag: str) -> dict:
+    """Tenants `(i, clients)` at once for `seconds` (started together); each one's results by i."""
+    start_at = time.time() + 3.0   # every process imported and connected first
+    ps = {i: subprocess.Popen([sys.executable, __file__, "--worker", "0", "--threads", str(n), "--image", image,
+                               "--tag", tag, "--seconds", str(seconds), "--start-at", str(start_at)],
+                              env=d.tenant_env(i), stdout=subprocess.PIPE, text=True) for i, n in who}
+    return {i: json.loads(p.communicate()[0]) for i, p in ps.items()}
+
+
+def fairness(d: PrivateDaemon, n: int, a) -> dict:
+    """Quiet: the steady tenants alone; burst: the same with tenant 0 bursting. Per tenant: creates' latencies."""
+    steady = [(i, a.steady) for i in range(1, n)]
+    out = {}
+    for name, who in (("quiet", steady), ("burst", [(0, a.burst)] + steady)):
+        tag = secrets.token_hex(4)
+        print(f"  {name}: {who} for {a.phase_seconds:g} s ...", file=sys.stderr)
+        out[name] = phase(d, who, a.phase_seconds, a.image, tag)
+        out[name + "_left"] = leftovers(d, tag)
+    return out
+
+
+def tenants_main(a) -> None:
+    n = a.tenants
+    load0 = os.getloadavg()[0]
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    runs = {}
+    for name, k in ((f"{n} tenants (fair create slots)", n), ("one operator token, no tenants (today)", 0)):
+        with tempfile.TemporaryDirectory(prefix="hutch-load-") as tmp:
+            print(f"{name}:", file=sys.stderr)
+            d = PrivateDaemon(Path(tmp), tenants=k)
+            try:
+                runs[name] = fairness(d, n, a)
+            finally:
+                d.stop()
+            runs[name]["after_stop"] = resources(d.run_dir)
+    load1 = os.getloadavg()[0]
+    lines = [
+        f"Machine: {os.cpu_count()} cores, {os.uname().release}; image `{a.image}`; {started}; load average "
+        f"{load0:.1f} at the start, {load1:.1f} at the end (other work shares the machine).",
+        f"{n - 1} steady tenants ({a.steady} client(s) each, create -> `run(\"true\")` -> terminate back to back) "
+        f"for {a.phase_seconds:g} s alone (quiet), then {a.phase_seconds:g} s while tenant 0 bursts with {a.burst} "
+        "concurrent clients; over TCP + TLS, each tenant a process with its own token. Create p50 / p99 in ms; "
+        "ratio: burst p99 / quiet p99 (target <= 2). The peer: the same load on a daemon without tenants, every "
+        "process with the operator's token (no fair slots).",
+        "",
+        "| daemon | tenant | creates quiet | create quiet p50 / p99 | creates under burst | create under burst p50 / p99 | p99 ratio | errors | leftovers |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in runs.items():
+        for i in range(n):
+            q, b = r["quiet"].get(i), r["burst"].get(i)
+            qc = q["lat"]["create"] if q else []
+            bc = b["lat"]["create"]
+            ratio = f"{pct(bc, 99) / pct(qc, 99):.2f}" if qc and bc else "-"
+            errs = sum((q or {"errors": {}})["errors"].values()) + sum(b["errors"].values())
+            left = len(r["quiet_left"]) + len(r["burst_left"]) if i == 0 else ""
+            lines.append(f"| {name} | t{i}{' (bursts)' if i == 0 else ''} | {len(qc) if q else '-'} | "
+                         f"{cell(q, 'create') if q else '-'} | {len(bc)} | {cell(b, 'create')} | {ratio} | {errs} | "
+                         f"{left} |")
+    for name, r in runs.items():
+        worst = max((pct(r["burst"][i]["lat"]["create"], 99) / pct(r["quiet"][i]["lat"]["create"], 99)
+                     for i in range(1, n) if r["quiet"][i]["lat"]["create"] and r["burst"][i]["lat"]["create"]),
+                    default=float("nan"))
+        m, c = r["after_stop"]
+        lines.append(f"\n{name}: worst steady tenant's p99 ratio {worst:.2f}; after the daemon stopped {len(m)} "
+                     f"mounts and {len(c)} cgroups left.")
+        for ph in ("quiet", "burst"):
+            for i, o in r[ph].items():
+                if o["errors"]:
+                    lines.append(f"Errors ({name}, {ph}, t{i}): " + "; ".join(f"{k} x{v}" for k, v in o["errors"].items()))
+    text = "\n".join(lines)
+    print(text)
+    if a.write:
+        write_section(Path(a.write), "load.py --tenants", "Load: fairness between tenants", text)
+
+
 # ------------------------------------------------------------------ main
 
 
@@ -279,10 +392,19 @@ def main():
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tag", help=argparse.SUPPRESS)
+    ap.add_argument("--seconds", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--tenants", type=int, default=0, metavar="N",
+                    help="the fairness run instead: N tenants, one bursting, the others steady (issue 17)")
+    ap.add_argument("--phase-seconds", type=float, default=20.0, help="--tenants: seconds of each phase")
+    ap.add_argument("--burst", type=int, default=24, help="--tenants: concurrent clients of the bursting tenant")
+    ap.add_argument("--steady", type=int, default=1, help="--tenants: concurrent clients of each steady tenant")
     a = ap.parse_args()
     if a.worker is not None:
-        print(json.dumps(worker(a.worker, a.threads, a.image, a.tag)))
+        print(json.dumps(worker(a.worker, a.threads, a.image, a.tag, a.seconds, a.start_at)))
         return
+    if a.tenants:
+        return tenants_main(a)
     if a.quick:
         a.cycles = 200
     from hutch.sandbox._host.images import resolve_image

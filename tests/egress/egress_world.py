@@ -357,7 +357,7 @@ def wait_for(pred, timeout=5.0, step=0.05):
 
 @contextmanager
 def daemon_in_world(world: "World", subnet: str, mode: str, extra_env: dict | None = None,
-                    default_image: bool = False):
+                    default_image: bool = False, args: tuple = ()):
     """The real daemon in the fake host's netns, the SDK pointed at it; yields its run dir. `mode`: "default"
     (sandboxes in user namespaces) or "opt-out" (HUTCH_USERNS=0). Daemons of one test session need subnets of
     their own. `default_image`: build the default image first, here in the real host's network: the daemon in
@@ -375,7 +375,7 @@ def daemon_in_world(world: "World", subnet: str, mode: str, extra_env: dict | No
         env["HUTCH_USERNS"] = "0"
     try:
         # nsenter, not `ip netns exec`: the latter remounts /sys and would hide the cgroup controllers
-        proc = start_daemon(run_dir, env, prefix=("nsenter", f"--net=/run/netns/{world.host}"))
+        proc = start_daemon(run_dir, env, prefix=("nsenter", f"--net=/run/netns/{world.host}"), args=args)
         try:
             with sdk_pointed_at(run_dir):
                 yield run_dir

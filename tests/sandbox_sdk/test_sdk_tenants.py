@@ -211,6 +211,37 @@ def test_every_route_answers_another_tenants_ids_as_unknown_ones(world):
         hutch.Volume.delete("va")
 
 
+@pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc is not installed (scripts/setup.sh)")
+def test_memory_snapshots_are_their_tenants(world):
+    """gVisor: a's memory snapshot is listed, restored and deleted by a only; to b its id is an unknown one;
+    a restore is a's sandbox, charged to a's quotas."""
+    w = world
+    sa = _create(w, "a", runtime="gvisor", memory="128M")
+    try:
+        snap = sa.snapshot_memory()
+        a, b = w.client(w.tokens["a"]).http, w.client(w.tokens["b"]).http
+        other = secrets.token_hex(16)
+        assert [s["id"] for s in a.get("/v1/memory-snapshots").json()["snapshots"]] == [snap.id]
+        assert b.get("/v1/memory-snapshots").json()["snapshots"] == []
+        for method, path in (("GET", "/v1/memory-snapshots/{}"), ("DELETE", "/v1/memory-snapshots/{}"),
+                             ("POST", "/v1/memory-snapshots/{}/restore")):
+            got, ref = b.request(method, path.format(snap.id)), b.request(method, path.format(other))
+            assert got.status_code == ref.status_code == 404, (path, got.text)
+            assert got.text.replace(snap.id, "<sid>") == ref.text.replace(other, "<sid>")
+        w.as_tenant("a")
+        kid = hutch.Sandbox.restore(snap, detach=True, tags=RUN_TAG)
+        try:
+            assert kid.id in [s.id for s in hutch.Sandbox.list()]
+            assert w.client(w.tokens["a"]).json("GET", "/v1/tenant")["use"]["sandboxes"] == 2
+            w.as_tenant("b")
+            assert kid.id not in [s.id for s in hutch.Sandbox.list()]
+        finally:
+            kid.terminate()
+        assert a.delete(f"/v1/memory-snapshots/{snap.id}").status_code == 204
+    finally:
+        sa.terminate()
+
+
 def test_a_tenant_may_not_bind_host_paths_or_use_host_directories(world, busybox_root, tmp_path):
     w = world
     w.as_tenant("b")
@@ -428,3 +459,69 @@ def test_audit_log_records_and_rotates(world):
     assert w.audit.with_name(w.audit.name + ".1").exists() and w.audit.with_name(w.audit.name + ".2").exists()
     assert not w.audit.with_name(w.audit.name + ".3").exists()
     assert w.audit.stat().st_size <= 20000
+
+
+# --- fair create slots ------------------------------------------------------------------------------------------
+
+
+def test_fair_slots_let_a_light_tenant_past_a_burst():
+    """The admission itself (tenants.Accounts): a tenant within its share never waits behind another's burst;
+    the burst gets what the others leave; freed slots go round the waiting tenants in turn."""
+    import asyncio
+
+    from hutch.sandbox._host.daemon.tenants import Accounts
+
+    async def main():
+        acc = Accounts(slots=4)
+        running = {"a": 0, "b": 0, "c": 0}
+        peak = {"a": 0, "b": 0, "c": 0}
+        order = []
+
+        async def create(name, hold):
+            await acc.slot(name)
+            running[name] += 1
+            peak[name] = max(peak[name], running[name])
+            order.append(name)
+            try:
+                await hold.wait()
+            finally:
+                running[name] -= 1
+                acc.free(name)
+
+        hold_a = asyncio.Event()
+        burst = [asyncio.ensure_future(create("a", hold_a)) for _ in range(20)]
+        await asyncio.sleep(0.01)
+        assert running["a"] == 4   # alone, the burst takes every slot
+        hold_b = asyncio.Event()
+        light = asyncio.ensure_future(create("b", hold_b))
+        await asyncio.sleep(0.01)
+        assert running["b"] == 1   # within its share: b does not wait, even with every slot a's
+        assert acc._allot() == {"b": 1, "a": 3}   # a is past its share: its next freed slot is not its own
+        hold_b.set()
+        await light
+        hold_b.clear()
+        more_b = [asyncio.ensure_future(create("b", hold_b)) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        assert running["b"] == 2   # its equal share (half of 4) at once; the third waits
+        hold_a.set()   # a's creates end; b holds its 2, a runs 2 at a time, and a slot freed goes round in turn
+        await asyncio.sleep(0.05)
+        bs = [i for i, n in enumerate(order) if n == "b"]
+        assert len(bs) == 4 and bs[-1] < max(i for i, n in enumerate(order) if n == "a"), order   # not after a's 16
+        assert max(peak.values()) <= 4 and running["b"] == 3
+        hold_b.set()
+        await asyncio.gather(*burst, *more_b)
+        assert acc.inflight == {} and not acc.turn
+        # cancelled waiters give their place back
+        hold = asyncio.Event()
+        first = [asyncio.ensure_future(create(n, hold)) for n in ("c", "c", "c", "c", "a", "a")]
+        await asyncio.sleep(0.01)
+        waiter = asyncio.ensure_future(acc.slot("a"))   # past a's share (2 of 4): it waits
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        hold.set()
+        await asyncio.gather(*first)
+        assert acc.inflight == {} and not acc.turn
+
+    asyncio.run(main())

@@ -123,7 +123,7 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, po
         from hutch.sandbox._host.daemon.scope import Tenancy
         registry.log = log
         mgr.tenancy = Tenancy(registry)
-    runner = gate = None
+    runner = gate = egress_task = None
     listeners: list[socket.socket] = []
     # First of all: a SIGTERM while it starts (the socket exists before it serves) must still end in the
     # teardown below, not in the default action, which would leave the cgroups and inits made so far.
@@ -142,6 +142,8 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, po
 
         mgr.network = load_attacher()
         await mgr.start()
+        if mgr.tenancy is not None:
+            egress_task = loop.create_task(mgr.tenancy.egress_loop(mgr))
         ssl_ctx = server_context(*tls) if tls else None
         gate = Gate(limits, log, PeerCheck(policy), token, ssl_ctx, registry)
         runner = web.AppRunner(make_app(mgr, gate), handler_cancellation=True, access_log=None)
@@ -168,6 +170,8 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, po
             except asyncio.TimeoutError:
                 log.flush()
     finally:
+        if egress_task is not None:
+            egress_task.cancel()
         if gate is not None:
             await gate.close()
         for s in listeners:

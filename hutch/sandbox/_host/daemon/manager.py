@@ -689,6 +689,8 @@ class Manager:
         if sb.layers is not None and removed:
             await sb.layers.release_layer(sb.id)
             sb.layers = None
+        if self.tenancy is not None and sb.spec is not None:
+            self.tenancy.charge_egress(self, sb)   # what it moved since the last charge, before the count goes
         if self.network is not None and sb.spec is not None:
             try:
                 await self.network.detach(sb.id)

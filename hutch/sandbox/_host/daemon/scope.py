@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import sys
 from pathlib import Path
 
 from hutch._core import paths
@@ -24,6 +25,8 @@ from hutch.sandbox._spec import VOLUME_NAME_RE
 
 #: Disk use is recomputed at most this often (seconds) per tenant; writes in between are added to it.
 DISK_TTL = 2.0
+#: Seconds between charges of the egress gateway's byte counts to the tenants.
+EGRESS_EVERY = 1.0
 
 
 def unknown_image(key: str) -> NotFoundError:
@@ -39,6 +42,8 @@ class Tenancy:
         self.registry = registry
         self.accounts = Accounts()
         self.owners = Owners(paths.state_dir() / "tenant-owners.json")
+        self._relayed: dict[str, int] = {}   # sandbox id -> the gateway's count at its last charge
+        self._cut: set[str] = set()          # sandboxes whose network was cut for their tenant's egress quota
         self._disk: dict[str, tuple[float, int]] = {}
 
     # --- images ----------------------------------------------------------------------------------------
@@ -171,6 +176,46 @@ class Tenancy:
             mounts.append(m)
         return dataclasses.replace(spec, mounts=tuple(mounts), image=self.image_ref(t, spec.image))
 
+    # --- egress ------------------------------------------------------------------------------------------
+
+    def charge_egress(self, mgr, sb) -> None:
+        """Charge `sb`'s tenant what the gateway moved for it since the last charge."""
+        if sb.tenant is None or mgr.network is None or not hasattr(mgr.network, "relayed"):
+            return
+        now = mgr.network.relayed(sb.id)
+        seen = self._relayed.get(sb.id, 0)
+        if now > seen:
+            self.accounts.charge_egress(sb.tenant, now - seen)
+            self._relayed[sb.id] = now
+
+    async def egress_loop(self, mgr) -> None:
+        """Every EGRESS_EVERY seconds: charge every tenant sandbox's egress; a tenant past its egress quota has
+        its sandboxes' network set to none (the daemon's log says so); it may give them a network again (PUT
+        .../network) and create sandboxes once its use of the last 24 hours falls under the quota."""
+        from hutch.sandbox._spec import Network
+
+        while True:
+            await asyncio.sleep(EGRESS_EVERY)
+            live = [s for s in mgr.sandboxes.values() if s.active and s.tenant is not None and s.spec is not None]
+            for sb in live:
+                self.charge_egress(mgr, sb)
+            self._relayed = {k: v for k, v in self._relayed.items() if k in mgr.sandboxes}
+            for sb in live:
+                t = self.registry.get(sb.tenant)
+                q = t.quotas.egress_bytes_per_day if t is not None else None
+                if q is None or sb.spec.network.mode == "none":
+                    continue
+                if self.accounts.egress_used(t.name) < q:
+                    self._cut.discard(sb.id)
+                elif sb.id not in self._cut:
+                    self._cut.add(sb.id)
+                    try:
+                        await mgr.network.update(sb.id, Network.none())
+                        print(f"hutch daemon: tenant {t.name} is over its egress quota ({q} bytes a day): sandbox "
+                              f"{sb.id}'s network is now none", file=sys.stderr, flush=True)
+                    except Exception as e:  # noqa: BLE001 - it may have ended meanwhile
+                        print(f"hutch daemon: could not cut sandbox {sb.id}'s network: {e}", file=sys.stderr)
+
     # --- quotas --------------------------------------------------------------------------------------------
 
     def live(self, mgr, t: Tenant) -> list:
@@ -217,9 +262,10 @@ class Tenancy:
         """Run `make()` (a create, fork or restore: a coroutine function) within `t`'s quotas and a fair slot;
         shielded once admitted (a client hanging up must not leave it half-made)."""
         acc = self.accounts
+        who = t.name if t is not None else ""   # the operator's creates share the slots as a tenant's do
         ticket = acc.reserve(t, self.live(mgr, t), n, cpu, memory) if t is not None else None
         try:
-            await acc.slot(t.name if t is not None else "")
+            await acc.slot(who)
         except BaseException:
             if ticket:
                 acc.release(ticket)
@@ -232,7 +278,7 @@ class Tenancy:
                     sb.reserved = False   # counted as live from now on, as its reservation goes
                 return made
             finally:
-                acc.free()
+                acc.free(who)
                 if ticket:
                     acc.release(ticket)
         return await asyncio.shield(run())

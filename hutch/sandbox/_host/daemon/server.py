@@ -627,6 +627,9 @@ class Handlers:
         if not isinstance(d, dict):
             raise ConfigError('the body must be {"network": {...}} as Network makes it.')
         net = Network.from_dict(d)   # validates like the named constructors; errors name the entry
+        t = request.get("tenant")
+        if t is not None and net.mode != "none":
+            self.tenancy.accounts.egress_check(t)   # over its egress quota: no network until its day's use falls
         if self.mgr.network is None:
             raise NetworkPolicyError("this daemon runs no egress gateway, so a sandbox's network cannot change; "
                                      "sandboxes here have Network.none().")

@@ -21,8 +21,10 @@ of one second's worth, at least one), `egress_bytes_per_day` (a sliding day of t
 counters). Over one: QuotaExceededError (HTTP 429) naming the quota, its limit and the use; checked before
 anything is made, and creates in flight are reserved, so concurrent creates cannot race past a limit.
 
-Creates are admitted through `SLOTS` fair slots: while they are all busy, waiting creates are taken one per
-tenant in turn (round-robin), so one tenant's burst queues behind its own requests, not in front of others'.
+Creates are admitted through `SLOTS` fair slots, shared max-min fairly between the tenants with creates
+running or waiting: each gets what it asks up to an equal share, the rest goes to those that want more, and
+slots freed go to waiting tenants in turn (round-robin). A tenant within its share never waits for another's
+creates, so one tenant's burst queues behind its own requests, not in front of others'.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ from hutch.sandbox._spec import parse_size
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
 #: Largest tenants file read.
 MAX_FILE = 4 << 20
-#: Creates run at once while tenants wait for a slot (the rest queue, one per tenant in turn).
-SLOTS = 4
+#: Creates run at once (the rest wait, shared fairly between tenants: Accounts.slot): more than two per core
+#: adds latency, not throughput (a create is CPU work of the daemon, its zygote and the init).
+SLOTS = max(4, 2 * (os.cpu_count() or 1))
 #: Where `hutch tenant` edits and `hutch serve --tenants` reads by default.
 DEFAULT_FILE = Path("/etc/hutch/tenants.json")
 #: A tenant's volumes are stored as VOLUME_PREFIX + tenant + "." + its name for them.
@@ -349,7 +352,7 @@ class Accounts:
     def __init__(self, slots: int = SLOTS):
         self.accounts: dict[str, _Account] = {}
         self.slots = slots
-        self.busy = 0
+        self.inflight: dict[str, int] = {}   # creates running, by tenant
         self.turn: OrderedDict[str, None] = OrderedDict()   # tenants with creates waiting, in round-robin order
 
     def account(self, name: str) -> _Account:
@@ -422,21 +425,39 @@ class Accounts:
         if q is not None and (used := self.egress_used(tenant.name)) >= q:
             raise over_quota(tenant, "egress_bytes_per_day", q, used, "bytes of egress in the last 24 hours")
 
-    # fair slots
+    # fair slots: while a slot is free any create takes it; once all `slots` are taken, they are shared max-min
+    # fairly between the tenants with creates running or waiting (each gets what it asks up to an equal share, the
+    # rest goes to those that want more), and a tenant within its share is admitted at once (past `slots`: the
+    # others drain back to their shares as their creates end)
+    def _allot(self, extra: str | None = None) -> dict[str, int]:
+        demand = {n: c + len(self.accounts[n].waiting) for n, c in self.inflight.items() if c} | {
+            n: self.inflight.get(n, 0) + len(self.accounts[n].waiting) for n in self.turn}
+        if extra is not None:
+            demand[extra] = demand.get(extra, self.inflight.get(extra, 0)) + 1
+        allot, left = {}, self.slots
+        for i, (n, d) in enumerate(sorted(demand.items(), key=lambda kv: kv[1])):
+            allot[n] = min(d, max(1, -(-left // (len(demand) - i))))   # at least 1 each, however many ask
+            left = max(0, left - allot[n])
+        return allot
+
+    def _free_slot(self) -> bool:
+        """A slot nobody uses (work-conserving: nobody waits while one is free, shares matter once all are taken)."""
+        return sum(self.inflight.values()) < self.slots and not self.turn
+
     async def slot(self, name: str) -> None:
-        """Wait for a create slot; while all are busy, tenants take them in turn."""
-        if self.busy < self.slots and not self.turn:
-            self.busy += 1
+        """Wait for a create slot (see above); a tenant within its share never waits for another's creates."""
+        a = self.account(name)
+        if not a.waiting and (self._free_slot() or self.inflight.get(name, 0) < self._allot(name).get(name, 1)):
+            self.inflight[name] = self.inflight.get(name, 0) + 1
             return
         fut = asyncio.get_running_loop().create_future()
-        a = self.account(name)
         a.waiting.append(fut)
         self.turn.setdefault(name, None)
         try:
             await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
-                self.free()   # it was handed a slot as it was cancelled: pass it on
+                self.free(name)   # it was handed a slot as it was cancelled: pass it on
             else:
                 try:
                     a.waiting.remove(fut)
@@ -446,19 +467,30 @@ class Accounts:
                     self.turn.pop(name, None)
             raise
 
-    def free(self) -> None:
-        """A create ended: its slot goes to the next tenant in turn (or is returned)."""
-        while self.turn:
-            name, _ = self.turn.popitem(last=False)
-            a = self.accounts[name]
-            while a.waiting:
-                fut = a.waiting.popleft()
-                if not fut.done():
-                    if a.waiting:
-                        self.turn[name] = None   # to the back of the line
-                    fut.set_result(None)
-                    return
-        self.busy -= 1
+    def free(self, name: str) -> None:
+        """A create of `name` ended: hand slots to the tenants waiting, in turn, while they are within their share."""
+        self.inflight[name] -= 1
+        if not self.inflight[name]:
+            del self.inflight[name]
+        progressed = True
+        while progressed and self.turn:
+            progressed = False
+            allot = self._allot()
+            for n in list(self.turn):
+                a = self.accounts[n]
+                while a.waiting and a.waiting[0].done():
+                    a.waiting.popleft()
+                if not a.waiting:
+                    self.turn.pop(n, None)
+                    continue
+                if sum(self.inflight.values()) < self.slots or self.inflight.get(n, 0) < allot.get(n, 1):
+                    self.inflight[n] = self.inflight.get(n, 0) + 1
+                    a.waiting.popleft().set_result(None)
+                    self.turn.move_to_end(n)   # to the back of the line
+                    if not a.waiting:
+                        self.turn.pop(n, None)
+                    progressed = True
+                    break
 
 
 def _num(x) -> str:

@@ -140,6 +140,10 @@ class DaemonAttacher:
         given.add(pem)
         return pem
 
+    def relayed(self, sandbox_id: str) -> int:
+        """Bytes the gateway's proxy moved for the sandbox so far, both ways (0 once it is detached)."""
+        return self.gateway.relayed(sandbox_id)
+
     def log(self, sandbox_id: str) -> dict:
         if not self.gateway.attached(sandbox_id):
             return {"decisions": []}

@@ -356,11 +356,15 @@ class TLSEnd:
     async def _flush(self) -> None:
         data = self.out.read()
         if data:
+            if self.sock is self.conn.upstream:   # counted once: on the server's side
+                self.conn.sandbox.relayed += len(data)
             await self.conn.loop.sock_sendall(self.sock, data)
 
     async def _fill(self) -> None:
         data = await self.conn.loop.sock_recv(self.sock, 65536)
         if data:
+            if self.sock is self.conn.upstream:
+                self.conn.sandbox.relayed += len(data)
             self.inc.write(data)
         else:
             self.inc.write_eof()

@@ -72,6 +72,7 @@ class _SandboxNet:
     log: DecisionLog = field(default_factory=lambda: DecisionLog(time.monotonic()))
     dns: Lane = field(default_factory=lambda: Lane(time.monotonic()))
     conns_refused: int = 0     # connections reset for going over the proxy's per-sandbox limit
+    relayed: int = 0           # bytes the proxy moved for it, both ways (a tenant's egress quota is charged from it)
     plain: bool = False        # its link takes a plain address (a gVisor sandbox: see netns.Plumber.add)
     # link changes (attach, set_policy, detach) take turns: a detach must not close the netns fd
     # while a link is being built through it (a reused fd number would name another namespace)
@@ -360,6 +361,11 @@ class Gateway:
         """The PEM certificate of the sandbox's CA, which its trust store must hold (None: no credential)."""
         sb = self._get(sandbox_id)
         return sb.ca.pem if sb.ca is not None else None
+
+    def relayed(self, sandbox_id: str) -> int:
+        """Bytes the proxy moved for the sandbox so far, both ways (0 if it is not attached)."""
+        sb = self._sandboxes.get(sandbox_id)
+        return sb.relayed if sb is not None else 0
 
     def attached(self, sandbox_id: str) -> bool:
         return sandbox_id in self._sandboxes

@@ -185,6 +185,7 @@ class Conn:
                     continue
                 if n == 0:
                     break
+                self.sandbox.relayed += n
                 if meter is not None:
                     meter.add(n)
                 while n:
@@ -208,6 +209,7 @@ class Conn:
                 return
             out = stream.feed(data)
             if out:
+                self.sandbox.relayed += len(out)
                 if self.meter is not None:
                     left = self.meter.left()
                     if left is not None and len(out) > left:
@@ -508,6 +510,7 @@ class Proxy:
         loop = conn.loop
         conn.client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if first:
+            conn.sandbox.relayed += len(first)
             if conn.meter is not None and stream is None:
                 left = conn.meter.left()
                 if left is not None and len(first) > left:

@@ -1,0 +1,96 @@
+"""A tenant's egress quota (docs/tenants.md) charged from the real gateway's byte counts: a tenant's sandbox
+fetches through the gateway in the test world, the bytes count against its day, and past the quota its
+creates answer 429 and its sandboxes lose their network."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from egress_world import daemon_in_world
+from hutch_testing import make_busybox_root
+
+import hutch
+from hutch import Network
+
+BUSYBOX = shutil.which("busybox")
+
+
+@pytest.fixture(scope="module")
+def tenant_world(world):
+    if BUSYBOX is None:
+        pytest.skip("busybox-static is not installed (scripts/debian-packages.txt lists it)")
+    from hutch.sandbox._host.daemon import tenants as T
+
+    tmp = Path(tempfile.mkdtemp(prefix="hutch-egress-tenants-"))
+    try:
+        root = make_busybox_root(tmp / "root", BUSYBOX)
+        tf = tmp / "etc" / "tenants.json"
+        token = T.add(tf, "e", T.Quotas(egress_bytes_per_day=200_000), ["bb-egress"])
+        with daemon_in_world(world, "198.18.7.0/24", "default", args=("--tenants", str(tf))) as run_dir:
+            with hutch.Sandbox.create(image=hutch.Image.from_directory(root)) as sb:   # the operator shares an image
+                sb.snapshot_filesystem(name="bb-egress")
+            http = httpx.Client(transport=httpx.HTTPTransport(uds=str(run_dir / "hutch.sock")), base_url="http://hutch",
+                                headers={"Authorization": f"Bearer {token}"}, timeout=60)
+            try:
+                yield http
+            finally:
+                http.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _create(http, **kw):
+    from hutch.sandbox._spec import SandboxSpec
+
+    spec = SandboxSpec.build(image="bb-egress", detach=True, timeout=120, **kw).to_dict()
+    return http.post("/v1/sandboxes", json={"spec": spec})
+
+
+def _run(http, sid: str, *argv: str) -> tuple[int, bytes]:
+    from hutch.sandbox._api import EXIT, STDOUT, FrameDecoder
+
+    r = http.post(f"/v1/sandboxes/{sid}/exec", json={"argv": list(argv)})
+    assert r.status_code == 200, r.text
+    out, code = b"", None
+    for kind, payload in FrameDecoder().feed(r.content):
+        if kind == STDOUT:
+            out += payload
+        elif kind == EXIT:
+            code = json.loads(payload)["returncode"]
+    return code, out
+
+
+def test_egress_is_charged_and_its_quota_holds(tenant_world):
+    http = tenant_world
+    r = _create(http, network=Network.allow(domains=["www.example.test"]))
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    try:
+        code, _ = _run(http, sid, "wget", "-q", "-O", "/dev/null", "http://www.example.test/bytes/300000")
+        assert code == 0
+        deadline = time.monotonic() + 10
+        while (use := http.get("/v1/tenant").json()["use"]["egress_bytes_per_day"]) < 300_000:
+            assert time.monotonic() < deadline, use
+            time.sleep(0.2)
+        assert use < 400_000   # what was fetched, with its headers: not counted twice
+        r = _create(http)
+        assert r.status_code == 429, r.text
+        d = r.json()
+        assert d["error"] == "QuotaExceededError" and d["quota"] == "egress_bytes_per_day" and d["limit"] == 200_000
+        deadline = time.monotonic() + 10   # its sandbox loses its network at the next charge
+        while _run(http, sid, "wget", "-q", "-T", "3", "-O", "/dev/null", "http://www.example.test/bytes/10")[0] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        r = http.put(f"/v1/sandboxes/{sid}/network",
+                     json={"network": Network.allow(domains=["www.example.test"]).to_dict(reveal=True)})
+        assert r.status_code == 429 and r.json()["quota"] == "egress_bytes_per_day"
+    finally:
+        http.post(f"/v1/sandboxes/{sid}/terminate")
+    assert not [s for s in http.get("/v1/sandboxes").json()["sandboxes"]]
