@@ -251,6 +251,18 @@ def test_a_tenant_may_not_bind_host_paths_or_use_host_directories(world, busybox
         hutch.Sandbox.create(image=hutch.Image.from_directory(busybox_root), tags=RUN_TAG)
     with pytest.raises(hutch.NotFoundError):   # an image not shared with it is unknown to it
         hutch.Sandbox.create(image="image:" + "e" * 64, tags=RUN_TAG)
+    r = w.client(w.tokens["b"]).http.post("/v1/images/ensure", json={"ref": "debian-slim"})
+    assert r.status_code == 404 and "cannot build images" in r.json()["message"]   # this daemon's state has none
+    hutch.Volume.from_name("vv", create=True)
+    sb = _create(w, "b", mounts=[hutch.Mount.volume("vv", "/data", readonly=False)])
+    try:
+        sb.run("sh", "-c", "echo hi > /data/f")
+        assert hutch.Volume.from_name("vv").read("/f") == b"hi\n"
+        info = w.client(w.tokens["b"]).json("GET", f"/v1/sandboxes/{sb.id}")
+        assert [m["source"] for m in info["spec"]["mounts"]] == ["vv"] and info["spec"]["image"] == SHARED
+    finally:
+        sb.terminate()
+        hutch.Volume.delete("vv")
     with pytest.raises(hutch.UnsupportedError, match="build steps"):
         _snapshot_with_key(w)
 

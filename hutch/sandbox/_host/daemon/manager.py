@@ -81,6 +81,8 @@ class LiveSandbox:
     gv: object = None                   # a gVisor sandbox's runtime state (gvisor.runtime.GvSandbox); None: native
     tenant: str | None = None           # the tenant whose sandbox it is (None: the operator's; daemon/tenants.py)
     reserved: bool = False              # its create holds a quota reservation still (scope.Tenancy.admit)
+    shown_spec: dict | None = None      # its spec as its tenant gave it (the daemon runs it with the tenant's
+                                        # volumes' stored names and its image's id: scope.Tenancy.spec_for)
 
     @property
     def active(self) -> bool:
@@ -89,7 +91,7 @@ class LiveSandbox:
     def info(self) -> dict:
         return {"id": self.id, "name": self.spec.name, "tags": dict(self.spec.tags), "status": self.status,
                 "returncode": self.returncode, "created_at": self.created_at, "ended_at": self.ended_at,
-                "detach": self.spec.detach, "spec": self.spec.to_dict(),
+                "detach": self.spec.detach, "spec": self.shown_spec or self.spec.to_dict(),
                 "cgroups": list(self.cgroups) if self.active else []}
 
     def touch(self) -> None:

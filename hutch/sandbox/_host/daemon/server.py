@@ -217,10 +217,13 @@ class Handlers:
             # its lease the sandbox is ended after the grace period.
             sb = await asyncio.shield(self.mgr.create(spec))
         else:   # quotas checked and reserved, a fair slot, then (shielded) the create
+            given = spec
             if t is not None:
                 spec = self.tenancy.spec_for(t, spec)
             sb = await self.tenancy.admit(self.mgr, t, 1, spec.limits.cpu, spec.limits.memory,
                                           lambda: self.mgr.create(spec, t.name if t is not None else None))
+            if t is not None:
+                sb.shown_spec = given.to_dict()
         return web.json_response(sb.info(), status=201)
 
     async def list(self, request):
@@ -579,7 +582,13 @@ class Handlers:
             raise ConfigError('the body must be {"ref": "<image reference>"}.')
         t = request.get("tenant")
         if t is not None:
-            ref = self.tenancy.image_ref(t, ref)   # only what it may use
+            ref = self.tenancy.image_ref(t, ref)   # only what it may use, and built already: a build is the host's
+            try:
+                await asyncio.to_thread(images.resolve_image, ref)
+            except errors.NotFoundError:
+                raise errors.NotFoundError(f"image {body['ref']!r} is not built on this host, and a tenant cannot "
+                                           "build images; ask the operator to build it (`hutch image build`) and share "
+                                           "it with you.") from None
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
