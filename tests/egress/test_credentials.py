@@ -242,3 +242,49 @@ def test_the_upstream_context_verifies_certificate_and_name():
     ctx = upstream_context()
     assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
     assert ctx.minimum_version >= ssl.TLSVersion.TLSv1_2
+
+
+HANDSHAKES = """
+import socket, ssl, sys, threading
+ctx = ssl.create_default_context(cafile=sys.argv[1])
+ok, refused, held = [], [], []
+def one():
+    try:
+        s = ctx.wrap_socket(socket.create_connection(("api.example.test", 443), timeout=10),
+                            server_hostname="api.example.test")
+        held.append(s)
+        ok.append(1)
+    except OSError:
+        refused.append(1)
+ts = [threading.Thread(target=one) for _ in range(int(sys.argv[2]))]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print(len(ok), len(refused))
+"""
+
+
+def test_one_sandbox_s_tls_work_at_the_gateway_is_bounded(sandbox, world, tmp_path, monkeypatch):
+    """The gateway's TLS for credential hosts runs on the daemon's CPU, so each sandbox gets a share: connections
+    at once, handshakes a second, brokered bytes a second (paced, not cut); what is held back is counted."""
+    import time
+
+    from hutch.sandbox._host.egress import broker
+
+    monkeypatch.setattr(broker, "BROKERED_BYTES_PER_SECOND", 256 << 10)   # the gateway runs in this process
+    sb = sandbox(Network.allow(domains=[API], credentials=creds()))
+    ca = ca_file(world, sb, tmp_path)
+    r = sb.run("python3", "-c", HANDSHAKES, str(ca), "60", timeout=60)
+    ok, refused = map(int, r.stdout.split())
+    assert ok <= broker.MAX_BROKERED and ok + refused == 60, (r.stdout, r.stderr)
+    lim = sb.log().limits
+    assert lim["tls_over_connection_limit"] + lim["tls_over_handshake_rate"] >= refused > 0, lim
+    time.sleep(60 / broker.HANDSHAKES_PER_SECOND)   # the burst is back: brokering goes on
+    r = curl(sb, ca, "-o", "/dev/null", "-w", "%{http_code}", f"https://{API}/echo-headers")
+    assert r.stdout == "200", (r.stdout, r.stderr)
+    # bytes: paced to BROKERED_BYTES_PER_SECOND (256 KiB/s here: 1 s of burst, then 3 s), the download whole
+    n = 1 << 20
+    t0 = time.monotonic()
+    r = curl(sb, ca, "-o", "/dev/null", "-w", "%{http_code} %{size_download}", f"https://{API}/bytes/{n}")
+    took = time.monotonic() - t0
+    assert r.stdout == f"200 {n}", (r.stdout, r.stderr)
+    assert took >= 2.5 and sb.log().limits["tls_paced_ms"] > 0, (took, sb.log().limits)

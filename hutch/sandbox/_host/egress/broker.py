@@ -208,6 +208,61 @@ class OverBudget(sniff.Refused):
     pass
 
 
+#: What one sandbox may make the gateway's TLS do. The gateway's CPU is the daemon's (bench/broker.py: ~1 ms per
+#: brokered connection for its two handshakes, ~2 ms per MiB decrypted, redacted and encrypted again), not the
+#: sandbox's cgroup's, so it is bounded per sandbox instead: at most ~28 + 38 ms of a core a second each.
+HANDSHAKES_PER_SECOND = 20.0
+HANDSHAKE_BURST = 40
+MAX_BROKERED = 32                  # brokered connections open at once
+BROKERED_BYTES_PER_SECOND = 16 << 20
+
+
+class Share:
+    """One sandbox's share of the gateway's TLS work: a handshake rate, open brokered connections, and a byte
+    rate its brokered traffic is paced to (held back, not cut). Counters go to the log's `limits`."""
+
+    def __init__(self):
+        now = time.monotonic()
+        self._hs, self._hs_at = float(HANDSHAKE_BURST), now
+        self._bytes, self._bytes_at = float(BROKERED_BYTES_PER_SECOND), now
+        self.open = 0
+        self.over_rate = self.over_connections = 0
+        self.paced = 0.0                   # seconds brokered traffic was held back
+
+    def admit(self) -> str | None:
+        """Take a new brokered connection's handshakes; why not, if it is over a limit."""
+        if self.open >= MAX_BROKERED:
+            self.over_connections += 1
+            return f"more than {MAX_BROKERED} connections to credential hosts at once"
+        now = time.monotonic()
+        self._hs = min(HANDSHAKE_BURST, self._hs + (now - self._hs_at) * HANDSHAKES_PER_SECOND)
+        self._hs_at = now
+        if self._hs < 1:
+            self.over_rate += 1
+            return f"more than {HANDSHAKES_PER_SECOND:g} TLS handshakes a second with credential hosts"
+        self._hs -= 1
+        self.open += 1
+        return None
+
+    def release(self) -> None:
+        self.open -= 1
+
+    async def pace(self, n: int) -> None:
+        """Wait until `n` more brokered bytes fit the sandbox's byte rate."""
+        now = time.monotonic()
+        self._bytes = min(BROKERED_BYTES_PER_SECOND, self._bytes + (now - self._bytes_at) * BROKERED_BYTES_PER_SECOND)
+        self._bytes_at = now
+        self._bytes -= n
+        if self._bytes < 0:
+            wait = -self._bytes / BROKERED_BYTES_PER_SECOND
+            self.paced += wait
+            await asyncio.sleep(wait)
+
+    def counters(self) -> dict:
+        return {"tls_over_handshake_rate": self.over_rate, "tls_over_connection_limit": self.over_connections,
+                "tls_paced_ms": int(self.paced * 1000)}
+
+
 class Redactor:
     """Replaces each needle in a byte stream by as many '*' (so lengths, and HTTP framing, stay as they were);
     bytes that could begin a needle are held back until the rest shows whether it is one."""
@@ -444,6 +499,17 @@ def too_many(reason: str) -> bytes:
 async def serve(proxy, conn, host: str, target: str, port: int, hello: bytes, secret, why: str) -> None:
     """Run one brokered connection to the end (the proxy's `_handle` hands it over after its checks)."""
     gw, sb = proxy.gw, conn.sandbox
+    why_not = sb.tls.admit()
+    if why_not:
+        return proxy._deny(conn, f"{why_not}; {host} refused", name=host, address=target, port=port, protocol="tls")
+    try:
+        return await _serve(proxy, conn, host, target, port, hello, secret, why)
+    finally:
+        sb.tls.release()
+
+
+async def _serve(proxy, conn, host: str, target: str, port: int, hello: bytes, secret, why: str) -> None:
+    gw, sb = proxy.gw, conn.sandbox
     down_tls = TLSEnd(conn, conn.client, sb.ca.context_for(host), server_side=True, first=hello)
     try:
         await down_tls.handshake()
@@ -482,6 +548,7 @@ async def serve(proxy, conn, host: str, target: str, port: int, hello: bytes, se
                 if not refused:
                     await down_tls.close()
                 return
+            await sb.tls.pace(len(data))
             await down_tls.send(red.feed(data))
             responses.feed(data)
 
@@ -515,6 +582,7 @@ async def serve(proxy, conn, host: str, target: str, port: int, hello: bytes, se
             if over:
                 gw._record(sb, host, target, port, "tls", "deny", f"a request to {host} went {over}; reset")
                 return conn.close(reset=True)
+            await sb.tls.pace(len(out))
             await up_tls.send(out)
         await task
     except (OSError, ConnectionError, ssl.SSLError):

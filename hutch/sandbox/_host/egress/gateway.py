@@ -31,7 +31,7 @@ from hutch._core import settings
 from hutch._core.errors import ConfigError, NetworkPolicyError, NotFoundError, SandboxError, StateError
 from hutch.sandbox._host.egress import netns as _netns
 from hutch.sandbox._host.egress.audit import DecisionLog, LogView
-from hutch.sandbox._host.egress.broker import Budget, SandboxCA, upstream_context
+from hutch.sandbox._host.egress.broker import Budget, SandboxCA, Share, upstream_context
 from hutch.sandbox._host.egress.dns import ANSWER_TTL, Lane, Resolver, ResolveError, Upstream
 from hutch.sandbox._host.egress.policy import (AddressRules, Verdict, chain_allowed, name_allowed, normalize_name,
                                            port_allowed)
@@ -79,6 +79,7 @@ class _SandboxNet:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     detached: bool = False
     ca: SandboxCA | None = None                       # made when the sandbox first has a credential (broker.py)
+    tls: Share = field(default_factory=Share)         # its share of the gateway's TLS work (broker.py)
     budgets: dict = field(default_factory=dict)       # host -> Budget of its credential; ("entry", e) -> policy's
 
     def entry_budget(self, entry: str) -> Budget | None:
@@ -403,7 +404,7 @@ class Gateway:
         what the resolver's and the proxy's limits held back is in `limits` (see audit.py, docs/egress.md).
         """
         sb = self._get(sandbox_id)
-        return sb.log.view({**sb.dns.counters(), "tcp_over_connection_limit": sb.conns_refused})
+        return sb.log.view({**sb.dns.counters(), "tcp_over_connection_limit": sb.conns_refused, **sb.tls.counters()})
 
     async def detach(self, sandbox_id: str, *, wait: bool = True) -> None:
         """Remove everything the sandbox had: connections, link, rules, conntrack entries.
