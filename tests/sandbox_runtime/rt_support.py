@@ -96,8 +96,9 @@ class Daemon:
     """A hutch daemon subprocess with a private run directory."""
 
     def __init__(self, run_dir: Path, listen: str | None = None, token: str | None = None, env: dict | None = None,
-                 tls: tuple[Path, Path] | None = None, prefix: tuple[str, ...] = ()):
+                 tls: tuple[Path, Path] | None = None, prefix: tuple[str, ...] = (), serve_kw: dict | None = None):
         self.extra_env = env or {}
+        self.serve_kw = serve_kw or {}   # more keyword arguments of serve() (tenants=...)
         self.tls = tls
         self.prefix = prefix   # a command that execs the daemon (e.g. unshare -m: a mount namespace of its own)
         self.run_dir = run_dir
@@ -118,6 +119,7 @@ class Daemon:
             args = f"socket_path=None, listen={self.listen!r}, token={self.token!r}"
             if self.tls:
                 args += f", tls_cert={str(self.tls[0])!r}, tls_key={str(self.tls[1])!r}"
+            args += "".join(f", {k}={v!r}" for k, v in self.serve_kw.items())
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(
                     [*self.prefix, sys.executable, "-c", f"from hutch.sandbox._host.daemon import serve; serve({args})"],

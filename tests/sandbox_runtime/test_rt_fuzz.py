@@ -4,7 +4,8 @@ schemathesis turns GET /v1/openapi.json into hypothesis strategies: requests tha
 (positive) and requests that break it (negative: malformed JSON, wrong types, out-of-range and huge
 values, odd unicode). On top of them the test sends bad ids and real ones (a running sandbox, a live
 exec, a volume), paths that try to climb out of a sandbox or a volume, and TCP requests with a missing
-or wrong token, over the Unix socket and over TCP with TLS. Every answer must come within a bound,
+or wrong token, over the Unix socket and over TCP with TLS, and as a tenant (`serve(tenants=...)`, whose token
+must never reach the operator's sandboxes it is aimed at: docs/tenants.md). Every answer must come within a bound,
 never be a 5xx, and be a documented JSON error whenever it is not a success. At the end nothing the
 fuzzer made may be left: every sandbox it created is terminated, then the daemon's cgroups, mounts and
 descriptors must be back to where they were, and nothing may have appeared outside a volume or on the
@@ -73,8 +74,13 @@ def world(busybox_root, tmp_path_factory):
     state = base / "state"
     subprocess.run([sys.executable, "-m", "hutch", "tls-fingerprint"], env=dict(os.environ, HUTCH_STATE_DIR=str(state)),
                    check=True, capture_output=True, timeout=60)
+    from hutch.sandbox._host.daemon import tenants as T
+
+    tenants_file = tmp_path_factory.mktemp("fuzz-tenants") / "tenants.json"   # outside base: see the last check
+    tenant_token = T.add(tenants_file, "fz", T.Quotas(sandboxes=4, memory=4 << 30, disk=64 << 20, creates_per_second=5))
     d = Daemon(base / "run", listen=f"127.0.0.1:{port}", token=TOKEN, env={"HUTCH_STATE_DIR": str(state)},
-               tls=(state / "tls" / "daemon.crt", state / "tls" / "daemon.key"))
+               tls=(state / "tls" / "daemon.crt", state / "tls" / "daemon.key"),
+               serve_kw={"tenants": str(tenants_file)})
     bind_src = base / "bind-src"     # the only host path a fuzzed bind mount may name
     bind_src.mkdir()
     root_before = set(os.listdir("/"))
@@ -82,7 +88,8 @@ def world(busybox_root, tmp_path_factory):
     unix = httpx.Client(transport=httpx.HTTPTransport(uds=str(d.sock)), base_url="http://hutch", timeout=ANSWER_WITHIN)
     tcp = httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=False, timeout=ANSWER_WITHIN)
     image = f"dir:{busybox_root}"
-    w = {"daemon": d, "unix": unix, "tcp": tcp, "image": image, "bind_src": str(bind_src), "port": port}
+    w = {"daemon": d, "unix": unix, "tcp": tcp, "image": image, "bind_src": str(bind_src), "port": port,
+         "tenant_token": tenant_token}
     try:
         ids = []
         for _ in range(2):
@@ -262,7 +269,10 @@ _deep_cases: set[int] = set()
 def _send(case, w, via: str, auth: str):
     kw = case.as_transport_kwargs(base_url="http://hutch")
     headers = {k: v for k, v in kw.get("headers", {}).items() if k.lower() not in ("connection", "accept-encoding")}
-    if via == "tcp":
+    if via == "tenant":   # a tenant of the daemon (tenants.py): the aimed-at ids are the operator's, not its own
+        client = w["tcp"]
+        headers["Authorization"] = f"Bearer {w['tenant_token']}"
+    elif via == "tcp":
         client = w["tcp"]
         if auth == "good":
             headers["Authorization"] = f"Bearer {TOKEN}"
@@ -358,11 +368,15 @@ def test_fuzz_operation(label, world, schema):
     def run(data):
         case = data.draw(strategy)
         _aim(case, data, world)
-        via = data.draw(st.sampled_from(["unix", "tcp"]))
+        via = data.draw(st.sampled_from(["unix", "tcp", "tenant"]))
         auth = data.draw(st.sampled_from(["good"] * 6 + ["missing", "wrong"])) if via == "tcp" else "good"
         resp, body = _send(case, world, via, auth)
         seen.append(resp.status_code)
         _check(case, resp, body, auth)
+        if via == "tenant":
+            theirs = [i for i in (*world["ids"], world["eid"]) if i in resp.request.url.path]
+            assert not (theirs and resp.status_code < 300), (
+                f"a tenant reached the operator's {theirs}: {case.method} {resp.request.url} -> {resp.status_code}")
         if auth == "good":
             _conforms(world["doc"]["paths"][path][method.lower()], resp, body)
 
