@@ -1,15 +1,28 @@
 """A short, real demonstration of both wings of hutch (`scripts/demo` runs it).
 
 The sandbox half starts real sandboxes from the default image (built once,
-with progress on stderr, the first time); the memory half belongs to the
-memory wing.
+with progress on stderr, the first time: a few minutes) and shows an egress
+policy at work (it fetches one file from deb.debian.org, the only name it
+allows); the memory half keeps a store of plain files in a temporary
+directory, ingests examples/data/team-chat.json and searches it by meaning.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import hutch
+
+HERE = Path(__file__).resolve().parent
+#: The one name the egress demo allows, and a file it fetches there (plain HTTP: the gateway checks the Host)
+ALLOWED, ALLOWED_URL = "deb.debian.org", "http://deb.debian.org/debian/dists/bookworm/Release"
+FETCH = ("import sys, urllib.request\n"
+         "for url in sys.argv[1:]:\n"
+         "    try:\n"
+         "        print(url, '->', urllib.request.urlopen(url, timeout=20).status)\n"
+         "    except OSError as e:\n"
+         "        print(url, '->', type(e).__name__, getattr(e, 'reason', e))\n")
 
 
 def sandbox_demo() -> None:
@@ -17,8 +30,9 @@ def sandbox_demo() -> None:
     print("== sandboxes")
     t0 = time.perf_counter()
     with hutch.Sandbox.create(timeout=120, memory="512M", cpu=1.0, tags={"demo": "1"}) as sb:
-        print(f"sandbox {sb.id} ready in {(time.perf_counter() - t0) * 1000:.0f} ms "
-              "(no network, default image; the first call also starts the hutch daemon)")
+        took = time.perf_counter() - t0
+        print(f"sandbox {sb.id} ready in " + (f"{took * 1000:.0f} ms" if took < 10 else f"{took:.0f} s") +
+              " (no network, default image; the first call also starts the hutch daemon)")
 
         p = sb.exec("python3", "-c", "import time\nfor i in range(3):\n    print('tick', i, flush=True); time.sleep(0.3)")
         for line in p.stdout:   # lines arrive while the command runs
@@ -48,13 +62,30 @@ def sandbox_demo() -> None:
     print(f"another sandbox: create, exec `true`, terminate in {(time.perf_counter() - t1) * 1000:.1f} ms")
 
 
+def egress_demo() -> None:
+    """An egress policy: one allowed name, everything else refused at the gateway, every decision logged."""
+    print(f"== egress: a sandbox that may reach {ALLOWED} only")
+    with hutch.Sandbox.create(network=hutch.Network.allow(domains=[ALLOWED]), tags={"demo": "1"}) as sb:
+        r = sb.run("python3", "-c", FETCH, ALLOWED_URL, "http://example.com/", check=True)
+        for line in r.stdout.splitlines():
+            print("  " + line)
+        seen = []   # a name is asked for twice (A and AAAA): one line each decision
+        for d in sb.network_log():
+            line = f"  gateway: {d['verdict']:<5} {d['protocol']:<4} {d['name']}:{d['port']}  ({d['reason']})"
+            if line not in seen:
+                seen.append(line)
+                print(line)
+        sb.set_network(hutch.Network.none())   # replaced while it runs
+        r = sb.run("python3", "-c", FETCH, ALLOWED_URL, check=True)
+        print("  after set_network(Network.none()): " + r.stdout.strip())
+
+
 def memory_demo() -> None:
     """Memory as plain files: entities, symlinked relations, git history, time travel, a check, an ingest."""
     import os
     import shutil
     import subprocess
     import tempfile
-    from pathlib import Path
 
     print("== memory (SMF)")
     root = Path(tempfile.mkdtemp(prefix="hutch-demo-mem-"))
@@ -73,23 +104,22 @@ def memory_demo() -> None:
             print(f"  history: {v.op:<9} valid {v.valid_from} .. {v.valid_to}  source={v.source}")
         link_dir = mem.root / "actors" / "alice-chen.links" / "works_at"
         print("  on disk:", " ".join(f"{n} -> {os.readlink(link_dir / n)}" for n in os.listdir(link_dir)))
-        conv = Path(os.environ.get("HUTCH_LOCOMO_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev")) / "conv-26.json"
-        if conv.exists():
-            t0 = time.perf_counter()
-            r = mem.ingest_conversation(conv)
-            print(f"  ingested {conv.name}: {r.count} entities, {r.links} links, one commit, "
-                  f"{(time.perf_counter() - t0) * 1000:.0f} ms")
-            print("  turn D1:3 is addressable:", mem.get("interactions/conv-26-session-1").section("D1:3")[:70], "...")
-            q = "Which hobbies help Melanie relax?"   # no turn says "hobbies": lexical + semantic + graph + time, fused
-            t0 = time.perf_counter()
-            rep = mem.reindex()   # optional: the first search would build the index itself
-            print(f"  index built from the files in {time.perf_counter() - t0:.1f} s: {rep.units} turns and notes, "
-                  f"{rep.vectors} vectors of {rep.model} (a cache under .hutch/, ignored by git)")
-            t0 = time.perf_counter()
-            hits = mem.search(q, k=3, classes=["interactions"])
-            print(f"  search {q!r} in {(time.perf_counter() - t0) * 1000:.0f} ms:")
-            for h in hits:
-                print(f"    {h.entity.id}#{h.anchor}  score={h.score:.2f}  channels={sorted(h.channels)}  {h.text[:60]!r}")
+        conv = HERE / "data" / "team-chat.json"   # a short chat in LoCoMo's form: two sessions, two speakers
+        t0 = time.perf_counter()
+        r = mem.ingest_conversation(conv)
+        print(f"  ingested {conv.name}: {r.count} entities, {r.links} links, one commit, "
+              f"{(time.perf_counter() - t0) * 1000:.0f} ms")
+        print("  turn D1:7 is addressable:", mem.get("interactions/team-chat-session-1").section("D1:7")[:60], "...")
+        t0 = time.perf_counter()
+        rep = mem.reindex()   # optional: the first search would build the index itself
+        print(f"  index built from the files in {time.perf_counter() - t0:.1f} s: {rep.units} turns and notes, "
+              f"{rep.vectors} vectors of {rep.model} (a cache under .hutch/, ignored by git)")
+        q = "Which hobbies help Priya relax?"   # no turn says "hobby" or "relax": lexical + semantic + graph, fused
+        t0 = time.perf_counter()
+        hits = mem.search(q, k=1, classes=["interactions"])
+        print(f"  search {q!r} in {(time.perf_counter() - t0) * 1000:.0f} ms, the best hit:")
+        for h in hits:
+            print(f"    {h.entity.id}#{h.anchor}  score={h.score:.2f}  channels={sorted(h.channels)}  {h.text[:60]!r}")
         report = mem.check()
         print(f"  check: {report.entities} entities, {report.links} links, {len(report.errors)} errors")
         log = subprocess.run(["git", "-C", str(mem.root), "log", "--oneline"], capture_output=True, text=True).stdout
@@ -123,6 +153,7 @@ def memory_in_sandbox_demo() -> None:
 
 def main() -> None:
     sandbox_demo()
+    egress_demo()
     memory_demo()
     memory_in_sandbox_demo()
 

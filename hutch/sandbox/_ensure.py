@@ -17,12 +17,19 @@ from hutch.sandbox._api import error_from_answer
 PATH = "/v1/images/ensure"
 
 
-class ImageProgress:
-    """Consumes the NDJSON events of POST /v1/images/ensure and shows build progress on stderr."""
+#: Seconds between two progress lines of one build unless it reaches a phase it had not reached before
+#: (debootstrap alternates between its phases hundreds of times; a newcomer's first build is ~3 minutes).
+EVERY = 15.0
 
-    def __init__(self, ref: str, stream=None, quiet_for: float = 0.5) -> None:
-        self.ref, self.stream = ref, stream if stream is not None else sys.stderr
-        self._last_phase, self._last_time, self._shown = None, 0.0, False
+
+class ImageProgress:
+    """Consumes the NDJSON events of POST /v1/images/ensure and shows build progress on stderr: a line
+    when the build reaches a new phase, else at most one every `every` seconds."""
+
+    def __init__(self, ref: str, stream=None, quiet_for: float = 0.5, every: float = EVERY) -> None:
+        self.ref, self.stream, self.every = ref, stream if stream is not None else sys.stderr, every
+        self._phases: set = set()
+        self._last_time, self._shown = 0.0, False
         # an image that is ready answers at once: say nothing unless a build is really under way
         self._quiet_until = time.monotonic() + quiet_for
         self.result: dict | None = None
@@ -40,8 +47,9 @@ class ImageProgress:
         else:
             now = time.monotonic()
             phase = ev.get("phase")
-            if now >= self._quiet_until and (phase != self._last_phase or now - self._last_time >= 2.0):
-                self._last_phase, self._last_time = phase, now
+            if now >= self._quiet_until and (phase not in self._phases or now - self._last_time >= self.every):
+                self._phases.add(phase)
+                self._last_time = now
                 mb = (ev.get("bytes") or 0) / 1e6
                 self._show(f"building image {self.ref}: {phase}: {ev.get('message', '')} "
                            f"({mb:.0f} MB, {ev.get('elapsed', 0):.0f} s)")

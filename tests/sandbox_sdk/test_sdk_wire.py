@@ -146,6 +146,12 @@ def test_image_progress_reports_and_fails(capsys):
     p.line(json.dumps({"done": True, "ref": "debian-slim", "id": "debian-slim-1"}))
     assert p.finish()["id"] == "debian-slim-1"
     assert "building image debian-slim: download" in buf.getvalue() and "ready" in buf.getvalue()
+    # debootstrap alternates between phases: a line per new phase, else one per `every` seconds
+    few = io.StringIO()
+    f = ImageProgress("debian-slim", few, quiet_for=0, every=3600)
+    for i in range(200):
+        f.line(json.dumps({"phase": ["download", "extract", "install"][i % 3], "message": f"I: {i}", "elapsed": i}))
+    assert few.getvalue().count("building image") == 3
     quiet = io.StringIO()
     r = ImageProgress("dir:/x", quiet)   # ready at once: nothing shown
     r.line(json.dumps({"phase": "check", "message": "ok", "bytes": 0, "elapsed": 0.0}))
