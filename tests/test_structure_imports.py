@@ -172,3 +172,30 @@ def test_the_private_name_check_sees_what_it_forbids(tmp_path):
                  "from hutch.sandbox._host.egress import netns as n\nos._exit\n_client._UDS_BASE\nn._x\n_client.Client\n")
     assert private_imports(f) == ["line 2: from hutch.sandbox._spec import _MOUNT_FIELDS",
                                   "line 6: _client._UDS_BASE", "line 7: n._x"]
+
+
+
+ENTRY_POINTS = ("hutch.fuse", "hutch.mcp", "hutch.integrations", "hutch.cli")
+CORE_AND_WINGS = [p for pkg in ("_core", "sandbox", "memory") for p in sorted((ROOT / "hutch" / pkg).rglob("*.py"))]
+
+
+def upward_imports(path: Path, core: bool) -> list[str]:
+    """Imports of an entry point, and for a module of _core any of hutch's but _core's."""
+    return [f"line {n}: {m}" for n, m in imports(path)
+            if any(under(m, e) for e in ENTRY_POINTS)
+            or core and under(m, "hutch") and m != "hutch" and not under(m, "hutch._core")]
+
+
+@pytest.mark.parametrize("path", CORE_AND_WINGS, ids=lambda p: str(p.relative_to(ROOT / "hutch")))
+def test_core_and_the_wings_never_import_the_entry_points(path):
+    """The map in docs/architecture.md: the entry points join the wings, never the other way round, and
+    _core (shared by every part) imports nothing of hutch but itself."""
+    bad = upward_imports(path, core=path.is_relative_to(ROOT / "hutch" / "_core"))
+    assert bad == [], f"{path.relative_to(ROOT)}: {bad}"
+
+
+def test_the_upward_import_check_sees_what_it_forbids(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import hutch\nfrom hutch._core import errors\nfrom hutch.cli import main\nimport hutch.memory\n")
+    assert upward_imports(f, core=False) == ["line 3: hutch.cli"]
+    assert upward_imports(f, core=True) == ["line 3: hutch.cli", "line 4: hutch.memory"]

@@ -286,7 +286,7 @@ FUZZ_SECONDS = _setting(
     "tests/sandbox_runtime/test_rt_fuzz.py: the whole fuzzing run's budget.", "dev")
 LOCOMO_DIR = _setting(
     "HUTCH_LOCOMO_DIR", "path", _path, Path(__file__).resolve().parents[3] / "shared" / "data" / "locomo-dev",
-    "The LoCoMo data set (bench/locomo.py, bench/memory_store.py, examples/demo.py, the ingest test).", "dev",
+    "The LoCoMo data set (bench/locomo.py, bench/memory_store.py, the ingest test).", "dev",
     shown_default="shared/data/locomo-dev beside the repository")
 REASONER_URL = _setting(
     "HUTCH_REASONER_URL", "URL", _url, None,

@@ -308,7 +308,7 @@ def ingest(ctx, paths, form, cls, source) -> None:
 
     \b
     Example:
-      hutch mem ingest ../shared/data/locomo-dev/conv-26.json
+      hutch mem ingest examples/data/team-chat.json
       hutch mem ingest notes.md --class notes
     """
     m = open_store(ctx)
