@@ -43,7 +43,7 @@ from hutch._core.errors import (
     UnsupportedError,
 )
 
-__version__ = "0.1.0"
+from hutch._version import VERSION as __version__
 
 # public name -> module that defines it (imported on first use)
 _LAZY = {

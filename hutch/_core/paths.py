@@ -17,6 +17,8 @@ DEFAULT_RUN_DIR = settings.RUN_DIR.default
 #: Name prefix of the kernel objects a daemon makes (cgroup parents, nft tables); each carries the daemon's
 #: instance id too (hutch/sandbox/_host/instance.py). Veths are `hv<id>...`: IFNAMSIZ leaves no room for more.
 KERNEL_NAME_PREFIX = "hutch"
+#: The directory holding the hutch package: the zygote and gVisor's keeper (python -I -S) import from here.
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 
 
 def state_dir() -> Path:

@@ -246,10 +246,10 @@ EGRESS_UPSTREAM_CA = _setting(
     "A PEM bundle the gateway trusts when it dials a credential's host.", "daemon",
     shown_default="unset (the system's CA store)")
 
-APT_HOSTS = _setting(
+APT_HOSTS: Setting[tuple[str, ...]] = _setting(
     "HUTCH_APT_HOSTS", "list", _names, ("deb.debian.org", "security.debian.org"),
     "The names an apt build step may reach (comma-separated).", "build")
-PIP_HOSTS = _setting(
+PIP_HOSTS: Setting[tuple[str, ...]] = _setting(
     "HUTCH_PIP_HOSTS", "list", _names, ("pypi.org", "files.pythonhosted.org"),
     "The names a pip build step may reach (comma-separated).", "build")
 PIP_CERT = _setting(

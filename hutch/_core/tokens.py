@@ -27,8 +27,8 @@ def from_env_or_file(env: Setting, file_env: Setting | None = None) -> str | Non
     value = env.raw()
     if value:
         return check_token(value.strip(), f"${env.name}")
-    path = file_env.get() if file_env else None
-    if path:
+    path = file_env.get() if file_env is not None else None
+    if file_env is not None and path:
         return read_token_file(path, f"${file_env.name}")
     return None
 

@@ -338,7 +338,7 @@ class Process(_ExitState):
         """Read both streams to their end (like Popen.communicate), then return them and the exit code."""
         if self._thread is None and not self._out.done:
             self._pump()
-        parts = {STDOUT: [], STDERR: []}
+        parts: dict[int, list[bytes]] = {STDOUT: [], STDERR: []}
         with self._cond:
             while True:
                 for fd in parts:
@@ -494,7 +494,7 @@ class AsyncProcess(_ExitState):
         """Read both streams to their end (like Popen.communicate), then return them and the exit code."""
         if self._task is None and not self._out.done:
             await self._pump()
-        parts = {STDOUT: [], STDERR: []}
+        parts: dict[int, list[bytes]] = {STDOUT: [], STDERR: []}
         while True:
             for fd in parts:
                 parts[fd].append(self._out.take_all(fd))

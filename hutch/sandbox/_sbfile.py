@@ -121,7 +121,7 @@ class SandboxFile:
         network = s.network
         if network.credentials:   # read here, from `source`, not later from os.environ
             network = dataclasses.replace(network, credentials=tuple(
-                (h, c if c.value is not None else c.with_value(read(c.env, f"the credential for {h}")))
+                (h, c if c.value is not None or c.env is None else c.with_value(read(c.env, f"the credential for {h}")))
                 for h, c in network.credentials))
         kw = dict(image=self.image, mounts=list(s.mounts) + list(self.provided), cpu=s.limits.cpu,
                   memory=s.limits.memory, pids=s.limits.pids, disk=s.limits.disk, timeout=s.timeout,
@@ -247,7 +247,8 @@ class _Builder:
         except _sbschema.Problem as p:
             raise self.fail(p.path, p.message) from None
         image = self.at(("image",), lambda: self.image(d.get("image")))
-        mounts, provided = [], []
+        mounts: list = []
+        provided: list = []
         for i, m in enumerate(d.get("mounts", ())):
             made = self.at(("mounts", i), lambda m=m: self.mount(m))
             (provided if not isinstance(made, Mount) else mounts).append(made)
@@ -568,7 +569,7 @@ def _render(f: SandboxFile) -> str:
     s = f.spec
     if s.capabilities:
         raise ConfigError("capabilities are for image builds only and have no place in a sandbox file.")
-    top = [("version", FORMAT_VERSION)]
+    top: list[tuple[str, object]] = [("version", FORMAT_VERSION)]
     if s.command:
         top.append(("command", list(s.command)))
     defaults = SandboxSpec()
@@ -588,7 +589,7 @@ def _render(f: SandboxFile) -> str:
     out += ["", "[limits]"] + [f"{x.name} = {_v(getattr(s.limits, x.name))}" for x in dataclasses.fields(s.limits)]
     out += ["", "[network]"] + [f"{k} = {_v(v)}" for k, v in _network_dict(s.network).items()]
     out += _credentials(s.network)
-    env = {k: v for k, v in s.env}
+    env: dict[str, object] = {k: v for k, v in s.env}
     for k, v in env.items():
         if SECRET_NAME_RE.search(k):
             raise ConfigError(f"env {k} looks like a secret, which a sandbox file never holds inline; give it as "

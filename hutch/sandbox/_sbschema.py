@@ -181,7 +181,7 @@ def _describe(s: dict) -> str:
     if "oneOf" in s:
         return " or ".join(_describe(b) for b in s["oneOf"])
     return {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "true or false",
-            "array": "an array", "object": "a table"}.get(s.get("type"), "a value")
+            "array": "an array", "object": "a table"}.get(str(s.get("type")), "a value")
 
 
 def _branch(value, branches: list) -> dict | None:

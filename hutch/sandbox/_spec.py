@@ -166,19 +166,22 @@ class Mount:
         constructor checks (a bind's source must exist here); a field its kind cannot have is refused."""
         if not isinstance(d, dict) or d.get("kind") not in ("bind", "tmpfs", "volume") or set(d) - _MOUNT_FIELDS:
             raise InvalidSpecError(f"mount {d!r} is malformed; build mounts with hutch.Mount.bind/tmpfs/volume.")
-        kind, target = d["kind"], d.get("target")
+        kind = d["kind"]
+        target: Any = d.get("target")   # each checked by the constructor of its kind
+        source: Any = d.get("source")
         owner = d.get("owner")
+        given: dict[str, object]
         if kind == "bind" and not (isinstance(d.get("source"), str) and d["source"].startswith("/")):
             raise InvalidSpecError(f"mount {d!r}: a bind's source must be an absolute host path.")
         if kind == "bind":
-            m = cls.bind(d.get("source"), target, readonly=d.get("readonly", True),
+            m = cls.bind(source, target, readonly=d.get("readonly", True),
                          owner=list(owner) if isinstance(owner, (list, tuple)) else owner)
             given = {"size": None}
         elif kind == "tmpfs":
             m = cls.tmpfs(target, size=d.get("size", "64M"))
             given = {"source": None, "readonly": False, "owner": None}
         else:
-            m = cls.volume(d.get("source"), target, readonly=d.get("readonly", False))
+            m = cls.volume(source, target, readonly=d.get("readonly", False))
             given = {"size": None, "owner": None}
         wrong = sorted(k for k, v in given.items() if k in d and d[k] != v)
         if wrong:
@@ -255,7 +258,7 @@ class Secret:
         from hutch._core.settings import caller_environ
 
         environ = caller_environ()
-        if self.env not in environ:
+        if self.env is None or self.env not in environ:
             raise NetworkPolicyError(f"the credential Secret.from_env({self.env!r}) reads ${self.env}, which is "
                                      f"not set; export {self.env} before creating the sandbox.")
         return _check_value(environ[self.env], f"${self.env}")
@@ -399,8 +402,8 @@ class Network:
             prts.append(p)
         if not doms and not nets:
             raise NetworkPolicyError("Network.allow() needs at least one domain or cidr; use Network.none() for no network.")
-        net = cls("allow", tuple(sorted(set(doms))), tuple(sorted(set(nets))), tuple(sorted(set(prts))))
-        return net._with_credentials(credentials)._with_budget(requests_per_minute, bytes_per_minute)
+        policy = cls("allow", tuple(sorted(set(doms))), tuple(sorted(set(nets))), tuple(sorted(set(prts))))
+        return policy._with_credentials(credentials)._with_budget(requests_per_minute, bytes_per_minute)
 
     def _with_budget(self, rpm, bpm) -> "Network":
         for what, n in (("requests_per_minute", rpm), ("bytes_per_minute", bpm)):
@@ -431,7 +434,8 @@ class Network:
     def to_dict(self, *, reveal: bool = False) -> dict:
         """The JSON form: {"mode", "domains", "cidrs", "ports"}, and "credentials" when there are any (their
         values only with `reveal=True`, for the request to the daemon)."""
-        d = {"mode": self.mode, "domains": list(self.domains), "cidrs": list(self.cidrs), "ports": list(self.ports)}
+        d: dict[str, object] = {"mode": self.mode, "domains": list(self.domains), "cidrs": list(self.cidrs),
+                                "ports": list(self.ports)}
         if self.credentials:
             d["credentials"] = {h: s.to_dict(reveal=reveal) for h, s in self.credentials}
         for k in ("requests_per_minute", "bytes_per_minute"):

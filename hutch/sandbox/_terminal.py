@@ -12,6 +12,7 @@ import json
 import socket
 import time
 import weakref
+from typing import Any
 
 from hutch._core.errors import DaemonError, NotFoundError, SandboxTimeout, StateError
 from hutch.sandbox._api import (PTY_ROUTE, WAIT_POLL, ExitStatus, check_pty_dims, error_from_answer, pty_body,
@@ -19,7 +20,7 @@ from hutch.sandbox._api import (PTY_ROUTE, WAIT_POLL, ExitStatus, check_pty_dims
 
 # No compression (keystrokes are a few bytes; latency is what counts) and no keepalive pings: a handle whose
 # output nobody reads holds the daemon's writes back, and a ping stuck behind them would end the session.
-_WS_OPTIONS = {"compression": None, "ping_interval": None, "max_size": 1 << 22, "open_timeout": 20}
+_WS_OPTIONS: dict[str, Any] = {"compression": None, "ping_interval": None, "max_size": 1 << 22, "open_timeout": 20}
 
 
 def _bytes(data) -> bytes:
@@ -94,7 +95,7 @@ def _refused(e: Exception) -> Exception:
     from websockets.exceptions import InvalidStatus
 
     if isinstance(e, InvalidStatus):
-        return error_from_answer(e.response.status_code, e.response.body or b"")
+        return error_from_answer(e.response.status_code, bytes(e.response.body or b""))
     return DaemonError(f"the terminal's connection to the daemon failed: {type(e).__name__}: {e}")
 
 
@@ -107,12 +108,37 @@ def _start_reply(text) -> str:
     return str(d["eid"])
 
 
-def _timed_out(argv, what: str, timeout, got: bytes) -> SandboxTimeout:
+def _timed_out(argv, what: str, timeout, got: bytes | bytearray) -> SandboxTimeout:
     return SandboxTimeout(f"{what} of {list(argv)}'s terminal took longer than {timeout:g} s; read so far: "
                           f"{bytes(got[-200:])!r}. Give a longer timeout, or check what the command is waiting for.")
 
 
-class PtyProcess:
+class _Facts:
+    """What both handles say of their command: its id, argv and, once it ended, how (kept in `_s`)."""
+
+    _s: _State
+
+    @property
+    def id(self) -> str:
+        """The exec's id (as the daemon's routes name it)."""
+        return self._s.eid
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return self._s.argv
+
+    @property
+    def returncode(self) -> int | None:
+        """Its exit code once known (a signal's death is -N), else None."""
+        return self._s.exit.returncode if self._s.exit else None
+
+    @property
+    def reason(self) -> str | None:
+        """How it ended (exited, signaled, timeout, oom, killed, sandbox_ended), None while it runs."""
+        return self._s.exit.reason if self._s.exit else None
+
+
+class PtyProcess(_Facts):
     """A command on a terminal in a sandbox (returned by `Sandbox.exec(..., pty=True)`).
 
     `write()` types into it, `read()` / `read_until()` return what it wrote (bytes, escape sequences
@@ -158,25 +184,6 @@ class PtyProcess:
             ws.close()
             raise
         return cls(client, sandbox_id, argv, ws, eid)
-
-    @property
-    def id(self) -> str:
-        """The exec's id (as the daemon's routes name it)."""
-        return self._s.eid
-
-    @property
-    def argv(self) -> tuple[str, ...]:
-        return self._s.argv
-
-    @property
-    def returncode(self) -> int | None:
-        """Its exit code once known (a signal's death is -N), else None."""
-        return self._s.exit.returncode if self._s.exit else None
-
-    @property
-    def reason(self) -> str | None:
-        """How it ended (exited, signaled, timeout, oom, killed, sandbox_ended), None while it runs."""
-        return self._s.exit.reason if self._s.exit else None
 
     def write(self, data: "bytes | str") -> None:
         """Type `data` into the terminal (str is sent as UTF-8; b"\\x03" is Ctrl-C, b"\\x04" Ctrl-D)."""
@@ -285,7 +292,7 @@ class PtyProcess:
         return f"<hutch.PtyProcess {list(self.argv)} returncode={self.returncode}>"
 
 
-class AsyncPtyProcess:
+class AsyncPtyProcess(_Facts):
     """`PtyProcess`, awaitable (returned by `AsyncSandbox.exec(..., pty=True)`)."""
 
     def __init__(self, client, sandbox_id: str, argv, ws, eid: str) -> None:
@@ -323,11 +330,6 @@ class AsyncPtyProcess:
             await ws.close()
             raise
         return cls(client, sandbox_id, argv, ws, eid)
-
-    id = PtyProcess.id
-    argv = PtyProcess.argv
-    returncode = PtyProcess.returncode
-    reason = PtyProcess.reason
 
     async def write(self, data: "bytes | str") -> None:
         """Type `data` into the terminal (see `PtyProcess.write`)."""

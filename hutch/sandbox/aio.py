@@ -14,6 +14,7 @@ shared with the blocking class; a test keeps the two in parity.
 from __future__ import annotations
 
 import asyncio
+import builtins   # `list` in the class body is the classmethod; annotations name the built-in
 import time
 
 from hutch._core.errors import InvalidSpecError, NotFoundError
@@ -130,7 +131,7 @@ class AsyncSandbox(SandboxState):
             await asyncio.to_thread(_client.hold_lease, client.ep, sb.id)
         return sb
 
-    async def fork(self, n: int = 1, *, detach: bool = False) -> "list[AsyncSandbox]":
+    async def fork(self, n: int = 1, *, detach: bool = False) -> "builtins.list[AsyncSandbox]":
         """`n` running copies of this sandbox (see `hutch.Sandbox.fork`)."""
         d = await self._client.json("POST", f"/v1/sandboxes/{self.id}/fork", json={"n": n, "detach": detach})
         kids = [type(self)(self._client, info) for info in d["sandboxes"]]
@@ -251,7 +252,7 @@ class AsyncSandbox(SandboxState):
         """Start another independent interpreter in this sandbox (see `hutch.Sandbox.create_code_context`)."""
         return await self._code().create_context(cwd, language)
 
-    async def list_code_contexts(self) -> "list[CodeContext]":
+    async def list_code_contexts(self) -> "builtins.list[CodeContext]":
         """The code contexts of this handle: the default one, then those made by create_code_context()."""
         return self._code().list_contexts()
 

@@ -173,7 +173,7 @@ class Image:
         """
         if not commands:
             raise InvalidSpecError("run_commands needs at least one command, like run_commands('useradd -m agent').")
-        cmds = []
+        cmds: list[str | list[str]] = []
         for c in commands:
             if isinstance(c, str) and c.strip():
                 cmds.append(c)

@@ -14,6 +14,7 @@ is the same surface, awaitable.
 
 from __future__ import annotations
 
+import builtins   # `list` in the class body is the classmethod; annotations name the built-in
 import time
 
 from hutch._core.errors import InvalidSpecError, NotFoundError
@@ -206,7 +207,7 @@ class Sandbox(SandboxState):
             _client.hold_lease(client.ep, sb.id)
         return sb
 
-    def fork(self, n: int = 1, *, detach: bool = False) -> "list[Sandbox]":
+    def fork(self, n: int = 1, *, detach: bool = False) -> "builtins.list[Sandbox]":
         """`n` running copies of this sandbox, each with its own filesystem and identity (a memory snapshot
         restored `n` times at once; `runtime="gvisor"` only). This sandbox runs on."""
         d = self._client.json("POST", f"/v1/sandboxes/{self.id}/fork", json={"n": n, "detach": detach})
@@ -313,7 +314,7 @@ class Sandbox(SandboxState):
         `cwd` (made if missing; default: the sandbox's workdir). Pass it as `run_code(..., context=ctx)`."""
         return self._code().create_context(cwd, language)
 
-    def list_code_contexts(self) -> "list[CodeContext]":
+    def list_code_contexts(self) -> "builtins.list[CodeContext]":
         """The code contexts of this handle: the default one, then those made by create_code_context()."""
         return self._code().list_contexts()
 

@@ -386,6 +386,7 @@ def test_a_writer_killed_mid_transaction_is_rolled_back_by_the_next_writer(seede
     finally:
         child.kill()
         child.wait()
+        child.stdout.close()
     mem = hutch.Memory(root)
     mem.put("topics", "After", body="the next writer")
     landed = point == "landed"

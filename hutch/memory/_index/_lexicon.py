@@ -17,6 +17,7 @@ Without the files the channel is simply off (`available()` is False).
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import threading
@@ -70,7 +71,7 @@ class WordNet:
         self.root = Path(root)
         self._index: dict[str, list[int]] | None = None
         self._exc: dict[str, str] = {}
-        self._data = None
+        self._data: mmap.mmap | None = None
         self._hypo: dict[tuple, list[str] | None] = {}
         self._lock = threading.Lock()
 
@@ -91,7 +92,10 @@ class WordNet:
                         p = line.split()
                         if len(p) >= 2:
                             self._exc.setdefault(p[0], p[1])
-                self._data = open(self.root / "data.noun", "rb")
+                # mapped, not held open: the process-wide cache keeps no file object (one would be left
+                # unclosed at exit), and a synset is a slice, no seek shared between threads
+                with open(self.root / "data.noun", "rb") as f:
+                    self._data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
                 self._index = index
         return self._index
 
@@ -113,9 +117,10 @@ class WordNet:
         return [self._synset(o)[0] for o in index.get(lemma, [])]
 
     def _synset(self, offset: int) -> tuple[Sense, list[int]]:
-        with self._lock:
-            self._data.seek(offset)
-            line = self._data.readline().decode("latin-1")
+        data = self._data
+        assert data is not None, "_load() maps the data file first"
+        end = data.find(b"\n", offset)
+        line = data[offset:end if end >= 0 else len(data)].decode("latin-1")
         head, _, gloss = line.partition(" | ")
         p = head.split()
         wc = int(p[3], 16)

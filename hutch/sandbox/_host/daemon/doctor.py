@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import platform
 
-import hutch
 from hutch._core import paths
+from hutch._version import VERSION
 from hutch.sandbox._host import images
 
 
@@ -21,7 +21,7 @@ def report(mgr) -> dict:
     listed = images.list_images()
     default = next((i for i in listed if i.get("kind") == "base"), None)
     return {
-        "version": hutch.__version__,
+        "version": VERSION,
         "pid": os.getpid(),
         "kernel": platform.release(),
         "userns": not mgr.no_userns,

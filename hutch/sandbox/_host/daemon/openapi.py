@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import hutch
+from hutch._version import VERSION
 from hutch.sandbox._spec import BUILD_CAPABILITIES, EXEC_USERS, NAME_PATTERN, ON_IDLE, RUNTIMES
 
 _ERR = {"description": "a hutch error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -284,7 +284,7 @@ def openapi_document(app=None) -> dict:
         paths.setdefault(path, {})[method] = op
     return {
         "openapi": "3.0.3",
-        "info": {"title": "hutch daemon", "version": hutch.__version__,
+        "info": {"title": "hutch daemon", "version": VERSION,
                  "description": "Sandboxes on this host. Errors: non-2xx with {error, message}. See docs/api.md."},
         "paths": paths,
         "components": {"schemas": _SCHEMAS,

@@ -11,9 +11,9 @@ import tempfile
 
 from aiohttp import web
 
-import hutch
 from hutch._core import errors
 from hutch._core.errors import ConfigError, NetworkPolicyError
+from hutch._version import VERSION
 from hutch.sandbox._host import images, layers
 from hutch.sandbox._host.daemon.doctor import report as doctor_report
 from hutch.sandbox._host.daemon.execs import live_channel
@@ -194,7 +194,7 @@ class Handlers:
                                   "images": list(t.images), "use": self.tenancy.use(self.mgr, t)})
 
     async def health(self, request):
-        body = {"version": hutch.__version__, "pid": os.getpid()}
+        body = {"version": VERSION, "pid": os.getpid()}
         why = self.mgr.unavailable()
         if why:   # not healthy while it cannot start sandboxes
             return web.json_response({**body, "error": "DaemonError", "message": why}, status=503)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import hutch
+from hutch._core import paths
 from hutch._core.errors import InvalidSpecError, SandboxError, StateError
 from hutch.sandbox._host.gvisor import runsc
 from hutch.sandbox._host.native import linux
@@ -238,7 +238,7 @@ async def start_keeper(gv: GvSandbox, cgroup_procs: list[str], uid_base: int,
                        on_event: Callable[[dict], None]) -> None:
     """Start the sandbox's keeper (keeper.py) and its files server; returns once both run."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pkg_parent = str(Path(hutch.__file__).resolve().parent.parent)
+    pkg_parent = str(paths.PACKAGE_PARENT)
     code = (f"import sys; sys.path.insert(0, {pkg_parent!r}); "
             f"from hutch.sandbox._host.gvisor.keeper import main; main({theirs.fileno()}, {os.getpid()})")
     gv.keeper = subprocess.Popen([sys.executable, "-I", "-S", "-c", code], pass_fds=[theirs.fileno()],

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-import hutch
 from hutch._core import paths, settings
 from hutch._core.errors import DaemonError, InvalidSpecError, SandboxError, StateError
 from hutch.sandbox._host.native import initwire
@@ -182,7 +181,7 @@ class Zygote:
         made) tmpfs ones, with a warning."""
         layers = await self._make_layers(layers_at)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pkg_parent = str(Path(hutch.__file__).resolve().parent.parent)
+        pkg_parent = str(paths.PACKAGE_PARENT)
         code = (f"import sys; sys.path.insert(0, {pkg_parent!r}); "
                 f"from hutch.sandbox._host.native.zygote import main; main({theirs.fileno()}, {os.getpid()})")
         # -I -S: no site-packages, no environment: the zygote imports only the standard library. Nor does it
