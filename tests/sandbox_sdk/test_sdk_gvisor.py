@@ -21,7 +21,9 @@ def hutch_cli(*args):
 
 
 def test_streams_stdin_and_the_counter_across_pause_snapshot_restore_fork(make_sandbox):
-    sb = make_sandbox("sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /c; sleep 0.02; done", runtime="gvisor")
+    # the counter is renamed into place: a read never sees the file truncated and not yet written
+    sb = make_sandbox("sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /c.new; mv /c.new /c; sleep 0.02; done",
+                      runtime="gvisor")
     p = sb.exec("sh", "-c", "while read x; do echo got:$x; done")
     p.stdin.write("one\n")
     assert p.stdout.readline() == "got:one\n"   # stdin and stdout stream while the command runs
@@ -120,8 +122,8 @@ def test_cli_pause_resume_snapshot_restore_fork(daemon, busybox_root):
 
 
 def test_sdk_and_cli_export_import_a_snapshot(make_sandbox, tmp_path):
-    sb = make_sandbox("sh", "-c", "echo kept > /f; i=0; while :; do i=$((i+1)); echo $i > /c; sleep 0.02; done",
-                      runtime="gvisor")
+    sb = make_sandbox("sh", "-c", "echo kept > /f; i=0; while :; do i=$((i+1)); echo $i > /c.new; mv /c.new /c; "
+                      "sleep 0.02; done", runtime="gvisor")
     time.sleep(0.2)
     snap = sb.snapshot_memory()
     made = []
