@@ -195,6 +195,7 @@ def test_a_killed_agent_process_leaves_no_sandbox(daemon, busybox_image, no_leak
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait()
+        p.stdout.close()
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and hutch.Sandbox.from_id(sid).status == "running":
         time.sleep(0.1)
