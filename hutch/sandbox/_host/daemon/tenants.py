@@ -56,6 +56,8 @@ DEFAULT_FILE = Path("/etc/hutch/tenants.json")
 #: A tenant's volumes are stored as VOLUME_PREFIX + tenant + "." + its name for them.
 VOLUME_PREFIX = "t."
 DAY = 86400.0
+#: Seconds a slot is kept for a tenant after it asked for one (while it runs no create: between its creates).
+RECENT = 1.0
 
 # What a tenant may call (method, route as the app names it): "own" routes are scoped to what is its own,
 # "open" ones carry no id. Everything else (doctor, the image store's writes, imports) is the operator's.
@@ -353,6 +355,8 @@ class Accounts:
         self.accounts: dict[str, _Account] = {}
         self.slots = slots
         self.inflight: dict[str, int] = {}   # creates running, by tenant
+        self.seen: dict[str, float] = {}     # when each tenant last asked for a slot (monotonic)
+        self._timer = None
         self.turn: OrderedDict[str, None] = OrderedDict()   # tenants with creates waiting, in round-robin order
 
     def account(self, name: str) -> _Account:
@@ -432,27 +436,38 @@ class Accounts:
     def _allot(self, extra: str | None = None) -> dict[str, int]:
         demand = {n: c + len(self.accounts[n].waiting) for n, c in self.inflight.items() if c} | {
             n: self.inflight.get(n, 0) + len(self.accounts[n].waiting) for n in self.turn}
+        now = time.monotonic()
+        for n, t in self.seen.items():   # a tenant between its creates counts as asking for one
+            if n not in demand and now - t < RECENT:
+                demand[n] = 1
         if extra is not None:
-            demand[extra] = demand.get(extra, self.inflight.get(extra, 0)) + 1
+            demand[extra] = self.inflight.get(extra, 0) + len(self.accounts[extra].waiting) + 1
         allot, left = {}, self.slots
         for i, (n, d) in enumerate(sorted(demand.items(), key=lambda kv: kv[1])):
             allot[n] = min(d, max(1, -(-left // (len(demand) - i))))   # at least 1 each, however many ask
             left = max(0, left - allot[n])
         return allot
 
-    def _free_slot(self) -> bool:
-        """A slot nobody uses (work-conserving: nobody waits while one is free, shares matter once all are taken)."""
-        return sum(self.inflight.values()) < self.slots and not self.turn
+    def _room(self, name: str) -> bool:
+        """Is a slot free for `name`? One nobody uses, beyond one kept for each other tenant that asked for one
+        within RECENT seconds and runs none now (between its creates: a steady tenant's next create finds its
+        slot, not one more of a burst's)."""
+        now = time.monotonic()
+        kept = sum(1 for n, t in self.seen.items() if n != name and not self.inflight.get(n) and now - t < RECENT)
+        return sum(self.inflight.values()) + kept < self.slots
 
     async def slot(self, name: str) -> None:
         """Wait for a create slot (see above); a tenant within its share never waits for another's creates."""
         a = self.account(name)
-        if not a.waiting and (self._free_slot() or self.inflight.get(name, 0) < self._allot(name).get(name, 1)):
+        self.seen[name] = time.monotonic()
+        if not a.waiting and ((not self.turn and self._room(name))
+                              or self.inflight.get(name, 0) < self._allot(name).get(name, 1)):
             self.inflight[name] = self.inflight.get(name, 0) + 1
             return
         fut = asyncio.get_running_loop().create_future()
         a.waiting.append(fut)
         self.turn.setdefault(name, None)
+        self._later()
         try:
             await fut
         except asyncio.CancelledError:
@@ -472,6 +487,10 @@ class Accounts:
         self.inflight[name] -= 1
         if not self.inflight[name]:
             del self.inflight[name]
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        self._timer = None
         progressed = True
         while progressed and self.turn:
             progressed = False
@@ -483,7 +502,7 @@ class Accounts:
                 if not a.waiting:
                     self.turn.pop(n, None)
                     continue
-                if sum(self.inflight.values()) < self.slots or self.inflight.get(n, 0) < allot.get(n, 1):
+                if self._room(n) or self.inflight.get(n, 0) < allot.get(n, 1):
                     self.inflight[n] = self.inflight.get(n, 0) + 1
                     a.waiting.popleft().set_result(None)
                     self.turn.move_to_end(n)   # to the back of the line
@@ -491,6 +510,12 @@ class Accounts:
                         self.turn.pop(n, None)
                     progressed = True
                     break
+        self._later()
+
+    def _later(self) -> None:
+        """Creates wait while slots are kept for others: look again once those keeps have lapsed."""
+        if self.turn and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(RECENT, self._dispatch)
 
 
 def _num(x) -> str:
