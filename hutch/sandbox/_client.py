@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from urllib.parse import quote
 
@@ -237,6 +238,9 @@ class _UnixTransport(httpx.BaseTransport):
         self.path = path
         self._idle: list[tuple[socket.socket, object]] = []
         self._lock = threading.Lock()
+        # the idle connections close with the transport, also when it is only collected or the process exits
+        # (a process's cached clients live until then): not left for the garbage collector to warn about
+        weakref.finalize(self, _drop_all, self._idle)
 
     def _connection(self) -> tuple[tuple[socket.socket, object], bool]:
         with self._lock:
@@ -344,9 +348,15 @@ class _UnixTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         with self._lock:
-            idle, self._idle = self._idle, []
+            idle = self._idle[:]
+            self._idle.clear()   # the same list: the finalizer holds it
         for conn in idle:
             _drop(conn)
+
+
+def _drop_all(idle: list) -> None:
+    while idle:
+        _drop(idle.pop())
 
 
 def _drop(conn) -> None:

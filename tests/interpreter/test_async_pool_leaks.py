@@ -149,6 +149,7 @@ def test_a_client_killed_mid_cell_leaves_nothing(image, daemon, mode):
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait()
+        p.stdout.close()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and (
             any(s.status == "running" for s in hutch.Sandbox.list(tags={"suite": tag})) or _processes_in(sid)):
