@@ -55,6 +55,18 @@ def test_exec_streams_exit_codes_and_files(api, daemon, image):
     assert _leftovers(daemon, sid) == []
 
 
+def test_tmp_is_the_roots_so_the_files_api_and_disk_see_it(api, image):
+    """runsc mounts a tmpfs of its own at /tmp unless told otherwise: what landed there was invisible to the
+    files API, the disk= limit and filesystem snapshots."""
+    sid = gv(api, image, limits={"disk": 8 * 1024**2})["id"]
+    out, err, _ = api.sh(sid, "echo hi > /tmp/f && stat -c %a /tmp && echo ok")
+    assert out == "1777\nok\n", err
+    r = api.http.get(f"/v1/sandboxes/{sid}/files/read", params={"path": "/tmp/f"})
+    assert r.status_code == 200 and r.content == b"hi\n", r.text
+    out, err, _ = api.sh(sid, "dd if=/dev/zero of=/tmp/big bs=1M count=16 2>&1; echo rc=$?")
+    assert "No space left" in out and "rc=1" in out, out
+
+
 def test_an_exec_timeout_kills_the_command_inside(api, image):
     sid = gv(api, image)["id"]
     t0 = time.monotonic()

@@ -20,8 +20,8 @@ from hutch._core.errors import ConfigError, SandboxError, StateError, Unsupporte
 from hutch.sandbox._host import images, layers
 from hutch.sandbox._host.gvisor import runsc, snapshots, transfer
 from hutch.sandbox._host.gvisor.runtime import (
-    GvisorChannel, GvSandbox, Runsc, keeper_run, kill_all, mount_binds, mount_root, start_keeper, stop_keeper, unmount_root,
-    write_bundle,
+    GvisorChannel, GvSandbox, Runsc, keeper_run, kill_all, mount_binds, mount_root, root_tmp, start_keeper,
+    stop_keeper, unmount_root, write_bundle,
 )
 from hutch.sandbox._host.native import linux
 from hutch.sandbox._host.native.plan import build_plan
@@ -99,7 +99,9 @@ class Gvisor:
             netns=f"/proc/{gv.keeper.pid}/ns/net", cgroups_path=f"/{self.mgr.cgroups.parent}/{sb.id}",
             memory=spec.limits.memory, cpu=spec.limits.cpu, pids=spec.limits.pids, uid_base=sb.uid_base,
             caps=spec.capabilities, tmpfs=[(m.target, m.size or 64 * 1024**2) for m in spec.mounts if m.kind == "tmpfs"],
-            binds=[(m.target, m.readonly) for m in spec.mounts if m.kind in ("bind", "volume")])
+            binds=[(m.target, m.readonly) for m in spec.mounts if m.kind in ("bind", "volume")]
+            + ([("/tmp", False)] if gv.root_tmp and not any(m.target.rstrip("/") == "/tmp" for m in spec.mounts)
+               else []))
 
     async def _prepare(self, sb: "LiveSandbox", spec, image, lowerdirs=None) -> GvSandbox:
         """Everything before runsc: uid range, cgroups, root, keeper and files server, network."""
@@ -119,6 +121,7 @@ class Gvisor:
             mount_root(gv, lowerdirs if lowerdirs is not None else image.lowerdirs, spec.limits.disk, sb.uid_base, ns)
             if any(m.kind in ("bind", "volume") for m in spec.mounts):   # before the keeper: it copies the mounts
                 await self._binds(sb, gv, spec, image, ns)
+            gv.root_tmp = root_tmp(gv, sb.uid_base)
         finally:
             if ns >= 0:
                 os.close(ns)

@@ -23,6 +23,7 @@ RUNSC = "runsc"
 #: never returns; scripts/setup.sh installs this one from bookworm-backports.
 MIN_VERSION = 20240729
 PLATFORM = "systrap"
+SHM_SIZE = 64 * 1024**2   # bytes of /dev/shm, as native/plan.py's
 #: Where a sandbox's busybox (the host's static one, bound read-only) sits inside: the pid 1 of a sandbox
 #: without a command (`sleep`), whatever the image has.
 BUSYBOX_AT = "/dev/.hutch/busybox"
@@ -105,6 +106,9 @@ def bundle_config(*, args: list[str], env: dict, cwd: str, root: str, hostname: 
     if resolv_conf:
         mounts.append({"destination": "/etc/resolv.conf", "type": "bind", "source": resolv_conf,
                        "options": ["rbind", "ro"]})
+    # /dev/shm as a native sandbox's (plan.SHM_SIZE): gVisor's own would take up to half its memory
+    mounts.append({"destination": "/dev/shm", "type": "tmpfs", "source": "tmpfs",
+                   "options": ["nosuid", "nodev", "mode=1777", f"size={min(SHM_SIZE, memory)}"]})
     for target, size in tmpfs:
         mounts.append({"destination": target, "type": "tmpfs", "source": "tmpfs",
                        "options": ["nosuid", "nodev", f"size={size}"]})

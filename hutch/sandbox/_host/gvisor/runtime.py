@@ -52,6 +52,7 @@ class GvSandbox:
     files_pid: int = 0
     sentry_pid: int = 0
     mounts: list[str] = field(default_factory=list)   # what the daemon mounted for it, innermost last
+    root_tmp: bool = False           # /tmp is its root's (bound to itself in config.json: runtime.root_tmp)
     runs: dict[int, asyncio.Future] = field(default_factory=dict)
     reaped: dict[int, int] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)   # a snapshot, a pause or a resume at a time   # exits the keeper reported: the sentry's may come first
@@ -175,36 +176,56 @@ def mount_binds(gv: GvSandbox, binds, fds: list[int], uid_base: int) -> None:
     server (chrooted there) sees the binds as the sandbox does. The target is made walking the image's tree from
     the root one component at a time, O_NOFOLLOW: a symlink on the way is refused (it would resolve on the host)."""
     for m in binds:
-        tree = fds[m.tree]
-        parts = [p for p in m.target.split("/") if p]
-        is_dir = os.path.isdir(m.source)
-        fd = os.open(gv.merged, _DIR_FLAGS)
+        fd = _target(gv, m.target, os.path.isdir(m.source), uid_base)
         try:
-            for i, part in enumerate(parts):
-                last = i == len(parts) - 1
-                if not last or is_dir:
-                    try:
-                        os.mkdir(part, 0o755, dir_fd=fd)
-                        os.chown(part, uid_base, uid_base, dir_fd=fd, follow_symlinks=False)
-                    except FileExistsError:
-                        pass
-                    try:
-                        nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                    except OSError:
-                        raise InvalidSpecError(f"the bind target {m.target!r} passes through a symlink or a file of "
-                                               f"the image at {'/'.join(parts[:i + 1])!r}; bind it elsewhere.") from None
-                else:
-                    try:
-                        nfd = os.open(part, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
-                    except OSError:
-                        raise InvalidSpecError(f"the bind target {m.target!r} of a file is a directory or a symlink "
-                                               "in the image; bind it elsewhere.") from None
-                os.close(fd)
-                fd = nfd
-            linux.move_mount_at(tree, fd)
+            linux.move_mount_at(fds[m.tree], fd)
         finally:
             os.close(fd)
         gv.mounts.append(str(gv.merged) + m.target.rstrip("/"))
+
+
+def _target(gv: GvSandbox, target: str, is_dir: bool, uid_base: int, mode: int = 0o755) -> int:
+    """An fd of `target` inside the merged root, made (as the sandbox root's) where missing, never through a link."""
+    parts = [p for p in target.split("/") if p]
+    fd = os.open(gv.merged, _DIR_FLAGS)
+    try:
+        for i, part in enumerate(parts):
+            if i < len(parts) - 1 or is_dir:
+                try:
+                    os.mkdir(part, mode, dir_fd=fd)
+                    os.chown(part, uid_base, uid_base, dir_fd=fd, follow_symlinks=False)
+                    if mode != 0o755:   # past the umask
+                        os.chmod(part, mode, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                try:
+                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    raise InvalidSpecError(f"the mount target {target!r} passes through a symlink or a file of the "
+                                           f"image at {'/'.join(parts[:i + 1])!r}; mount it elsewhere.") from None
+            else:
+                try:
+                    nfd = os.open(part, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+                except OSError:
+                    raise InvalidSpecError(f"the bind target {target!r} of a file is a directory or a symlink in "
+                                           "the image; bind it elsewhere.") from None
+            os.close(fd)
+            fd = nfd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def root_tmp(gv: GvSandbox, uid_base: int) -> bool:
+    """Whether the sandbox's /tmp is a directory of its root (made 1777 if missing): then config.json binds it
+    to itself, since runsc would otherwise mount a tmpfs of its own there, out of sight of the files API, the
+    disk= limit and filesystem snapshots. False (runsc's default then) if the image has /tmp as a link or file."""
+    try:
+        os.close(_target(gv, "/tmp", True, uid_base, 0o1777))
+        return True
+    except InvalidSpecError:
+        return False
 
 
 def _still_mounted(d: Path) -> list[str]:
@@ -372,8 +393,9 @@ class GvisorChannel:
         for k, v in msg["env"].items():
             args.append(f"--env={k}={v}")
         args += ["--", self.gv.id, *msg["argv"]]
-        if any("\0" in a for a in args):
-            return {"ok": False, "error": "ConfigError", "message": "argv, env and workdir may not hold NUL bytes."}
+        if any("\0" in a for a in args) or any(not k or "=" in k for k in msg["env"]):
+            return {"ok": False, "error": "ConfigError", "message": "argv, env and workdir may not hold NUL bytes, "
+                                                                    "nor an env name '=' or be empty; fix the command."}
         passed = iter(fds)
         stdio = [next(passed) if want else subprocess.DEVNULL for want in msg["streams"]]
         try:
@@ -421,5 +443,5 @@ def kill_all(cgroups, sid: str, keep: int) -> None:
                 pass
 
 
-__all__ = ["GvSandbox", "GvisorChannel", "Runsc", "kill_all", "keeper_run", "mount_binds", "mount_root", "remove_unmounted", "start_keeper",
+__all__ = ["GvSandbox", "GvisorChannel", "Runsc", "kill_all", "keeper_run", "mount_binds", "mount_root", "remove_unmounted", "root_tmp", "start_keeper",
            "stop_keeper", "unmount_root", "wait_status", "write_bundle"]
