@@ -44,7 +44,7 @@ def views_alive() -> list[str]:
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
-                cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
             if "hutch.fuse._mount" in cmd and "--handover" in cmd:

@@ -76,6 +76,8 @@ def test_an_api_commit_between_open_and_close_is_kept(mounted):
     finally:
         helper.kill()
         helper.wait()
+        helper.stdin.close()
+        helper.stdout.close()
     e = mem.get("actors/alice-chen")
     assert e.facts == ["prefers weekly reports", "writes through the API", "likes tea", "reads a lot"]
     assert mem.history("actors/alice-chen")[0].source == f"fuse:{mounted.path}"

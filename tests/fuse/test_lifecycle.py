@@ -123,5 +123,7 @@ def test_foreground_mount_unmounts_on_sigterm(store, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
         if _in_mountinfo(mp):
             subprocess.run(["fusermount3", "-u", "-z", str(mp)])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import hutch
 
@@ -24,7 +25,7 @@ def _view_pid(store) -> int:
         if not pid.isdigit():
             continue
         try:
-            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
         if b"hutch.fuse._mount" in argv and b"--handover" in argv and root.encode() in argv:
