@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -94,9 +95,14 @@ def sandbox_pids(sb) -> list[int]:
     return sorted(pids)
 
 
-def test_the_key_reaches_the_api_and_never_the_sandbox(daemon, world, key):
+@pytest.mark.parametrize("runtime", ["native", "gvisor"])
+def test_the_key_reaches_the_api_and_never_the_sandbox(daemon, world, key, runtime):
+    """(On gVisor the memory search is left out: the sandbox's memory is the sentry's, which /proc/PID/mem
+    does not show here, so the scan's own check finds nothing: not verified there yet.)"""
+    if runtime == "gvisor" and shutil.which("runsc") is None:
+        pytest.skip("runsc is not installed (scripts/setup.sh)")
     mark = world.mark()
-    sb = hutch.Sandbox.create(timeout=180, network=Network.allow(
+    sb = hutch.Sandbox.create(timeout=180, runtime=runtime, network=Network.allow(
         domains=[API, "www.example.test"], credentials={API: Secret.from_env(VAR)}))
     try:
         out = fetch(sb, f"https://{API}/echo-headers")
@@ -112,16 +118,17 @@ def test_the_key_reaches_the_api_and_never_the_sandbox(daemon, world, key):
         assert [h["authorization"] for _, h in headers_at(world, mark2)] == ["Bearer mine"]
 
         # a process that made a brokered request is still alive: its memory, and everyone's, is searched
-        p = sb.exec("python3", "-c", FETCH.replace("print(r.status", "import time; print(r.status") +
-                    "\nimport sys; sys.stdout.flush(); sys.stdin.readline()", f"https://{API}/echo-headers")
-        assert p.stdout.readline().startswith("200 ")
-        pids = sandbox_pids(sb)
-        assert pids, sb.info.get("cgroups")
-        assert memory_holds(pids, SECRET.encode()) == []
-        # (the scan does see what a process holds: the header it sent itself)
-        assert memory_holds(pids, b"Bearer mine"), "the memory scan finds nothing at all: it cannot see"
-        p.stdin.close()
-        p.wait()
+        if runtime == "native":
+            p = sb.exec("python3", "-c", FETCH.replace("print(r.status", "import time; print(r.status") +
+                        "\nimport sys; sys.stdout.flush(); sys.stdin.readline()", f"https://{API}/echo-headers")
+            assert p.stdout.readline().startswith("200 ")
+            pids = sandbox_pids(sb)
+            assert pids, sb.info.get("cgroups")
+            assert memory_holds(pids, SECRET.encode()) == []
+            # (the scan does see what a process holds: the header it sent itself)
+            assert memory_holds(pids, b"Bearer mine"), "the memory scan finds nothing at all: it cannot see"
+            p.stdin.close()
+            p.wait()
 
         # every environment and every file of the sandbox
         r = sb.run("sh", "-c", "cat /proc/[0-9]*/environ | tr '\\0' '\\n'")

@@ -94,7 +94,7 @@ class Gvisor:
         here, from the same spec."""
         spec, image = sb.spec, sb.image
         return runsc.bundle_config(
-            args=list(spec.command) or SLEEP_FOREVER, env=exec_env(spec, image, sb.hostname),
+            args=list(spec.command) or SLEEP_FOREVER, env=exec_env(spec, image, sb.hostname, sb.egress_env),
             cwd=spec.workdir if spec.command else "/", root=str(gv.merged), hostname=sb.hostname,
             netns=f"/proc/{gv.keeper.pid}/ns/net", cgroups_path=f"/{self.mgr.cgroups.parent}/{sb.id}",
             memory=spec.limits.memory, cpu=spec.limits.cpu, pids=spec.limits.pids, uid_base=sb.uid_base,
@@ -129,6 +129,13 @@ class Gvisor:
         sb.init_pid = gv.files_pid   # its netns is the sandbox's, its root (/proc/<pid>/root) the sandbox's root
         if mgr.network is not None:
             await mgr.network.attach(sb.id, gv.files_pid, spec.network, plain=True)
+            # credentials: the gateway's CA into the root's trust store before runsc starts (trust.py's file
+            # calls go to the files server, which is all the channel there is yet)
+            sb.channel = gv.files
+            try:
+                await mgr.trust_egress_ca(sb)
+            finally:
+                sb.channel = None
         return gv
 
     async def _binds(self, sb: "LiveSandbox", gv: GvSandbox, spec, image, ns: int) -> None:
