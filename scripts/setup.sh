@@ -52,6 +52,16 @@ EOS
   fi
 fi
 
+# The native runtime's C init (hutch/sandbox/_host/native/initd.c): static, so it runs inside any image's root;
+# built again when its source is newer. Without it sandboxes keep the Python init (HUTCH_NATIVE_INIT=0 does too).
+initd=hutch/sandbox/_host/native/initd.c
+initbin=hutch/sandbox/_host/native/hutch-init
+if [ ! -x "$initbin" ] || [ "$initd" -nt "$initbin" ]; then
+  echo "setup: building $initbin"
+  gcc -static -Os -Wall -Wextra -Werror -D_FORTIFY_SOURCE=2 -fstack-protector-strong -o "$initbin.tmp" "$initd"
+  mv -f "$initbin.tmp" "$initbin"
+fi
+
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 # a venv made before python3-venv was installed has a python but no pip: make it again

@@ -212,6 +212,10 @@ USERNS = _setting(
     "HUTCH_USERNS", "flag", _flag, True,
     "1: each sandbox in a user namespace of its own; 0 opts out (root inside is host root without "
     "capabilities).", "daemon")
+NATIVE_INIT = _setting(
+    "HUTCH_NATIVE_INIT", "flag", _flag, True,
+    "1: each sandbox's init serves as the static C init (native/initd.c, built by scripts/setup.sh) once its "
+    "root is built; 0 keeps the Python init (also what a checkout without the binary gets).", "daemon")
 WARM_POOL = _setting(
     "HUTCH_WARM_POOL", "count", _count, 4,
     "Inits kept ready in their cgroups and namespaces, so a create takes one instead of starting one.", "daemon")

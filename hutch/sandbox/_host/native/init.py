@@ -77,12 +77,13 @@ def precompute() -> None:
 _UPPER = -1   # O_PATH fd of the overlay's writable layer
 
 
-def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=(), go: int = -1) -> int:
+def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=(), go: int = -1, native: int = -1) -> int:
     """Become the sandbox's init; returns only on a failure before it was ready.
 
     In two steps: join the cgroups and unshare the namespaces, report "warm" and
     wait for the root's plan (a warm pool keeps inits parked here); then build
-    the root, lock down, and serve.
+    the root, lock down, and serve: with `native` (an fd of the C init, initd.c,
+    which the zygote opened) by exec'ing that in place of this interpreter, else here.
     """
     if go >= 0:   # a helper cloned this init (zygote.clone_init): on once it is in its cgroups
         ready = os.read(go, 1) == b"g"
@@ -91,8 +92,11 @@ def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=(), go: int = -1) 
             return 1
     else:         # (the helper's death would fire PDEATHSIG: the daemon kills such an init instead)
         L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
-    os.closerange(3, min(keep))
-    os.closerange(max(keep) + 1, 65536)
+    low = 3
+    for fd in sorted(set(keep) | ({native} if native >= 0 else set())):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 65536)
     try:
         if go < 0:
             join_cgroups(plan["cgroup_procs"])
@@ -109,6 +113,8 @@ def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=(), go: int = -1) 
         if plan.get("userns"):   # (without one, uid 1000 inside would be host uid 1000, a real account)
             _keep_user(USER_ID)
         _lockdown(seccomp, plan.get("caps") or ())
+        if native >= 0 and not plan.get("caps"):
+            _exec_native(ctl, native)
     except Exception as e:  # report why, then die: the daemon tears the rest down
         try:
             initwire.send(ctl, {"op": "failed", "message": f"{type(e).__name__}: {e}"})
@@ -117,6 +123,23 @@ def main(ctl: socket.socket, plan: dict, seccomp: bytes, keep=(), go: int = -1) 
         return 1
     Init(ctl, plan).serve()
     return 0
+
+
+def _exec_native(ctl: socket.socket, native: int) -> None:
+    """Serve as the C init from here (initd.c: the same protocol as Init, a few pages where this interpreter
+    keeps its copy-on-write heap): exec it in place of this process, already locked down (no_new_privs,
+    capabilities, seccomp all survive the execve). The sandbox's user rides in as the effective and saved ids:
+    an execve makes the saved ids the effective ones, which would lose the user _keep_user kept (the C init
+    sets its effective ids back to 0 first thing). An image build step's capabilities (plan["caps"]) would not
+    survive that, so such an init stays this one. Nothing of the sandbox runs before the C init's "ready", so
+    nothing can reach it before it makes itself not dumpable again."""
+    os.set_inheritable(ctl.fileno(), True)
+    if _UPPER >= 0:
+        os.set_inheritable(_UPPER, True)
+    if _USER_KEPT:
+        os.setresgid(-1, USER_ID, -1)
+        os.setresuid(-1, USER_ID, -1)
+    os.execve(native, ["hutch-init", str(ctl.fileno()), str(_UPPER), "1" if _USER_KEPT else "0"], {})
 
 
 def join_cgroups(procs_files, pid: int = 0) -> None:

@@ -23,6 +23,15 @@ from hutch.sandbox._host.native.seccomp import build_filter
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Where writable layers live: "disk" (the default: a btrfs store with a quota per sandbox, disk.py), or
 # "tmpfs" (memory: what a sandbox writes counts against its memory=). HUTCH_LAYERS in the daemon's environment.
+#: The C init (initd.c, built by scripts/setup.sh next to it): each sandbox's init execs it once its root is
+#: built and it is locked down, and holds a few pages instead of a copy of the interpreter. HUTCH_NATIVE_INIT=0
+#: (or no binary: a checkout setup.sh has not built) keeps every init the Python one (init.Init).
+NATIVE_INIT_PATH = Path(__file__).with_name("hutch-init")
+
+
+def native_init() -> str:
+    """The C init's path, or "" when inits stay Python (turned off, or not built)."""
+    return str(NATIVE_INIT_PATH) if settings.NATIVE_INIT.get() and os.access(NATIVE_INIT_PATH, os.X_OK) else ""
 
 
 class Channel:
@@ -210,7 +219,7 @@ class Zygote:
         self.channel = Channel(ours, on_event)
         try:
             await self.channel.notify({"op": "config", "seccomp": build_filter().hex(), "home_procs": home_procs,
-                                       "layers": layers})
+                                       "layers": layers, "native_init": native_init()})
             msg, fds = await asyncio.wait_for(ready, 10)
         except BaseException:
             self._drop_layers()

@@ -46,6 +46,7 @@ class Zygote:
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.config: dict = {}
+        self.native = -1   # the C init (initd.c), which each init execs once locked down; -1: inits stay Python
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def run(self) -> None:
@@ -57,6 +58,8 @@ class Zygote:
         self.config = msg
         self.seccomp = bytes.fromhex(msg["seccomp"])
         self.home = [p.encode() if isinstance(p, str) else p for p in msg["home_procs"]]
+        if msg.get("native_init"):   # opened once here: after pivot_root no path reaches it
+            self.native = os.open(msg["native_init"], os.O_RDONLY | os.O_CLOEXEC)
         linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)   # inits whose helper exited (clone_init) come here
         init.precompute()
         _write_pid(self.home, str(os.getpid()).encode())
@@ -216,7 +219,7 @@ class Zygote:
     def _become_init(self, plan: dict, child_end: socket.socket, go: int = -1) -> None:
         code = 1
         try:
-            code = init.main(child_end, plan, self.seccomp, keep=(child_end.fileno(),), go=go)
+            code = init.main(child_end, plan, self.seccomp, keep=(child_end.fileno(),), go=go, native=self.native)
         finally:
             os._exit(code)
 
