@@ -226,7 +226,8 @@ def _aim(case, data, w) -> None:
         spec = body["spec"]
         if data.draw(mostly):
             spec["image"] = w["image"]
-        for m in spec.get("mounts") or []:   # negative cases break the schema's source rule too
+        mounts = spec.get("mounts")
+        for m in mounts if isinstance(mounts, list) else []:   # negative cases break the schema's source rule too
             if isinstance(m, dict) and m.get("kind") == "bind":
                 m["source"] = w["bind_src"]
     if data.draw(st.integers(0, 3)) == 0:

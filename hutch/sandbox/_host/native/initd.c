@@ -319,12 +319,12 @@ static void jvalue(jp *j, jv *v, int depth) {
         char tmp[64];
         size_t k = 0;
         int is_int = 1;
-        while (j->p < j->end && k < sizeof tmp - 1 && strchr("+-0123456789.eE", *j->p)) {
+        while (j->p < j->end && k < sizeof tmp - 1 && *j->p && strchr("+-0123456789.eE", *j->p)) {
             if (*j->p == '.' || *j->p == 'e' || *j->p == 'E') is_int = 0;
             tmp[k++] = *j->p++;
         }
         tmp[k] = 0;
-        if (j->p < j->end && strchr("+-0123456789.eE", *j->p)) { j->err = 1; return; }
+        if (j->p < j->end && *j->p && strchr("+-0123456789.eE", *j->p)) { j->err = 1; return; }
         v->type = J_NUM;
         errno = 0;
         char *endp;
@@ -1030,10 +1030,10 @@ static char *which(const char *name, const char *path) {
         buf_t c = {0};
         if (dl == 0) b_str(&c, ".");
         else b_add(&c, p, dl);
-        if (c.p[c.n - 1] != '/') b_str(&c, "/");
+        if (c.p && c.p[c.n - 1] != '/') b_str(&c, "/");
         b_str(&c, name);
         struct stat st;
-        if (!c.bad && stat(c.p, &st) == 0 && S_ISREG(st.st_mode) && access(c.p, X_OK) == 0) return c.p;
+        if (!c.bad && c.p && stat(c.p, &st) == 0 && S_ISREG(st.st_mode) && access(c.p, X_OK) == 0) return c.p;
         b_free(&c);
         if (!end) return NULL;
         p = end + 1;
@@ -1165,15 +1165,11 @@ static void op_exec(int *fds, int *nfds) {
             return;
         }
     }
-    /* env: name=value, in order; a name given twice keeps its first place and its last value (json.loads) */
+    /* env: name=value, in order (the daemon sends a dict: no name twice) */
     char **envp = xmalloc((env->len + 1) * sizeof(char *));
     size_t ne = 0;
     for (size_t k = 0; k < env->len; k++) {
-        jv *key = &env->keys[k];
-        int dup = 0;
-        for (size_t x = 0; x < k && !dup; x++) dup = env->keys[x].n == key->n && !memcmp(env->keys[x].s, key->s, key->n);
-        if (dup) continue;
-        jv *val = jget(env, key->s);
+        jv *key = &env->keys[k], *val = &env->items[k];
         char *s = xmalloc(key->n + val->n + 2);
         memcpy(s, key->s, key->n);
         s[key->n] = '=';
@@ -1379,8 +1375,9 @@ int main(int argc, char **argv) {
         if (got < 0) { close_all(fds, nfds); dprintf(2, "hutch-init: a message that is not one; ignored\n"); continue; }
         MSG = &msg;
         jv *op = jget(&msg, "op");
-        const char *o = op && op->type == J_STR ? op->s : "";
-        if (!strcmp(o, "exec")) op_exec(fds, &nfds);
+        const char *o = op && op->type == J_STR ? op->s : "?";
+        if (!jget(&msg, "rid") && strcmp(o, "kill")) { /* a call nobody waits for (only kill is sent so): dropped */ }
+        else if (!strcmp(o, "exec")) op_exec(fds, &nfds);
         else if (!strcmp(o, "kill")) op_kill();
         else if (!strcmp(o, "read")) op_read();
         else if (!strcmp(o, "write_open")) op_write_open();
