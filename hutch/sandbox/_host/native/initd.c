@@ -526,7 +526,7 @@ static const char *errno_class(int e) {
     case EISDIR: case EEXIST: case ENOTEMPTY: case EACCES: case EPERM: case EROFS: case ELOOP: case ENAMETOOLONG:
     case ENOEXEC: case EINVAL: case EXDEV: case ENXIO: case ENODEV: case EFBIG: case EMLINK: case EOVERFLOW:
         return "ConfigError";
-    case ENOSPC: case EDQUOT: return "SandboxError";
+    case ENOSPC: case EDQUOT: return "StateError";
     case EBUSY: case ETXTBSY: return "StateError";
     default: return "SandboxError";
     }
