@@ -30,7 +30,7 @@ import stat
 import tomllib
 from dataclasses import dataclass, field
 
-from hutch._core.errors import ConfigError, Error, SandboxFileError
+from hutch._core.errors import ConfigError, Error, NotFoundError, SandboxFileError
 from hutch._core.settings import caller_environ
 from hutch.sandbox import _provided, _sbschema
 from hutch.sandbox._spec import Mount, Network, SandboxSpec, Secret
@@ -303,6 +303,9 @@ class _Builder:
             return image.run_commands(*s["run"], network=net)
         if "copy" in s:
             src = self.host_path(s["copy"])
+            if not os.path.exists(src):   # neither a file nor a directory: say that, not "not a file"
+                raise NotFoundError(f"copy: {src} does not exist on this host; fix the path (a file or a directory, "
+                                    "relative to the sandbox file).")
             return (image.copy_local_dir if os.path.isdir(src) else image.copy_local_file)(src, s["to"])
         if "env" in s:
             return image.env(s["env"])

@@ -195,6 +195,8 @@ def test_env_from_the_environment_is_read_at_create_and_a_missing_one_is_named(p
      "not a valid DNS name"),
     ('[network]\nmode = "none"\ndomains = ["a.example.com"]\n', 1, "network", 'mode = "allow"'),
     ('[network]\nports = [0]\n', 2, "network.ports[0]", "smaller than 1"),
+    ('image = { steps = [{ copy = "./agent", to = "/home/user" }] }\n', 1, "image.steps[0]",
+     "agent does not exist on this host"),
     ('command = "python3 agent.py"\n', 1, "command", "must be an array"),
     ('version = 2\n', 1, "version", "must be 1"),
     ('include = "/etc/hutch/base.toml"\n', 1, "include", "not a known key"),
