@@ -36,6 +36,7 @@ from hutch._core.errors import (
     QuotaExceededError,
     SandboxError,
     SandboxFileError,
+    SandboxLostError,
     SandboxTimeout,
     SearchIndexError,
     StateError,
@@ -84,6 +85,7 @@ _LAZY = {
     "Snapshot": "hutch.sandbox.snapshot",
     "Version": "hutch.memory._entity",
     "Volume": "hutch.sandbox.volume",
+    "connect": "hutch.sandbox._client",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -95,6 +97,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hutch.memory._index._search import Hit, IndexReport
     from hutch.memory._store import Memory
     from hutch.sandbox._api import ExecResult, NetworkLog
+    from hutch.sandbox._client import connect
     from hutch.sandbox._files import FileInfo
     from hutch.sandbox._process import AsyncProcess, Process
     from hutch.sandbox._spec import Mount, Network, Secret
@@ -142,6 +145,7 @@ __all__ = sorted(
         "QuotaExceededError",
         "SandboxError",
         "SandboxFileError",
+        "SandboxLostError",
         "SandboxTimeout",
         "SearchIndexError",
         "StateError",

@@ -199,3 +199,39 @@ def test_the_upward_import_check_sees_what_it_forbids(tmp_path):
     f.write_text("import hutch\nfrom hutch._core import errors\nfrom hutch.cli import main\nimport hutch.memory\n")
     assert upward_imports(f, core=False) == ["line 3: hutch.cli"]
     assert upward_imports(f, core=True) == ["line 3: hutch.cli", "line 4: hutch.memory"]
+
+
+# --- the fleet (hutch/fleet/, and its caller side hutch/sandbox/_fleet.py) ----------------------------------
+
+FLEET = ROOT / "hutch" / "fleet"
+
+
+@pytest.mark.parametrize("path", sorted(FLEET.rglob("*.py")), ids=lambda p: p.name)
+def test_the_fleet_imports_core_the_caller_side_and_memory(path):
+    """The fleet runs on Ray nodes and starts daemons as processes: it never imports the host side."""
+    bad = [f"line {n}: {m}" for n, m in imports(path)
+           if under(m, "hutch") and m != "hutch" and not (under(m, "hutch._core") or under(m, "hutch.fleet")
+                                                          or under(m, "hutch.memory") or under(m, "hutch.sandbox"))
+           or under(m, "hutch.sandbox._host") or under(m, "hutch.sandbox._inside")]
+    assert bad == [], f"{path.relative_to(ROOT)}: {bad}"
+
+
+@pytest.mark.parametrize("path", sorted(p for p in (ROOT / "hutch").rglob("*.py")
+                                        if not (p.is_relative_to(FLEET) or p.is_relative_to(ROOT / "hutch" / "cli"))),
+                         ids=lambda p: str(p.relative_to(ROOT / "hutch")))
+def test_only_the_cli_imports_the_fleet(path):
+    bad = [f"line {n}: {m}" for n, m in imports(path) if under(m, "hutch.fleet")]
+    assert bad == [], f"{path.relative_to(ROOT)}: the fleet is an entry point; the SDK's side is sandbox/_fleet.py"
+
+
+def test_ray_is_imported_only_when_a_fleet_is_used():
+    """A single host needs no Ray: no module imports it at load time (only inside the functions a fleet runs)."""
+    for path in sorted((ROOT / "hutch").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in top if isinstance(n, ast.ImportFrom) and n.module]
+        assert not [m for m in names if under(m, "ray")], f"{path.relative_to(ROOT)} imports ray at load time"
+    code = "import hutch, hutch.sandbox._client, hutch.fleet, hutch.cli, sys; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -9,6 +9,7 @@
     ├── NotFoundError          a sandbox, image, entity, volume ... that does not exist
     ├── StateError             an operation on something in the wrong state (exec on a terminated sandbox)
     ├── SandboxError           a sandbox failed to start or broke while running
+    │   ├── SandboxLostError   the fleet node that ran it is gone (its sandboxes with it): status "lost"
     │   ├── ImageError         an image could not be found or built
     │   │   └── InvalidArchiveError   an image archive refused on import (also a ConfigError: 400)
     │   └── ExecError          a command did not succeed (carries argv, stdout, stderr, returncode, reason)
@@ -70,6 +71,11 @@ class StateError(Error):
 
 class SandboxError(Error):
     """A sandbox failed to start or broke while running."""
+
+
+class SandboxLostError(SandboxError):
+    """The fleet node that ran this sandbox is gone (its Ray node died or its daemon stopped), and the sandbox with
+    it: its status is "lost". Create a new one; the fleet places it on a node that is up (docs/fleet.md)."""
 
 
 class ImageError(SandboxError):
@@ -197,6 +203,7 @@ __all__ = [
     "QuotaExceededError",
     "SandboxError",
     "SandboxFileError",
+    "SandboxLostError",
     "SandboxTimeout",
     "SearchIndexError",
     "StateError",

@@ -30,6 +30,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("hutch.cli._volume", "volume"),
     ("hutch.cli._mem", "mem"),
     ("hutch.cli._mcp", "mcp"),
+    ("hutch.cli._fleet", "fleet"),
 ]
 
 

@@ -33,7 +33,7 @@ PTY_DEFAULT_SIZE = (24, 80)
 PTY_MAX_SIZE = 0xFFFF   # rows and columns: what struct winsize holds
 
 # Statuses after which a sandbox runs nothing more.
-ENDED = frozenset({"exited", "terminated", "timeout", "idle_timeout", "oom", "failed"})
+ENDED = frozenset({"exited", "terminated", "timeout", "idle_timeout", "oom", "failed", "lost"})
 
 
 class SandboxState:
@@ -47,7 +47,10 @@ class SandboxState:
 
     def _fresh(self) -> dict:
         if self._info.get("status", "running") not in ENDED:
-            self._info = self._fetch_info()
+            try:
+                self._info = self._fetch_info()
+            except errors.SandboxLostError:   # its fleet node is gone, and it with it
+                self._info = {**self._info, "status": "lost"}
         return self._info
 
     @property
@@ -66,7 +69,7 @@ class SandboxState:
     @property
     def status(self) -> str:
         """The daemon's status of it now: starting, running, paused, exited, terminated, timeout, idle_timeout, oom
-        or failed."""
+        or failed; "lost" when the fleet node that ran it is gone (docs/fleet.md)."""
         return self._fresh().get("status", "running")
 
     @property
@@ -217,6 +220,9 @@ def sandbox_end(info: dict) -> "tuple[str | None, int, type]":
                 " give it more with memory=, --memory)"), EXIT_OOM, errors.OutOfMemoryError
     if status == "terminated":
         return "the sandbox was terminated", EXIT_SIGNAL_BASE + 9, errors.ExecError
+    if status == "lost":
+        return ("the sandbox is lost: the fleet node that ran it is gone, and it with it",
+                EXIT_SIGNAL_BASE + 9, errors.SandboxLostError)
     return (f"the sandbox failed ({status}): its init died; see the daemon's log", EXIT_SIGNAL_BASE + 9,
             errors.ExecError)
 
@@ -397,7 +403,10 @@ def stdin_payload(stdin) -> tuple[bool, bytes | None]:
     raise errors.InvalidSpecError(f"stdin={stdin!r} must be True (a pipe), False (no input), or the bytes/str to send.")
 
 
-def terminated_error(sandbox_id: str, info: dict) -> errors.StateError:
+def terminated_error(sandbox_id: str, info: dict) -> errors.Error:
+    if info.get("status") == "lost":
+        return errors.SandboxLostError(f"sandbox {sandbox_id} is lost: the fleet node that ran it is gone, and it "
+                                       "with it. Create a new one.")
     why = sandbox_end(info)[0] or f"its command exited with code {info.get('returncode')}"
     return errors.StateError(
         f"sandbox {sandbox_id} has ended (status {info.get('status')!r}: {why}); it runs nothing more. "

@@ -31,7 +31,8 @@ from urllib.parse import quote
 import httpx
 
 from hutch._core import paths, settings
-from hutch._core.errors import DaemonError, NotFoundError
+from hutch._core.errors import DaemonError, NotFoundError, SandboxLostError
+from hutch.sandbox import _fleet
 from hutch.sandbox._remote import Remote
 from hutch.sandbox._remote import CONNECT_BACKOFF, cap_hint, reset_while_connecting, unverified_hint, verification_failure
 from hutch.sandbox._api import error_from_answer
@@ -40,13 +41,60 @@ _CONNECT_TIMEOUT = 10.0
 _UDS_BASE = "http://hutch"
 
 
-class Endpoint:
-    """Where the daemon is: a socket path, or a TCP daemon (`remote`: its https url, token and TLS check)."""
+#: what hutch.connect() named: it wins over HUTCH_URL for this process
+_connected: dict[str, object] = {}
 
-    def __init__(self, url: str | None = None, token: str | None = None, socket_path: str | None = None):
-        self.url = url if url is not None else settings.URL.get()
+
+def connect(url: str, *, token: str | None = None) -> None:
+    """Point this process's sandboxes at another daemon, or at a fleet (over HUTCH_URL and the local socket).
+
+    `url`: ``ray://auto`` (the hutch fleet of the Ray cluster this host is part of), ``ray://HEAD:10001`` (one
+    reached through Ray Client), ``https://HOST:PORT`` (one remote daemon; `token`, else HUTCH_TOKEN /
+    HUTCH_TOKEN_FILE, and HUTCH_FINGERPRINT or HUTCH_CA verify it), or ``unix:/path/to.sock``.
+
+    Example: `hutch.connect("ray://auto"); hutch.Sandbox.create()` (placed on a node of the fleet, docs/fleet.md)
+    """
+    if not isinstance(url, str) or not url.startswith(("ray://", "https://", "http://", "unix:")):
+        from hutch._core.errors import ConfigError
+
+        raise ConfigError(f"connect({url!r}): give ray://auto, ray://HEAD:PORT, https://HOST:PORT or unix:/path.")
+    if url.startswith("unix:"):
+        _connected.clear()
+        _connected["socket"] = url[5:]
+        return
+    if url.startswith(("https://", "http://")):
+        Remote.from_env(url, token)   # refuse a bad one now, not at the first call
+    _connected.clear()
+    _connected.update(url=url, token=token)
+
+
+def disconnect() -> None:
+    """Undo connect(), drop the process's fleet clients and leave Ray if the SDK joined it (see _fleet.disconnect)."""
+    _connected.clear()
+    with _lock:
+        for k in [k for k, c in _clients.items() if isinstance(c, FleetClient)]:
+            del _clients[k]
+        for k in [k for k, (_, c, *_) in _aclients.items() if isinstance(c, AsyncFleetClient)]:
+            del _aclients[k]
+    _fleet.disconnect()
+
+
+class Endpoint:
+    """Where the daemon is: a socket path, or a TCP daemon (`remote`: its https url, token and TLS check),
+    or a fleet (`fleet_url`: ray://...; hutch/sandbox/_fleet.py). `node`: the fleet node this daemon is."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, socket_path: str | None = None, *,
+                 remote: Remote | None = None, node: str | None = None):
+        if url is None and remote is None and socket_path is None and _connected:
+            url, token, socket_path = _connected.get("url"), _connected.get("token"), _connected.get("socket")
+        self.url = remote.url if remote else url if url is not None else settings.URL.get()
+        self.fleet_url = self.url if _fleet.is_fleet_url(self.url) else None
+        if self.fleet_url:
+            self.url = None
+        self.node = node
+        self.restarted = None   # a fleet node's: () -> whether its daemon is no longer the one this reached
         self.socket = Path(socket_path) if socket_path else paths.daemon_socket()
-        self.remote = Remote.from_env(self.url, token) if self.url else None
+        self.remote = remote or (Remote.from_env(self.url, token) if self.url else None)
         self.token = self.remote.token if self.remote else None
 
     @property
@@ -57,7 +105,8 @@ class Endpoint:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def describe(self) -> str:
-        return self.url or f"unix:{self.socket}"
+        where = self.url or f"unix:{self.socket}"
+        return f"fleet node {self.node} ({where})" if self.node else self.fleet_url or where
 
     def raw_connect(self, timeout: float = _CONNECT_TIMEOUT) -> socket.socket:
         """A plain connected socket (for the lease and health pings)."""
@@ -203,6 +252,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _lost_node(ep: Endpoint, path: str, e: BaseException) -> DaemonError:
+    """A fleet node's daemon that cannot be reached: its sandboxes are lost (they die with their daemon)."""
+    rest = path[len("/v1/sandboxes/"):] if path.startswith("/v1/sandboxes/") else ""
+    if rest:
+        sid = rest.split("/", 1)[0].split("?", 1)[0]
+        return SandboxLostError(f"sandbox {sid} is lost: its {ep.describe()} does not answer ({e}); the node or "
+                                "its daemon is gone, and its sandboxes with it. Create a new one.")
+    return DaemonError(f"the {ep.describe()} does not answer ({e}); `hutch fleet ls` shows the fleet's health.")
+
+
 def _unreachable(ep: Endpoint, e: Exception) -> DaemonError:
     if verification_failure(e) is not None:
         return DaemonError(f"{unverified_hint(ep.url)} ({verification_failure(e).verify_message}).")
@@ -219,6 +278,7 @@ def _unreachable(ep: Endpoint, e: Exception) -> DaemonError:
 
 
 _TIMEOUT = httpx.Timeout(None, connect=_CONNECT_TIMEOUT)
+_NODE_TIMEOUT = httpx.Timeout(None, connect=_fleet.NODE_CONNECT_TIMEOUT)
 _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64)
 _KEEP_IDLE = 64            # idle keep-alive connections kept per client
 _QUICK_KW = frozenset({"params", "json", "content"})
@@ -428,7 +488,8 @@ class Client:
         self.ep = endpoint or Endpoint()
         transport = None if self.ep.url else _UnixTransport(str(self.ep.socket))
         self.http = httpx.Client(base_url=self.ep.base, transport=transport, headers=self.ep.headers(),
-                                 timeout=_TIMEOUT, limits=_LIMITS, verify=_verify(self.ep))
+                                 timeout=_NODE_TIMEOUT if self.ep.node else _TIMEOUT, limits=_LIMITS,
+                                 verify=_verify(self.ep))
         # the local socket's common calls skip httpx's request building (see _UnixTransport.quick)
         self._quick = transport if transport is not None and not self.ep.headers() else None
 
@@ -448,23 +509,92 @@ class Client:
                 if self.ep.url and reset_while_connecting(e) and (delay := next(backoff, None)) is not None:
                     time.sleep(delay * random.uniform(0.5, 1.5))   # the listener's per-address cap: nothing was sent
                     continue
+                if self.ep.node:
+                    raise _lost_node(self.ep, path, e) from e
                 if attempt or self.ep.url or _denied(e):
                     raise _unreachable(self.ep, e) from e
                 _no_autostart_for(self.ep, path)
                 ensure_daemon(self.ep)
             except httpx.TransportError as e:
+                if self.ep.node:
+                    raise _lost_node(self.ep, path, e) from e
                 raise _unreachable(self.ep, e) from e
         if resp.status_code >= 400:
             try:
                 body = resp.read()
             finally:
                 resp.close()
+            if resp.status_code == 404 and self.ep.restarted is not None and path.startswith("/v1/sandboxes/") \
+                    and self.ep.restarted():
+                raise _lost_node(self.ep, path, "its daemon was restarted since")
             raise error_from_answer(resp.status_code, body)
         return resp
 
     def json(self, method: str, path: str, **kw):
         r = self.request(method, path, **kw)
         return r.json() if r.content else None
+
+    # the three calls a fleet answers differently (FleetClient): where a sandbox is made, found, listed
+
+    def create_sandbox(self, attempt) -> "tuple[Client, object]":
+        """`attempt(client)` (ensure the image, POST the create) on this daemon: (this client, its answer)."""
+        return self, attempt(self)
+
+    def owner(self, sandbox_id: str) -> "Client":
+        """The client of the daemon that runs `sandbox_id`."""
+        return self
+
+    def list_sandboxes(self, params) -> "list[tuple[Client, dict]]":
+        return [(self, info) for info in self.json("GET", "/v1/sandboxes", params=params)["sandboxes"]]
+
+
+class FleetClient:
+    """The client of a fleet (ray://...): sandboxes are made on a placed node, then spoken to on their own node's
+    Client; calls about no sandbox (images, volumes, doctor) go to the fleet's first healthy node."""
+
+    def __init__(self, endpoint: Endpoint):
+        self.ep = endpoint
+        self.fleet = _fleet.fleet(endpoint.fleet_url, node_client)
+
+    def create_sandbox(self, attempt):
+        return self.fleet.create(attempt)
+
+    def owner(self, sandbox_id: str) -> Client:
+        return self.fleet.owner(sandbox_id)
+
+    def list_sandboxes(self, params) -> "list[tuple[Client, dict]]":
+        out = []
+        for c, answer in self.fleet.fan_out(lambda c: c.json("GET", "/v1/sandboxes", params=params)):
+            out += [(c, info) for info in answer["sandboxes"]]
+        return out
+
+    def request(self, method: str, path: str, **kw):
+        return self._route(path).request(method, path, **kw)
+
+    def json(self, method: str, path: str, **kw):
+        return self._route(path).json(method, path, **kw)
+
+    def _route(self, path: str) -> Client:
+        if path.startswith("/v1/sandboxes/"):
+            return self.fleet.owner(path[len("/v1/sandboxes/"):].split("/", 1)[0])
+        return self.fleet.home()
+
+
+def node_endpoint(node: "_fleet.Node") -> Endpoint:
+    """How this process reaches a fleet node's daemon: its Unix socket when the node runs on this host (the same
+    boot) and the socket lets us in, else its TLS listener with the fleet's token, its certificate pinned."""
+    if node.socket and node.boot_id and node.boot_id == _fleet.local_boot_id() and os.access(node.socket, os.W_OK):
+        return Endpoint(url="", socket_path=node.socket, node=node.key)
+    if not node.url:
+        raise DaemonError(f"fleet node {node.name} ({node.key}) runs on another host and has no TCP listener; start "
+                          "the fleet with `hutch fleet up --listen`.")
+    u = httpx.URL(node.url)
+    return Endpoint(remote=Remote(node.url, u.host, u.port or 443, node.token, None, node.fingerprint or None),
+                    node=node.key)
+
+
+def node_client(node: "_fleet.Node") -> Client:
+    return Client(node_endpoint(node))
 
 
 class AsyncClient:
@@ -474,7 +604,8 @@ class AsyncClient:
         self.ep = endpoint or Endpoint()
         transport = None if self.ep.url else httpx.AsyncHTTPTransport(uds=str(self.ep.socket))
         self.http = httpx.AsyncClient(base_url=self.ep.base, transport=transport, headers=self.ep.headers(),
-                                      timeout=_TIMEOUT, limits=_LIMITS, verify=_verify(self.ep))
+                                      timeout=_NODE_TIMEOUT if self.ep.node else _TIMEOUT, limits=_LIMITS,
+                                      verify=_verify(self.ep))
 
     async def request(self, method: str, path: str, *, stream: bool = False, **kw) -> httpx.Response:
         import asyncio
@@ -488,23 +619,108 @@ class AsyncClient:
                 if self.ep.url and reset_while_connecting(e) and (delay := next(backoff, None)) is not None:
                     await asyncio.sleep(delay * random.uniform(0.5, 1.5))
                     continue
+                if self.ep.node:
+                    raise _lost_node(self.ep, path, e) from e
                 if attempt or self.ep.url or _denied(e):
                     raise _unreachable(self.ep, e) from e
                 _no_autostart_for(self.ep, path)
                 await asyncio.to_thread(ensure_daemon, self.ep)
             except httpx.TransportError as e:
+                if self.ep.node:
+                    raise _lost_node(self.ep, path, e) from e
                 raise _unreachable(self.ep, e) from e
         if resp.status_code >= 400:
             try:
                 body = await resp.aread()
             finally:
                 await resp.aclose()
+            if resp.status_code == 404 and self.ep.restarted is not None and path.startswith("/v1/sandboxes/") \
+                    and await asyncio.to_thread(self.ep.restarted):
+                raise _lost_node(self.ep, path, "its daemon was restarted since")
             raise error_from_answer(resp.status_code, body)
         return resp
 
     async def json(self, method: str, path: str, **kw):
         r = await self.request(method, path, **kw)
         return r.json() if r.content else None
+
+    async def create_sandbox(self, attempt) -> "tuple[AsyncClient, object]":
+        return self, await attempt(self)
+
+    async def owner(self, sandbox_id: str) -> "AsyncClient":
+        return self
+
+    async def list_sandboxes(self, params) -> "list[tuple[AsyncClient, dict]]":
+        d = await self.json("GET", "/v1/sandboxes", params=params)
+        return [(self, info) for info in d["sandboxes"]]
+
+
+class AsyncFleetClient:
+    """FleetClient, awaitable (one per event loop): the placement and table are the process's Fleet's, the
+    node clients AsyncClients of this loop."""
+
+    def __init__(self, endpoint: Endpoint):
+        self.ep = endpoint
+        self.fleet = _fleet.fleet(endpoint.fleet_url, node_client)
+        self._nodes: dict[tuple, AsyncClient] = {}
+
+    @property
+    def http(self) -> "AsyncFleetClient":   # what _closed_with_loop closes: every node client of this loop
+        return self
+
+    async def aclose(self) -> None:
+        for c in list(self._nodes.values()):
+            await c.http.aclose()
+
+    def node(self, n: "_fleet.Node") -> AsyncClient:
+        k = (n.key, n.socket, n.url, n.fingerprint, n.started)
+        c = self._nodes.get(k)
+        if c is None:
+            c = self._nodes[k] = AsyncClient(node_endpoint(n))
+            c.ep.restarted = self.fleet.client(n).ep.restarted
+        return c
+
+    async def create_sandbox(self, attempt):
+        import asyncio
+
+        skip: set[str] = set()
+        last = None
+        for _ in range(_fleet.CREATE_ATTEMPTS):
+            n, why = await asyncio.to_thread(self.fleet.placed, skip)
+            if n is None:
+                raise last or why
+            c = self.node(n)
+            try:
+                return c, await attempt(c)
+            except (SandboxLostError, DaemonError) as e:
+                skip.add(n.key)
+                last = e
+        raise last
+
+    async def owner(self, sandbox_id: str) -> AsyncClient:
+        import asyncio
+
+        return self.node(await asyncio.to_thread(self.fleet.owner_node, sandbox_id))
+
+    async def list_sandboxes(self, params) -> "list[tuple[AsyncClient, dict]]":
+        import asyncio
+
+        nodes = [n for n in (await asyncio.to_thread(self.fleet.nodes)).values() if n.healthy]
+        answers = await asyncio.gather(*(self.node(n).json("GET", "/v1/sandboxes", params=params) for n in nodes))
+        return [(self.node(n), info) for n, d in zip(nodes, answers) for info in d["sandboxes"]]
+
+    async def request(self, method: str, path: str, **kw):
+        return await (await self._route(path)).request(method, path, **kw)
+
+    async def json(self, method: str, path: str, **kw):
+        return await (await self._route(path)).json(method, path, **kw)
+
+    async def _route(self, path: str) -> AsyncClient:
+        import asyncio
+
+        if path.startswith("/v1/sandboxes/"):
+            return await self.owner(path[len("/v1/sandboxes/"):].split("/", 1)[0])
+        return self.node(await asyncio.to_thread(self.fleet.home_node))
 
 
 def _verify(ep: Endpoint):
@@ -520,17 +736,19 @@ _aclients: dict[tuple, tuple] = {}
 def _key() -> tuple:
     ep = Endpoint()
     r = ep.remote
-    return (os.getpid(), ep.url, ep.token, str(ep.socket), r and r.ca, r and r.fingerprint), ep
+    return (os.getpid(), ep.url, ep.fleet_url, ep.token, str(ep.socket), r and r.ca, r and r.fingerprint), ep
 
 
-def default_client() -> Client:
-    """The process's client for the endpoint the environment names now."""
+def default_client() -> "Client | FleetClient":
+    """The process's client for the endpoint hutch.connect() or the environment names now."""
     key, ep = _key()
     with _lock:
         c = _clients.get(key)
-        if c is None:
-            c = _clients[key] = Client(ep)
-        return c
+    if c is None:
+        c = FleetClient(ep) if ep.fleet_url else Client(ep)   # a fleet joins Ray: not under the lock
+        with _lock:
+            c = _clients.setdefault(key, c)
+    return c
 
 
 def sync_client(ep: Endpoint) -> Client:
@@ -554,10 +772,13 @@ def default_async_client() -> AsyncClient:
         for k in [k for k, (lp, *_) in _aclients.items() if lp.is_closed()]:
             _finish(_aclients.pop(k)[2])   # clients of finished event loops (asyncio.run in a loop)
         entry = _aclients.get(key)
-        if entry is None:
-            c = AsyncClient(ep)
-            entry = _aclients[key] = (loop, c, _closed_with_loop(c))
-        return entry[1]
+    if entry is None:
+        c = AsyncFleetClient(ep) if ep.fleet_url else AsyncClient(ep)   # a fleet joins Ray: not under the lock
+        with _lock:
+            entry = _aclients.get(key)
+            if entry is None:
+                entry = _aclients[key] = (loop, c, _closed_with_loop(c))
+    return entry[1]
 
 
 def _closed_with_loop(client: AsyncClient):

@@ -24,7 +24,7 @@ import asyncio
 import threading
 import weakref
 
-from hutch._core.errors import DaemonError, NotFoundError, StateError
+from hutch._core.errors import DaemonError, NotFoundError, SandboxLostError, StateError
 from hutch.sandbox._api import (
     EXIT, OUTPUT_BUFFER, STDERR, STDOUT, WAIT_POLL, ExecResult, ExitStatus, FrameDecoder, TextStreamDecoder,
 )
@@ -128,11 +128,14 @@ class _Text:
         return self.dec.decode(data, final) if self.dec else data
 
 
-def _lost(argv, e: Exception) -> DaemonError:
+def _lost(argv, e: Exception, node: str | None = None) -> DaemonError:
+    if node:   # a fleet node's daemon: its connection broke because it is gone, with its sandboxes
+        return SandboxLostError(f"lost the output stream of {list(argv)}: {e}; its sandbox is lost with fleet node "
+                                f"{node} (create a new one).")
     return DaemonError(f"lost the output stream of {list(argv)}: {e}; check that the daemon still runs.")
 
 
-def _read_output(resp, out: _Output, cond: threading.Condition, argv) -> None:
+def _read_output(resp, out: _Output, cond: threading.Condition, argv, node: str | None = None) -> None:
     """Read an exec's response into `out` (the thread of a Process, or run()'s caller)."""
     error = None
     try:
@@ -145,7 +148,7 @@ def _read_output(resp, out: _Output, cond: threading.Condition, argv) -> None:
                 if out.full:   # its handle is gone with output unread: hang up, as a closed pipe would
                     break
     except Exception as e:  # the connection broke: report it from wait()
-        error = _lost(argv, e)
+        error = _lost(argv, e, node)
     finally:
         resp.close()
         with cond:
@@ -283,13 +286,13 @@ class Process(_ExitState):
         if background:
             # the thread holds no reference to this handle: once it is dropped, the finalizer tells the
             # reader that nobody will read again (see _read_output)
-            self._thread = threading.Thread(target=_read_output, args=(response, self._out, self._cond, self.argv),
+            self._thread = threading.Thread(target=_read_output, args=(response, self._out, self._cond, self.argv, client.ep.node),
                                             name=f"hutch-exec-{self.id}", daemon=True)
             self._thread.start()
             weakref.finalize(self, _abandon, self._out, self._cond)
 
     def _pump(self) -> None:
-        _read_output(self._resp, self._out, self._cond, self.argv)
+        _read_output(self._resp, self._out, self._cond, self.argv, self._client.ep.node)
 
     def wait(self) -> int:
         """Wait for the command to end and return its exit code.
@@ -415,7 +418,7 @@ class AsyncStdinWriter:
         return f"{self._p._base}/stdin"
 
 
-async def _aread_output(resp, out: _Output, event: asyncio.Event, argv) -> None:
+async def _aread_output(resp, out: _Output, event: asyncio.Event, argv, node: str | None = None) -> None:
     """Read an exec's response into `out` (the task of an AsyncProcess, or run()'s caller)."""
     error = None
     try:
@@ -428,7 +431,7 @@ async def _aread_output(resp, out: _Output, event: asyncio.Event, argv) -> None:
             if out.full:   # its handle is gone with output unread: hang up, as a closed pipe would
                 break
     except Exception as e:
-        error = _lost(argv, e)
+        error = _lost(argv, e, node)
     finally:
         await resp.aclose()
         out.finish(error)
@@ -456,12 +459,12 @@ class AsyncProcess(_ExitState):
         self._task = None
         if background:
             loop = asyncio.get_running_loop()
-            self._task = loop.create_task(_aread_output(response, self._out, self._event, self.argv))
+            self._task = loop.create_task(_aread_output(response, self._out, self._event, self.argv, client.ep.node))
             # once this handle is dropped, tells the task that nobody will read again
             weakref.finalize(self, _abandon_async, self._out, self._event, loop)
 
     async def _pump(self) -> None:
-        await _aread_output(self._resp, self._out, self._event, self.argv)
+        await _aread_output(self._resp, self._out, self._event, self.argv, self._client.ep.node)
 
     async def _changed(self) -> None:
         self._event.clear()

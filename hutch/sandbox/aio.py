@@ -17,7 +17,7 @@ import asyncio
 import builtins   # `list` in the class body is the classmethod; annotations name the built-in
 import time
 
-from hutch._core.errors import InvalidSpecError, NotFoundError
+from hutch._core.errors import InvalidSpecError, NotFoundError, SandboxLostError
 from hutch.sandbox import _build, _client, _ensure, _provided
 from hutch.sandbox._files import AsyncFiles
 from hutch.sandbox._interp import AsyncInterpreter
@@ -63,10 +63,13 @@ class AsyncSandbox(SandboxState):
             spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
                               timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags,
                               name=name, network=network, detach=detach, runtime=runtime, on_idle=on_idle)
-            client = _client.default_async_client()
-            await _ensure.aensure_image(client, spec.image)
-            resp = await client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict(reveal=True)})
-            sb = cls(client, resp.json())
+            body = {"spec": spec.to_dict(reveal=True)}
+
+            async def attempt(c):   # on the daemon that will run it: one daemon, or the node a fleet placed it on
+                await _ensure.aensure_image(c, spec.image)
+                return await c.json("POST", "/v1/sandboxes", json=body)
+            client, info = await _client.default_async_client().create_sandbox(attempt)
+            sb = cls(client, info)
             try:
                 if not spec.detach:
                     if client.ep.url:
@@ -96,15 +99,13 @@ class AsyncSandbox(SandboxState):
     @classmethod
     async def from_id(cls, sandbox_id: str) -> "AsyncSandbox":
         """Attach to an existing sandbox by id or name (for example one created with `detach=True`)."""
-        client = _client.default_async_client()
+        client = await _client.default_async_client().owner(sandbox_id)
         return cls(client, await client.json("GET", f"/v1/sandboxes/{sandbox_id}"))
 
     @classmethod
     async def list(cls, *, tags: "dict | None" = None) -> "list[AsyncSandbox]":
-        """The sandboxes on this host whose tags include all of `tags`."""
-        client = _client.default_async_client()
-        d = await client.json("GET", "/v1/sandboxes", params=tag_params(tags))
-        return [cls(client, info) for info in d["sandboxes"]]
+        """The sandboxes on this host (on every node of a fleet) whose tags include all of `tags`."""
+        return [cls(c, info) for c, info in await _client.default_async_client().list_sandboxes(tag_params(tags))]
 
     async def terminate(self) -> None:
         """End the sandbox now; returns once every resource it had is gone. Harmless if it already ended."""
@@ -112,6 +113,8 @@ class AsyncSandbox(SandboxState):
             self._info = await self._client.json("POST", f"/v1/sandboxes/{self.id}/terminate")
         except NotFoundError:
             pass
+        except SandboxLostError:   # gone with its node: nothing is left to end
+            self._info = {**self._info, "status": "lost"}
         finally:
             _client.release_lease(self.id)
 

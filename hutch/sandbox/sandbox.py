@@ -17,7 +17,7 @@ from __future__ import annotations
 import builtins   # `list` in the class body is the classmethod; annotations name the built-in
 import time
 
-from hutch._core.errors import InvalidSpecError, NotFoundError
+from hutch._core.errors import InvalidSpecError, NotFoundError, SandboxLostError
 from hutch.sandbox import _build, _client, _ensure, _provided
 from hutch.sandbox._files import Files
 from hutch.sandbox._interp import Interpreter
@@ -86,10 +86,13 @@ class Sandbox(SandboxState):
             spec = build_spec(command, image=image, mounts=mounts, cpu=cpu, memory=memory, pids=pids, disk=disk,
                               timeout=timeout, idle_timeout=idle_timeout, workdir=workdir, env=env, tags=tags,
                               name=name, network=network, detach=detach, runtime=runtime, on_idle=on_idle)
-            client = _client.default_client()
-            _ensure.ensure_image(client, spec.image)
-            resp = client.request("POST", "/v1/sandboxes", json={"spec": spec.to_dict(reveal=True)})
-            sb = cls(client, resp.json())
+            body = {"spec": spec.to_dict(reveal=True)}
+
+            def attempt(c):   # on the daemon that will run it: one daemon, or the node a fleet placed it on
+                _ensure.ensure_image(c, spec.image)
+                return c.json("POST", "/v1/sandboxes", json=body)
+            client, info = _client.default_client().create_sandbox(attempt)
+            sb = cls(client, info)
             try:
                 if not spec.detach:
                     _client.hold_lease(client.ep, sb.id)
@@ -116,15 +119,13 @@ class Sandbox(SandboxState):
     @classmethod
     def from_id(cls, sandbox_id: str) -> "Sandbox":
         """Attach to an existing sandbox by id or name (for example one created with `detach=True`)."""
-        client = _client.default_client()
+        client = _client.default_client().owner(sandbox_id)
         return cls(client, client.json("GET", f"/v1/sandboxes/{sandbox_id}"))
 
     @classmethod
     def list(cls, *, tags: "dict | None" = None) -> "list[Sandbox]":
-        """The sandboxes on this host whose tags include all of `tags`."""
-        client = _client.default_client()
-        d = client.json("GET", "/v1/sandboxes", params=tag_params(tags))
-        return [cls(client, info) for info in d["sandboxes"]]
+        """The sandboxes on this host (on every node of a fleet) whose tags include all of `tags`."""
+        return [cls(c, info) for c, info in _client.default_client().list_sandboxes(tag_params(tags))]
 
     def terminate(self) -> None:
         """End the sandbox now; returns once every resource it had is gone. Harmless if it already ended."""
@@ -132,6 +133,8 @@ class Sandbox(SandboxState):
             self._info = self._client.json("POST", f"/v1/sandboxes/{self.id}/terminate")
         except NotFoundError:
             pass
+        except SandboxLostError:   # gone with its node: nothing is left to end
+            self._info = {**self._info, "status": "lost"}
         finally:
             _client.release_lease(self.id)
 

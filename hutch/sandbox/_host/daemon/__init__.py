@@ -19,6 +19,7 @@ import asyncio
 import fcntl
 import gc
 import os
+import re
 import signal
 import socket
 import sys
@@ -44,6 +45,9 @@ def cgroup_parent_for(run_dir: Path) -> str:
     return names_for(run_dir).cgroup_parent
 
 
+_ID_PREFIX = re.compile(r"[a-z0-9]{1,12}\Z")
+
+
 def _parse_listen(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
@@ -55,7 +59,8 @@ def serve(socket_path: str | os.PathLike | None = None, listen: str | None = Non
           token_file: str | os.PathLike | None = None, group: str | int | None = None,
           tls_cert: str | os.PathLike | None = None, tls_key: str | os.PathLike | None = None,
           limits: ListenLimits | None = None, tenants: str | os.PathLike | None = None,
-          audit_log: str | os.PathLike | None = None, audit_max_bytes: int = 16 << 20, audit_keep: int = 5) -> None:
+          audit_log: str | os.PathLike | None = None, audit_max_bytes: int = 16 << 20, audit_keep: int = 5,
+          id_prefix: str = "") -> None:
     """Run the hutch daemon in the foreground until SIGTERM or SIGINT (see the module docstring).
 
     The TCP token: `token`, else the file `token_file`, else $HUTCH_TOKEN (taken out of the
@@ -71,6 +76,9 @@ def serve(socket_path: str | os.PathLike | None = None, listen: str | None = Non
     elif token is None and env_token:
         token = check_token(env_token.strip(), f"${ENV_TOKEN}")
 
+    if id_prefix and not _ID_PREFIX.fullmatch(id_prefix):
+        raise ConfigError(f"id_prefix={id_prefix!r} must be 1 to 12 lowercase letters and digits (a fleet node's "
+                          "key: the ids of this daemon's sandboxes start with it and a dash).")
     if os.geteuid() != 0:
         raise DaemonError("the hutch daemon creates namespaces and cgroups, so it must run as root; use sudo.")
     if not ARCH_OK:
@@ -96,14 +104,15 @@ def serve(socket_path: str | os.PathLike | None = None, listen: str | None = Non
         audit = AuditLog(audit_log, audit_max_bytes, audit_keep)
     try:
         asyncio.run(_serve(Path(socket_path) if socket_path else paths.daemon_socket(), bind, token, policy, tls,
-                           limits, registry, audit))
+                           limits, registry, audit, id_prefix))
     finally:
         if audit is not None:
             audit.close()
 
 
 async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, policy: PeerPolicy,
-                 tls: tuple[Path, Path] | None, limits: ListenLimits, registry=None, audit=None) -> None:
+                 tls: tuple[Path, Path] | None, limits: ListenLimits, registry=None, audit=None,
+                 id_prefix: str = "") -> None:
     from hutch.sandbox._host.daemon.manager import Manager
 
     run = paths.run_dir()
@@ -119,6 +128,7 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, po
     install(log)
     mgr = Manager(run, cgroup_parent_for(run))
     mgr.audit = audit
+    mgr.id_prefix = f"{id_prefix}-" if id_prefix else ""
     if registry is not None:
         from hutch.sandbox._host.daemon.scope import Tenancy
         registry.log = log

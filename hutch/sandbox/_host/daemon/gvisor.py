@@ -70,7 +70,7 @@ class Gvisor:
 
         check_supported(spec)
         mgr = self.mgr
-        sb = LiveSandbox(id=secrets.token_hex(6), spec=spec, image=image, status="starting")
+        sb = LiveSandbox(id=self.mgr.new_id(), spec=spec, image=image, status="starting")
         sb.hostname = spec.name or f"hutch-{sb.id}"
         sb.cgroups = mgr.cgroups.paths(sb.id)
         sb.userns = mgr.idmap.userns_fd >= 0
@@ -301,7 +301,7 @@ class Gvisor:
         check_supported(spec)
         image = images.resolve_image(spec.image)
         mgr = self.mgr
-        sb = LiveSandbox(id=secrets.token_hex(6), spec=spec, image=image, status="starting")
+        sb = LiveSandbox(id=self.mgr.new_id(), spec=spec, image=image, status="starting")
         sb.hostname = f"hutch-{sb.id}"
         sb.cgroups = mgr.cgroups.paths(sb.id)
         sb.userns = mgr.idmap.userns_fd >= 0

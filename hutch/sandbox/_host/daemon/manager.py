@@ -126,6 +126,7 @@ class Manager:
         self.warm_pool = settings.WARM_POOL.get()   # inits kept ready in their cgroups and namespaces
         self.tenancy = None               # scope.Tenancy with `hutch serve --tenants`, else None
         self.audit = None                 # tenants.AuditLog with `hutch serve --audit-log`, else None
+        self.id_prefix = ""               # `hutch serve --id-prefix K`: a fleet node's ids start with "K-"
 
     # --- daemon lifecycle ---------------------------------------------------------------
 
@@ -288,6 +289,13 @@ class Manager:
             sb.cleaning = True
             asyncio.get_running_loop().create_task(self._cleanup(sb))
 
+    def new_id(self) -> str:
+        """A new sandbox's id: 12 random hex digits, after the fleet node's key when it has one."""
+        return self.id_prefix + secrets.token_hex(6)
+
+    def active_count(self) -> int:
+        return sum(1 for sb in self.sandboxes.values() if sb.active)
+
     # --- lookup -------------------------------------------------------------------------
 
     def get(self, key: str, tenant=None) -> LiveSandbox:
@@ -382,7 +390,7 @@ class Manager:
         if self.zygote is None:
             raise DaemonError(self.unavailable() or "the daemon is starting; retry in a moment.")
         loop = asyncio.get_running_loop()
-        sb = LiveSandbox(id=secrets.token_hex(6), status="warm", userns=userns)
+        sb = LiveSandbox(id=self.new_id(), status="warm", userns=userns)
         sb.warm, sb.ready = loop.create_future(), loop.create_future()
         self._write_record(sb)
         zygote = self.zygote

@@ -33,8 +33,11 @@ _TIMEOUT_Q = _q("timeout", "seconds to wait at most", schema={"type": "number", 
 
 # (method, path) -> operation
 OPERATIONS: dict[tuple[str, str], dict] = {
-    ("get", "/v1/health"): {"summary": "Daemon version and pid; 503 with the reason while it cannot start sandboxes",
-                            "responses": {**_json_ok({"type": "object", "properties": {"version": {"type": "string"}, "pid": {"type": "integer"}}}),
+    ("get", "/v1/health"): {"summary": "Daemon version, pid and live sandboxes; 503 with the reason while it cannot "
+                                       "start sandboxes",
+                            "responses": {**_json_ok({"type": "object", "properties": {
+                                "version": {"type": "string"}, "pid": {"type": "integer"},
+                                "sandboxes": {"type": "integer"}}}),
                                           "503": _ERR}},
     ("get", "/v1/openapi.json"): {"summary": "This document", "responses": _json_ok({"type": "object"})},
     ("get", "/v1/doctor"): {"summary": "How this daemon runs sandboxes: isolation mode and why, cgroups, idmap, "

@@ -194,7 +194,7 @@ class Handlers:
                                   "images": list(t.images), "use": self.tenancy.use(self.mgr, t)})
 
     async def health(self, request):
-        body = {"version": VERSION, "pid": os.getpid()}
+        body = {"version": VERSION, "pid": os.getpid(), "sandboxes": self.mgr.active_count()}
         why = self.mgr.unavailable()
         if why:   # not healthy while it cannot start sandboxes
             return web.json_response({**body, "error": "DaemonError", "message": why}, status=503)

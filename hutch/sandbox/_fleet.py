@@ -1,0 +1,333 @@
+"""The caller's side of a hutch fleet on Ray (docs/fleet.md): `HUTCH_URL=ray://auto`, `hutch.connect("ray://head:10001")`.
+
+A fleet is one hutch daemon per Ray node, each started and watched by that node's agent (hutch/fleet). The caller
+asks the fleet's controller (a named Ray actor) for its table of nodes once a second at most; everything else goes
+straight to a node's daemon, over its Unix socket when the node runs on this host (the same boot) and the
+caller may use it, else over TLS with the fleet's token, the daemon's certificate pinned by the fingerprint the
+table carries. So a call through the fleet costs what a call to one daemon costs, plus a dictionary look-up.
+
+- create: the better of SAMPLE nodes drawn at random from those that are healthy, not cordoned and under their
+  cap, by free capacity (the least of their free share of sandboxes, memory and CPU); a node that cannot be
+  reached is skipped and the create tried on another.
+- a sandbox's id starts with its node's key (`hutch serve --id-prefix`), so any process finds its node.
+- a node that is gone: calls about its sandboxes raise SandboxLostError (status "lost"), never hang.
+
+Here, and only here, the sandbox wing meets Ray; `import ray` happens when a fleet URL is used.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hutch._core.errors import ConfigError, DaemonError, NotFoundError, SandboxError, SandboxLostError
+
+SCHEME = "ray://"
+#: the Ray namespace of the fleet's actors, and the controller's name in it
+NAMESPACE = "hutch"
+CONTROLLER = "hutch-fleet"
+#: seconds a caller trusts its copy of the node table
+REFRESH = 1.0
+#: nodes drawn for each create; the one with the most free capacity takes it
+SAMPLE = 2
+#: seconds to connect to a node's daemon before it counts as gone
+NODE_CONNECT_TIMEOUT = 3.0
+#: nodes a create tries before it gives up
+CREATE_ATTEMPTS = 3
+
+
+def is_fleet_url(url: str | None) -> bool:
+    return bool(url) and url.startswith(SCHEME)
+
+
+def ray_address(url: str) -> str:
+    """ray://auto -> "auto" (a driver of the cluster this host runs); ray://HOST:PORT -> Ray Client's address."""
+    rest = url[len(SCHEME):].rstrip("/")
+    if not rest:
+        raise ConfigError(f"{url!r} names no Ray cluster: use ray://auto (the cluster this host is part of) or "
+                          "ray://HEAD:10001 (Ray Client).")
+    return "auto" if rest == "auto" else url
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError as e:
+        raise ConfigError("a fleet URL (ray://...) needs Ray: pip install 'hutch[ray]'.") from e
+    return ray
+
+
+def connect_ray(url: str):
+    """Join the Ray cluster `url` names (unless this process already is a Ray driver or worker)."""
+    global _joined
+    ray = import_ray()
+    if not ray.is_initialized():
+        import logging
+
+        _joined = True
+        try:
+            ray.init(address=ray_address(url), namespace=NAMESPACE, log_to_driver=False,
+                     logging_level=logging.WARNING, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise DaemonError(f"cannot join the Ray cluster at {url} ({e}); start one with `ray start --head`, or "
+                              "give its address: ray://HEAD:10001.") from e
+    return ray
+
+
+def controller(url: str):
+    """The fleet controller's actor handle (DaemonError naming `hutch fleet up` when none runs)."""
+    ray = connect_ray(url)
+    try:
+        return ray.get_actor(CONTROLLER, namespace=NAMESPACE)
+    except ValueError:
+        raise DaemonError(f"no hutch fleet runs on the Ray cluster at {url}: start one with `hutch fleet up --ray "
+                          f"{ray_address(url)}`.") from None
+
+
+def local_boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+@dataclass
+class Node:
+    """One row of the controller's table (hutch/fleet/_controller.py makes it)."""
+
+    key: str                     # the node's key: its sandboxes' ids start with it and a dash
+    name: str                    # hostname/slot, for people
+    node_id: str = ""            # the Ray node's id
+    boot_id: str = ""            # the host's boot id: equal to ours when the node runs on this host
+    socket: str = ""             # its daemon's Unix socket
+    url: str = ""                # its daemon's TLS listener, https://IP:PORT
+    fingerprint: str = ""        # the SHA-256 of that listener's certificate
+    token: str = field(default="", repr=False)
+    started: float = 0.0         # when its daemon started (a new daemon knows none of the old one's sandboxes)
+    live: int = 0
+    max_sandboxes: int = 0
+    cpus: float = 1.0
+    load: float = 0.0
+    mem_total: int = 0
+    mem_available: int = 0
+    healthy: bool = False
+    cordoned: bool = False
+    problem: str = ""
+
+    @classmethod
+    def from_row(cls, row: dict) -> "Node":
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in row.items() if k in names})
+
+    def free(self, pending: int = 0) -> float:
+        """Its free capacity, 0..1: its free share of sandboxes times its free share of memory times 1 / (1 + its
+        load per CPU). A product, so nodes that share a host (the same memory and load) are ranked by sandboxes."""
+        slots = max(0.0, 1.0 - (self.live + pending) / self.max_sandboxes) if self.max_sandboxes else 0.0
+        mem = self.mem_available / self.mem_total if self.mem_total else 1.0
+        return slots * mem / (1.0 + max(0.0, self.load) / max(self.cpus, 1.0))
+
+    def takes(self, pending: int = 0) -> bool:
+        return self.healthy and not self.cordoned and self.live + pending < self.max_sandboxes
+
+
+def key_of(sandbox_id: str) -> str | None:
+    """The node key a fleet sandbox id starts with (`<key>-<12 hex>`), or None."""
+    key, dash, rest = sandbox_id.partition("-")
+    return key if dash and len(rest) == 12 else None
+
+
+class Fleet:
+    """A process's view of one fleet: the node table (refreshed at most every REFRESH s) and a client per node."""
+
+    def __init__(self, url: str, make_client):
+        self.url = url
+        self._make_client = make_client   # (Node) -> a _client.Client of that node's daemon
+        self._controller = controller(url)
+        self._lock = threading.Lock()
+        self._nodes: dict[str, Node] = {}
+        self._at = -1e9
+        self._pending: dict[str, int] = {}   # creates placed since the last table, per node
+        self._clients: dict[tuple, object] = {}
+        self._refresh()
+
+    # --- the table ----------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        ray = import_ray()
+        try:
+            rows = ray.get(self._controller.table.remote(), timeout=10)
+        except Exception as e:   # the controller is gone (fleet down), restarting elsewhere, or Ray is away
+            if self._nodes:      # the daemons do not need it: go on with the table we have, ask again soon
+                with self._lock:
+                    self._at = time.monotonic() - REFRESH + 0.25
+                return
+            raise DaemonError(f"the hutch fleet at {self.url} did not answer ({e}); is it up (`hutch fleet ls`)?") from e
+        nodes = {r["key"]: Node.from_row(r) for r in rows}
+        with self._lock:
+            self._nodes, self._at, self._pending = nodes, time.monotonic(), {}
+
+    def nodes(self, max_age: float = REFRESH) -> dict[str, Node]:
+        if time.monotonic() - self._at > max_age:
+            self._refresh()
+        return self._nodes
+
+    def node(self, key: str) -> Node | None:
+        n = self.nodes().get(key)
+        if n is None and time.monotonic() - self._at > 0.1:
+            n = self.nodes(0).get(key)   # a node newer than our table
+        return n
+
+    # --- placement ----------------------------------------------------------------------
+
+    def place(self, skip: set[str] = frozenset()) -> Node:
+        nodes = self.nodes()
+        with self._lock:
+            ok = [n for n in nodes.values() if n.key not in skip and n.takes(self._pending.get(n.key, 0))]
+            if not ok:
+                raise SandboxError(_no_node(nodes, skip))
+            drawn = random.sample(ok, min(SAMPLE, len(ok)))
+            best = max(drawn, key=lambda n: n.free(self._pending.get(n.key, 0)))
+            self._pending[best.key] = self._pending.get(best.key, 0) + 1
+        return best
+
+    def create(self, attempt):
+        """`attempt(client)` on placed nodes until one answers: (client, its answer). A node that cannot be
+        reached (SandboxLostError, DaemonError) is left out for this create and another tried."""
+        skip: set[str] = set()
+        last = None
+        for _ in range(CREATE_ATTEMPTS):
+            try:
+                node = self.place(skip)
+            except SandboxError:
+                if last is not None:
+                    raise last
+                raise
+            c = self.client(node)
+            try:
+                return c, attempt(c)
+            except (SandboxLostError, DaemonError) as e:
+                skip.add(node.key)
+                last = e
+        raise last
+
+    # --- clients ------------------------------------------------------------------------
+
+    def client(self, node: Node):
+        k = (node.key, node.socket, node.url, node.fingerprint, node.started)
+        c = self._clients.get(k)
+        if c is None:
+            with self._lock:
+                c = self._clients.get(k)
+                if c is None:
+                    c = self._clients[k] = self._make_client(node)
+                    c.ep.restarted = lambda key=node.key, started=node.started: self.restarted(key, started)
+        return c
+
+    def restarted(self, key: str, started: float) -> bool:
+        """Whether node `key`'s daemon is not the one that started at `started` (it died and another runs, or
+        none): a sandbox of the old one is lost, not merely unknown."""
+        n = self.node(key)
+        if n is not None and n.started == started:
+            n = self.nodes(0).get(key)
+        return n is None or n.started != started
+
+    def owner(self, sandbox_id: str):
+        """The client of the node that runs `sandbox_id` (an id; a name is looked for on every node)."""
+        return self.client(self.owner_node(sandbox_id))
+
+    def owner_node(self, sandbox_id: str) -> Node:
+        key = key_of(sandbox_id)
+        if key is not None:
+            node = self.node(key)
+            if node is None:
+                raise SandboxLostError(f"sandbox {sandbox_id} was on fleet node {key}, which is no longer in the "
+                                       "fleet (`hutch fleet ls`); its sandboxes went with it.")
+            return node
+        nodes = {id(self.client(n)): n for n in self.nodes().values() if n.healthy}
+        for c, answer in self.fan_out(lambda c: c.json("GET", f"/v1/sandboxes/{sandbox_id}"), strict=False):
+            if isinstance(answer, dict):
+                return nodes[id(c)]
+        raise NotFoundError(f"no sandbox {sandbox_id!r} on any node of the fleet {self.url}; list them with "
+                            "hutch.Sandbox.list().")
+
+    def fan_out(self, call, *, strict: bool = True) -> list[tuple[object, object]]:
+        """`call(client)` on every healthy node at once: [(client, answer)]; with strict=False an error is
+        the answer, else the first error is raised."""
+        nodes = [n for n in self.nodes().values() if n.healthy]
+        clients = [self.client(n) for n in nodes]
+
+        def one(c):
+            try:
+                return c, call(c)
+            except NotFoundError as e:
+                return c, e
+            except Exception as e:
+                if strict:
+                    raise
+                return c, e
+        if len(clients) <= 1:
+            return [one(c) for c in clients]
+        with ThreadPoolExecutor(min(16, len(clients)), thread_name_prefix="hutch-fleet") as pool:
+            return list(pool.map(one, clients))
+
+    def home(self):
+        """The client for calls about no sandbox (images, volumes, doctor): the healthy node first by key."""
+        return self.client(self.home_node())
+
+    def home_node(self) -> Node:
+        ok = sorted((n for n in self.nodes().values() if n.healthy), key=lambda n: n.key)
+        if not ok:
+            raise DaemonError(_no_node(self.nodes(), set()))
+        return ok[0]
+
+    def placed(self, skip: set[str]) -> "tuple[Node, Exception | None]":
+        """place(skip), or the error to raise (for the async create, which runs its attempts itself)."""
+        try:
+            return self.place(skip), None
+        except SandboxError as e:
+            return None, e
+
+
+def _no_node(nodes: dict[str, Node], skip: set[str]) -> str:
+    if not nodes:
+        return "the fleet has no nodes yet: `hutch fleet up` starts one per Ray node (`hutch fleet ls` lists them)."
+    why = "; ".join(f"{n.name} ({n.key}): " + ("unreachable just now" if n.key in skip else "cordoned" if n.cordoned
+                    else n.problem or "unhealthy" if not n.healthy else f"full ({n.live}/{n.max_sandboxes})")
+                    for n in sorted(nodes.values(), key=lambda n: n.key))
+    return (f"no fleet node can take a sandbox now: {why}. Add nodes (`ray start --address ...`), uncordon one "
+            "(`hutch fleet cordon --off NODE`), or end sandboxes.")
+
+
+_fleets: dict[tuple, Fleet] = {}
+_fleets_lock = threading.Lock()
+_joined = False   # whether this module, not its caller, made this process a Ray driver
+
+
+def disconnect() -> None:
+    """Forget every fleet, and leave Ray if it was this module that joined it (tests, before a cluster ends)."""
+    global _joined
+    with _fleets_lock:
+        _fleets.clear()
+    if _joined:
+        _joined = False
+        import_ray().shutdown()
+
+
+def fleet(url: str, make_client) -> Fleet:
+    """The process's Fleet of `url` (one per process and URL)."""
+    k = (os.getpid(), url)
+    with _fleets_lock:
+        f = _fleets.get(k)
+        if f is None:
+            f = _fleets[k] = Fleet(url, make_client)
+        return f
+
+
+__all__ = ["CONTROLLER", "NAMESPACE", "NODE_CONNECT_TIMEOUT", "REFRESH", "SAMPLE", "SCHEME", "Fleet", "Node",
+           "connect_ray", "controller", "disconnect", "fleet", "import_ray", "is_fleet_url", "key_of", "local_boot_id",
+           "ray_address"]

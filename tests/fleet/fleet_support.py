@@ -1,0 +1,111 @@
+"""A real multi-node Ray cluster on this host and a hutch fleet on it (a unique module name: see tests/conftest.py).
+
+Loopback only: every Ray node and every daemon listener is on 127.0.0.2 (Ray rewrites 127.0.0.1 in an address to
+the host's routable one, so the whole cluster would bind and be dialled there; 127.0.0.2 is loopback too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+LOOPBACK = "127.0.0.2"
+#: every sandbox the suite makes carries it
+RUN_TAG = {"suite": f"fleet-{uuid.uuid4().hex[:8]}"}
+NODES = 3
+
+
+def hutch_cli(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hutch", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd="/")
+
+
+class RayFleet:
+    """A Ray cluster of NODES nodes (ray.cluster_utils.Cluster: real raylets, one GCS) with `hutch fleet up` on it.
+
+    The pytest process joins Ray only through the SDK (hutch.connect("ray://auto")) and leaves it in close(),
+    before the cluster ends, so no driver of a dead cluster lingers in the process."""
+
+    def __init__(self, nodes: int = NODES):
+        from ray.cluster_utils import Cluster
+
+        self.tmp = Path(tempfile.mkdtemp(prefix="hutch-fleet-test-"))
+        self.run_root = self.tmp / "run"
+        self.cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "include_dashboard": False, "node_ip_address": LOOPBACK})
+        self.workers = [self.cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK) for _ in range(nodes - 1)]
+        self.address = self.cluster.address
+        self.env = dict(os.environ, RAY_ADDRESS=self.address)
+        self.env.pop("HUTCH_URL", None)
+        self.up_output = self.cli("fleet", "up", "--ray", self.address, "--run-root", str(self.run_root),
+                                  "--max-per-node", "200", "--json")
+
+    def cli(self, *args: str, check: bool = True, timeout: float = 180) -> str:
+        r = hutch_cli(*args, env=self.env, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"hutch {' '.join(args)} exited {r.returncode}: {r.stdout}\n{r.stderr[-4000:]}"
+                                 + self.logs())
+        return r.stdout
+
+    def table(self) -> list[dict]:
+        r = hutch_cli("fleet", "ls", "--ray", self.address, "--json", env=self.env)
+        try:
+            return json.loads(r.stdout)
+        except ValueError:
+            raise AssertionError(f"hutch fleet ls exited {r.returncode}: {r.stdout!r}\n{r.stderr[-3000:]}") from None
+
+    def wait(self, cond, timeout: float = 60.0, what: str = "the fleet"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = self.table()
+            if cond(rows):
+                return rows
+            time.sleep(0.3)
+        raise AssertionError(f"{what} did not happen in {timeout:.0f} s: {rows}" + self.logs())
+
+    def logs(self) -> str:
+        out = []
+        for log in sorted(self.run_root.glob("*/daemon.log")):
+            out.append(f"\n--- {log}:\n" + log.read_text(errors="replace")[-1500:])
+        return "".join(out)
+
+    def sdk(self) -> None:
+        """Point this process's SDK at the fleet."""
+        import hutch
+
+        os.environ["RAY_ADDRESS"] = self.address
+        hutch.connect("ray://auto")
+
+    def close(self) -> None:
+        from hutch.sandbox import _client
+
+        try:
+            _client.disconnect()   # leave Ray before the cluster goes
+            try:
+                self.cli("fleet", "down", "--ray", self.address, check=False, timeout=120)
+            finally:
+                self.cluster.shutdown()
+        finally:
+            os.environ.pop("RAY_ADDRESS", None)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def cgroup_children(parent_name: str) -> list[str]:
+    """The sandbox cgroups under every controller's `parent_name` (hutch-<instance>)."""
+    found = []
+    for ctl in Path("/sys/fs/cgroup").iterdir():
+        p = ctl / parent_name
+        if p.is_dir():
+            found += [f"{ctl.name}/{c.name}" for c in p.iterdir() if c.is_dir() and c.name != "_zygote"]
+    return found
+
+
+def cgroup_parent_of(run_dir: Path) -> str:
+    return "hutch-" + (run_dir / "instance-id").read_text().strip()
