@@ -83,6 +83,21 @@ def test_command_exit_ends_the_sandbox_with_its_code(api, daemon, image):
     assert _leftovers(daemon, sid) == []
 
 
+def test_a_program_the_image_lacks_is_the_callers_error_and_leaves_nothing(api, daemon, image):
+    """runsc refuses to start a program it cannot find: a 400 ConfigError naming the fix (the fuzzer met a 500
+    with command [""]), and the sandbox it began is gone."""
+    before = {p.name for p in (daemon.run_dir / "gvisor").iterdir()} if (daemon.run_dir / "gvisor").exists() else set()
+    for command in (["no-such-program"], [""]):
+        code, body = api.create_error(image, runtime="gvisor", command=command, timeout=60)
+        assert (code, body["error"]) == (400, "ConfigError"), body
+        assert "is not in its image" in body["message"], body
+    listed = api.http.get("/v1/sandboxes").json()
+    assert not [s for s in listed.get("sandboxes", listed) if isinstance(s, dict) and s.get("status") == "running"
+                and s.get("spec", {}).get("command") in (["no-such-program"], [""])]
+    after = {p.name for p in (daemon.run_dir / "gvisor").iterdir()} if (daemon.run_dir / "gvisor").exists() else set()
+    assert after <= before, sorted(after - before)
+
+
 def test_memory_limit_is_gvisors_total_memory(api, image):
     sid = gv(api, image, limits={"memory": 128 * 1024**2})["id"]
     out, _, _ = api.sh(sid, "head -1 /proc/meminfo")

@@ -168,7 +168,11 @@ class Gvisor:
         finally:
             os.close(null)
         if status != 0:
-            raise SandboxError(f"runsc {args[0]} of sandbox {gv.id} failed (wait status {status}): {_why(log)}")
+            why = _why(log)
+            if "error finding executable" in why:   # the spec's program is not in the image: the caller's to fix
+                raise ConfigError(f"the sandbox's program is not in its image ({why}); name a program the image "
+                                  "has (a path, or a name on its PATH), or add it to the image.")
+            raise SandboxError(f"runsc {args[0]} of sandbox {gv.id} failed (wait status {status}): {why}")
         gv.sentry_pid = int((gv.dir / "pid").read_text().strip())
 
     def _running(self, sb: "LiveSandbox", gv: GvSandbox) -> None:

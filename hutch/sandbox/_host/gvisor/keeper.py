@@ -61,6 +61,14 @@ class Keeper:
         self.files_pid = pid
         initwire.send(self.sock, {"op": "ready", "files_pid": pid}, [ours.fileno()])
         ours.close()
+        try:
+            self.serve()
+        except (ConnectionError, BrokenPipeError):
+            # the daemon hung up (the sandbox ends) while an answer was on its way: the same as its EOF, not a
+            # traceback in the daemon's log
+            os._exit(0)
+
+    def serve(self) -> None:
         while True:
             ready, _, _ = select.select([self.sock, self.wake_r], [], [])
             if self.wake_r in ready:
