@@ -162,7 +162,7 @@ class Daemon:
     def cleanup_cgroups(self) -> None:
         """Last resort after a failed test: kill what our cgroups hold and remove them."""
         base = Path("/sys/fs/cgroup")
-        for parent in [base / self.cgroup_parent] + [base / c / self.cgroup_parent for c in V1_CONTROLLERS]:
+        for parent in [base / self.cgroup_parent] + [c / self.cgroup_parent for c in base.iterdir()]:  # runsc: all
             if not parent.is_dir():
                 continue
             for child in [p for p in parent.iterdir() if p.is_dir()] + [parent]:

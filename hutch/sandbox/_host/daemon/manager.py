@@ -134,7 +134,12 @@ class Manager:
         """Make the run directory's layout and reap what a crashed predecessor left."""
         self.records.mkdir(parents=True, exist_ok=True)
         self.scratch.mkdir(exist_ok=True)
+        self.cgroups.hold_instance()   # before anything is made: a reaper never takes this instance for a dead one
         self.reap_predecessor()
+        reaped = self.cgroups.reap_dead_instances()
+        if reaped:
+            print(f"hutch daemon: removed the cgroups of {len(reaped)} daemon(s) that were killed: {' '.join(reaped)}",
+                  file=sys.stderr, flush=True)
         self.gvisor.prepare()
         self.idmap.reap()
         if not settings.USERNS.get():
@@ -174,7 +179,7 @@ class Manager:
             names.add(rec.stem)
         reaped = []
         for name in sorted(names):
-            if not self.cgroups.remove(name):
+            if not self.cgroups.remove_everywhere(name):
                 raise DaemonError(f"could not remove the leftover cgroup {name!r}; see `ls {self.cgroups.bases[0]}`.")
             (self.records / f"{name}.json").unlink(missing_ok=True)
             reaped.append(name)
@@ -209,11 +214,8 @@ class Manager:
         self.ranges.close()
         self.gvisor.calls.remove_dirs()
         self.cgroups.remove(ZYGOTE_LEAF)
-        for base in self.cgroups.bases:  # empty now; a leftover parent would only be clutter
-            try:
-                base.rmdir()
-            except OSError:
-                pass
+        self.cgroups.remove_parents()    # empty now, also under the controllers only runsc used
+        self.cgroups.release_instance()
 
     def unavailable(self) -> str | None:
         """Why no sandbox can start now (None: they can), as GET /v1/health answers it."""

@@ -5,13 +5,24 @@ sandbox at /sys/fs/cgroup/<controller>/<parent>/<id>; pure cgroup v2 at
 /sys/fs/cgroup/<parent>/<id>. `parent` is `hutch` for the default daemon and
 `hutch-<hash>` for a daemon with its own run directory, so daemons never
 reap each other's sandboxes.
+
+Each daemon holds its instance's lock (an open-file-description lock on one byte, at an offset
+derived from its instance id, of a file of the cgroup tree's root: the same file for every daemon
+whatever its mount namespace) from before it makes anything until it has removed its parents. A
+daemon killed outright leaves its parents (and its sandboxes' cgroups, whose processes die with
+its zygote): any daemon that starts reaps such leftovers of every instance whose lock is free and
+whose cgroups hold no process (a live daemon always has its zygote in `_zygote`), under every
+controller the host mounts (gVisor's runsc makes its cgroups in all of them).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import re
 import signal
+import struct
 import time
 from pathlib import Path
 
@@ -26,6 +37,15 @@ CPU_PERIOD_US = 100_000
 ZYGOTE_LEAF = "_zygote"
 #: A daemon's sandboxes together hold at most 1 / HOST_PIDS_DIVISOR of the host's process ids.
 HOST_PIDS_DIVISOR = 2
+#: The parent directories of daemon instances (instance.InstanceNames.cgroup_parent).
+INSTANCE_PARENT = re.compile(r"hutch-[0-9a-f]{8}")
+#: Where an instance's lock byte sits in the lock file: past idmap's range locks (which use POSIX locks on
+#: another file), at this base plus the instance id as a number.
+INSTANCE_LOCK_OFFSET = 1 << 40
+INSTANCE_LOCK_WAIT = 10.0   # seconds a starting daemon waits for its lock (a reaper holds it while it checks)
+#: Seconds an instance's cgroups must have been unchanged before another daemon reaps them: a daemon of a hutch
+#: older than the instance lock has none, and holds no process until its zygote starts.
+REAP_QUIET = 10.0
 
 
 def _write(path, value) -> None:
@@ -52,6 +72,8 @@ class Cgroups:
 
     def __init__(self, parent: str, root: Path = CGROUP_ROOT):
         self.parent = parent
+        self.root = root
+        self._lock_fd = -1   # this instance's lock (hold_instance)
         self.v2 = (root / "cgroup.controllers").exists()
         if self.v2:
             self.bases = [root / parent]
@@ -68,6 +90,96 @@ class Cgroups:
         # plain strings: these paths are built on every create and teardown, pathlib costs more there
         self._bases = [str(b) for b in self.bases]
         self._memsw: bool | None = None   # the v1 memory controller accounts swap (looked up once)
+
+    def instance_lock_file(self) -> Path:
+        """The file of the tree's root whose bytes lock instances (not lock_file(): idmap holds POSIX locks there,
+        which any close of another descriptor of that file by this process would drop)."""
+        return self.root / "cgroup.threads" if self.v2 else self.pids_dir().parent / "tasks"
+
+    def _lock_at(self, fd: int, offset: int, kind: int, wait: bool = False) -> bool:
+        cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
+        try:
+            fcntl.fcntl(fd, cmd, struct.pack("hhqqi4x", kind, os.SEEK_SET, offset, 1, 0))
+            return True
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+
+    @staticmethod
+    def _offset(parent: str) -> int:
+        return INSTANCE_LOCK_OFFSET + int(parent.rsplit("-", 1)[1], 16)
+
+    def hold_instance(self) -> None:
+        """Take this instance's lock for the daemon's life (until release_instance); waits a little for a reaper
+        that is checking it, and fails if another live daemon holds it (the same instance id in another mount
+        namespace: a copied run directory)."""
+        if self._lock_fd >= 0 or not INSTANCE_PARENT.fullmatch(self.parent):
+            return
+        fd = os.open(self.instance_lock_file(), os.O_WRONLY | os.O_CLOEXEC)   # (a write lock needs a writer)
+        end = time.monotonic() + INSTANCE_LOCK_WAIT
+        while not self._lock_at(fd, self._offset(self.parent), fcntl.F_WRLCK):
+            if time.monotonic() > end:
+                os.close(fd)
+                raise SandboxError(f"another daemon holds the cgroup parent {self.parent} (its instance id); each "
+                                   "daemon needs a run directory of its own, so do not copy one (remove its "
+                                   "instance-id file while no daemon uses it).")
+            time.sleep(0.05)
+        self._lock_fd = fd
+
+    def release_instance(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def controller_roots(self) -> list[Path]:
+        """Every hierarchy the host mounts under the root (v1: one per controller; v2: the root)."""
+        if self.v2:
+            return [self.root]
+        seen, out = set(), []
+        for p in sorted(self.root.iterdir()):
+            try:
+                real = p.resolve()
+                if not (real / "cgroup.procs").exists() or real in seen:
+                    continue
+            except OSError:
+                continue
+            seen.add(real)
+            out.append(real)
+        return out
+
+    def remove_parents(self) -> None:
+        """Remove this daemon's (empty) parent in every hierarchy: also in controllers only runsc used."""
+        for ctrl in self.controller_roots():
+            _remove_tree(ctrl / self.parent, deadline=0)
+
+    def reap_dead_instances(self) -> list[str]:
+        """Remove the parents (and everything under them) of every other instance whose daemon is gone: its lock is
+        free and none of its cgroups holds a process. Returns the parents reaped."""
+        if self._lock_fd < 0:
+            return []
+        found: dict[str, list[Path]] = {}
+        for ctrl in self.controller_roots():
+            try:
+                names = [p.name for p in ctrl.iterdir() if INSTANCE_PARENT.fullmatch(p.name) and p.is_dir()]
+            except OSError:
+                continue
+            for name in names:
+                if name != self.parent:
+                    found.setdefault(name, []).append(ctrl / name)
+        reaped = []
+        for name, dirs in sorted(found.items()):
+            offset = self._offset(name)
+            if not self._lock_at(self._lock_fd, offset, fcntl.F_WRLCK):
+                continue   # its daemon is alive
+            try:
+                if any(_populated(d) for d in dirs) or time.time() - _newest_change(dirs) < REAP_QUIET:
+                    continue   # a daemon of a hutch without this lock, or its last processes still exiting
+                if all(_remove_tree(d, deadline=1.0) for d in dirs):
+                    reaped.append(name)
+            finally:
+                self._lock_at(self._lock_fd, offset, fcntl.F_UNLCK)
+        return reaped
 
     def setup(self) -> None:
         """Make (or remake: a restart after someone removed them) the parents and the zygote's leaf."""
@@ -234,8 +346,81 @@ class Cgroups:
         return True
 
     def children(self) -> list[str]:
+        """The sandboxes' cgroups under this daemon's parent: of its own controllers and of any other (runsc's)."""
         names: set[str] = set()
-        for b in self.bases:
+        for ctrl in self.controller_roots():
+            b = ctrl / self.parent
             if b.is_dir():
                 names.update(p.name for p in b.iterdir() if p.is_dir())
         return sorted(names)
+
+    def remove_everywhere(self, sid: str) -> bool:
+        """remove(sid), and the sandbox's cgroups under controllers hutch does not join (runsc's)."""
+        ok = self.remove(sid)
+        own = {Path(b).parent for b in self._bases}
+        for ctrl in self.controller_roots():
+            if ctrl not in own:
+                ok = _remove_tree(ctrl / self.parent / sid, deadline=1.0) and ok
+        return ok
+
+
+def _populated(path: Path) -> bool:
+    """Whether any cgroup at or under `path` holds a process."""
+    for dirpath, dirnames, _ in os.walk(path):
+        try:
+            with open(os.path.join(dirpath, "cgroup.procs"), "rb") as f:
+                if f.read(16).strip():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _newest_change(dirs) -> float:
+    """When the newest of these cgroups (or of their children) was made or changed."""
+    newest = 0.0
+    for d in dirs:
+        try:
+            newest = max(newest, d.stat().st_mtime, *(c.stat().st_mtime for c in d.iterdir() if c.is_dir()))
+        except OSError:
+            newest = time.time()   # changing under us
+    return newest
+
+
+def _remove_tree(path: Path, deadline: float) -> bool:
+    """rmdir a cgroup and every cgroup under it, deepest first, killing what is left in them (thawed first);
+    True when all are gone. Never follows anything but directories of the cgroup filesystem."""
+    end = time.monotonic() + deadline
+    while True:
+        dirs = []
+        for dirpath, dirnames, _ in os.walk(path):
+            dirs.append(dirpath)
+        busy = False
+        for d in reversed(dirs):   # children before their parents
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if e.errno != errno.EBUSY:
+                    raise
+                busy = True
+                for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                    try:
+                        _write(os.path.join(d, name), value)
+                    except OSError:
+                        pass
+                try:
+                    pids = open(os.path.join(d, "cgroup.procs")).read().split()
+                except OSError:
+                    pids = []
+                for pid in pids:
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except (ProcessLookupError, ValueError):
+                        pass
+        if not busy:
+            return True
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
