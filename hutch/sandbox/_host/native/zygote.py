@@ -84,7 +84,8 @@ class Zygote:
                 elif msg.get("op") == "userns":
                     self.userns(msg)
                 elif msg.get("op") == "destroy":
-                    self.destroy_layer(msg["layer"])
+                    for name in msg["layers"]:
+                        self.destroy_layer(name)
                 for fd in fds:
                     os.close(fd)
 
