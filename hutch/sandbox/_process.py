@@ -128,7 +128,7 @@ class _Text:
         return self.dec.decode(data, final) if self.dec else data
 
 
-def _lost(argv, e: Exception, node: str | None = None) -> DaemonError:
+def _lost(argv, e: Exception, node: str | None = None) -> DaemonError | SandboxLostError:
     if node:   # a fleet node's daemon: its connection broke because it is gone, with its sandboxes
         return SandboxLostError(f"lost the output stream of {list(argv)}: {e}; its sandbox is lost with fleet node "
                                 f"{node} (create a new one).")

@@ -69,7 +69,7 @@ class AsyncSandbox(SandboxState):
                 await _ensure.aensure_image(c, spec.image)
                 return await c.json("POST", "/v1/sandboxes", json=body)
             client, info = await _client.default_async_client().create_sandbox(attempt)
-            sb = cls(client, info)
+            sb = cls(client, info)  # type: ignore[arg-type]  # the create's answer is the sandbox's info dict
             try:
                 if not spec.detach:
                     if client.ep.url:

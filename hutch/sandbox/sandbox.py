@@ -92,7 +92,7 @@ class Sandbox(SandboxState):
                 _ensure.ensure_image(c, spec.image)
                 return c.json("POST", "/v1/sandboxes", json=body)
             client, info = _client.default_client().create_sandbox(attempt)
-            sb = cls(client, info)
+            sb = cls(client, info)  # type: ignore[arg-type]  # a fleet's client speaks the Client's calls
             try:
                 if not spec.detach:
                     _client.hold_lease(client.ep, sb.id)
@@ -204,7 +204,7 @@ class Sandbox(SandboxState):
         Open connections are gone; programs that keep their own random state should re-seed it."""
         client = _client.default_client()
         snap = Snapshot.of(snapshot)
-        sb = cls(client, client.json("POST", f"/v1/memory-snapshots/{snap.id}/restore",
+        sb = cls(client, client.json("POST", f"/v1/memory-snapshots/{snap.id}/restore",  # type: ignore[arg-type]
                                      json={"detach": detach, "tags": dict(tags or {})}))
         if not detach:
             _client.hold_lease(client.ep, sb.id)

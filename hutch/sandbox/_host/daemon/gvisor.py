@@ -8,6 +8,7 @@ Execs); what differs is held in `LiveSandbox.gv` and its channel (gvisor.runtime
 from __future__ import annotations
 
 import asyncio
+import errno
 import dataclasses
 import os
 import re
@@ -86,6 +87,10 @@ class Gvisor:
             await mgr.end(sb, "failed")
             if isinstance(e, (SandboxError, StateError, ConfigError)):
                 raise
+            if isinstance(e, OSError) and e.errno == errno.EROFS:   # the spec's read-only root lacks what runsc needs
+                raise ConfigError(f"gVisor sandbox {sb.id} could not be started: its root is read-only and lacks "
+                                  f"{e.filename!r}, which a gVisor sandbox needs; add it to the image or drop "
+                                  "read_only.") from e
             raise SandboxError(f"gVisor sandbox {sb.id} could not be started: {e}") from e
         return sb
 
