@@ -67,44 +67,57 @@ def refuse(name: str, why: str) -> InvalidArchiveError:
     return InvalidArchiveError(f"the image archive is refused: {name!r} {why}; {_FIX}")
 
 
-class _Counted:
-    """The archive's bytes, refused past `limit` (also bounds the content of every layer together)."""
+class Counted:
+    """An archive's bytes, refused past `limit` (also bounds the content of every layer together). `kind` names the
+    archive in errors: "image" (`hutch image export`) or "snapshot" (`hutch snapshot export`)."""
 
-    def __init__(self, fileobj, limit: int):
-        self.f, self.limit, self.seen = fileobj, limit, 0
+    def __init__(self, fileobj, limit: int, kind: str = "image"):
+        self.f, self.limit, self.seen, self.kind = fileobj, limit, 0, kind
 
     def read(self, n: int = -1) -> bytes:
         data = self.f.read(n)
         self.seen += len(data)
         if self.seen > self.limit:
-            raise InvalidArchiveError(f"the image archive is larger than {self.limit} bytes (HUTCH_IMPORT_MAX_BYTES of the "
-                             "daemon); raise that limit if the archive is yours, else " + _FIX)
+            raise InvalidArchiveError(f"the {self.kind} archive is larger than {self.limit} bytes (HUTCH_IMPORT_MAX_BYTES "
+                                      "of the daemon); raise that limit if the archive is yours, else " + fix(self.kind))
         return data
 
 
-class _Header(tarfile.TarInfo):
-    # tarfile reads a pax header or GNU long name into memory whole, whatever size it declares, and
-    # applies pax global headers to every later member; _proc_member is its documented hook for this
-    def _proc_member(self, tar):
-        if self.type in (tarfile.GNUTYPE_SPARSE, tarfile.XGLTYPE):
-            raise refuse(self.name, "is a sparse file or a pax global header, which `hutch image export` never writes")
-        if self.type in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
-                         tarfile.GNUTYPE_LONGLINK) and self.size > MAX_HEADER:
-            raise refuse(self.name, f"has a {self.size}-byte extended header (at most {MAX_HEADER})")
-        return super()._proc_member(tar)
+def fix(kind: str) -> str:
+    return f"nothing was imported; import only archives made by `hutch {kind} export`, from a source you trust."
 
 
-def _json(data: bytes):
+def header_type(refuse_as: Callable[[str, str], InvalidArchiveError], command: str) -> type[tarfile.TarInfo]:
+    """A TarInfo that bounds what tarfile reads whole: a pax header or GNU long name is read into memory whatever
+    size it declares, and pax global headers apply to every later member; _proc_member is its documented hook."""
+
+    class Header(tarfile.TarInfo):
+        def _proc_member(self, tar):
+            if self.type in (tarfile.GNUTYPE_SPARSE, tarfile.XGLTYPE):
+                raise refuse_as(self.name, f"is a sparse file or a pax global header, which `{command}` never writes")
+            if self.type in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+                             tarfile.GNUTYPE_LONGLINK) and self.size > MAX_HEADER:
+                raise refuse_as(self.name, f"has a {self.size}-byte extended header (at most {MAX_HEADER})")
+            return super()._proc_member(tar)
+
+    return Header
+
+
+def strict_json(data: bytes, name: str, refuse_as: Callable[[str, str], InvalidArchiveError]):
+    """A manifest's JSON, a key named twice refused (json.loads would keep the last one silently)."""
     def pairs(items):
         keys = [k for k, _ in items]
         if len(set(keys)) != len(keys):
-            raise refuse(MANIFEST, "names a key twice")
+            raise refuse_as(name, "names a key twice")
         return dict(items)
 
     try:
         return json.loads(data, object_pairs_hook=pairs)
     except (ValueError, RecursionError) as e:
-        raise refuse(MANIFEST, f"is not valid JSON ({str(e)[:100]})") from None
+        raise refuse_as(name, f"is not valid JSON ({str(e)[:100]})") from None
+
+
+_Header = header_type(refuse, "hutch image export")
 
 
 def components(name: str, what: str) -> tuple[str, ...]:
@@ -292,14 +305,14 @@ def read_archive(fileobj, store: Path, limits: ImportLimits,
     trees: dict[str, LayerTree] = {}
     try:
         try:
-            with tarfile.open(fileobj=_Counted(fileobj, limits.bytes), mode="r|", tarinfo=_Header,
+            with tarfile.open(fileobj=Counted(fileobj, limits.bytes), mode="r|", tarinfo=_Header,
                               bufsize=_CHUNK) as tar:
                 m = tar.next()
                 if m is None or m.name != MANIFEST or not m.isreg():
                     raise refuse(m.name if m is not None else "(empty)", f"is the first member, not {MANIFEST}")
                 if m.size > MAX_MANIFEST:
                     raise refuse(MANIFEST, f"is {m.size} bytes (at most {MAX_MANIFEST})")
-                manifest = check_manifest(_json(tar.extractfile(m).read()))
+                manifest = check_manifest(strict_json(tar.extractfile(m).read(), MANIFEST, refuse))
                 layers = manifest["layers"]
                 count = 1
                 while (m := tar.next()) is not None:

@@ -36,7 +36,8 @@ from typing import Callable
 from hutch._core.errors import ConfigError, InvalidArchiveError, StateError
 from hutch.sandbox._host import archive, images, layers
 from hutch.sandbox._host.gvisor import runsc, snapshots
-from hutch.sandbox._host.untar import ImportLimits, MAX_HEADER
+from hutch.sandbox._host import untar
+from hutch.sandbox._host.untar import ImportLimits
 from hutch.sandbox._spec import SandboxSpec
 
 MANIFEST = "hutch-memory-snapshot.json"
@@ -110,42 +111,7 @@ def _add(tar: tarfile.TarFile, path: Path, arcname: str) -> None:
 
 # --- import ------------------------------------------------------------------------------------
 
-class _Counted:
-    def __init__(self, fileobj, limit: int):
-        self.f, self.limit, self.seen = fileobj, limit, 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.f.read(n)
-        self.seen += len(data)
-        if self.seen > self.limit:
-            raise InvalidArchiveError(f"the snapshot archive is larger than {self.limit} bytes (HUTCH_IMPORT_MAX_BYTES "
-                                      "of the daemon); raise that limit if the archive is yours, else " + _FIX)
-        return data
-
-
-class _Header(tarfile.TarInfo):
-    # tarfile reads a pax header or GNU long name whole, whatever size it declares (see untar._Header)
-    def _proc_member(self, tar):
-        if self.type in (tarfile.GNUTYPE_SPARSE, tarfile.XGLTYPE):
-            raise refuse(self.name, "is a sparse file or a pax global header, which `hutch snapshot export` never "
-                                    "writes")
-        if self.type in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
-                         tarfile.GNUTYPE_LONGLINK) and self.size > MAX_HEADER:
-            raise refuse(self.name, f"has a {self.size}-byte extended header (at most {MAX_HEADER})")
-        return super()._proc_member(tar)
-
-
-def _strict_json(data: bytes):
-    def pairs(items):
-        keys = [k for k, _ in items]
-        if len(set(keys)) != len(keys):
-            raise refuse(MANIFEST, "names a key twice")
-        return dict(items)
-
-    try:
-        return json.loads(data, object_pairs_hook=pairs)
-    except (ValueError, RecursionError) as e:
-        raise refuse(MANIFEST, f"is not valid JSON ({str(e)[:100]})") from None
+_Header = untar.header_type(refuse, "hutch snapshot export")
 
 
 def check_manifest(m, *, runsc_version: str, flags: list[str],
@@ -234,13 +200,13 @@ def import_(fileobj, *, runsc_version: str, flags: list[str], limits: ImportLimi
     snap_id = snapshots.new_id()
     tmp = snapshots.make_dir(snap_id)
     try:
-        with tarfile.open(fileobj=_Counted(fileobj, limits.bytes), mode="r|", tarinfo=_Header, bufsize=_CHUNK) as tar:
+        with tarfile.open(fileobj=untar.Counted(fileobj, limits.bytes, "snapshot"), mode="r|", tarinfo=_Header, bufsize=_CHUNK) as tar:
             m = tar.next()
             if m is None or m.name != MANIFEST or not m.isreg():
                 raise refuse(m.name if m is not None else "(empty)", f"is the first member, not {MANIFEST}")
             if m.size > snapshots.META_MAX:
                 raise refuse(MANIFEST, f"is {m.size} bytes (at most {snapshots.META_MAX})")
-            meta, files, image_size = check_manifest(_strict_json(tar.extractfile(m).read()),
+            meta, files, image_size = check_manifest(untar.strict_json(tar.extractfile(m).read(), MANIFEST, refuse),
                                                      runsc_version=runsc_version, flags=flags,
                                                      check_spec=check_spec)
             if snapshots.total_bytes() + meta.memory_bytes > (total_max := snapshots.total_max()):
