@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import os
-import queue
 import shutil
 import signal
 import statistics
@@ -142,7 +141,7 @@ def peer(n_cold, n_warm, n_chart):
 
     def run(kc, code):
         msg_id = kc.execute(code)
-        text, own = None, None
+        text = None
         while True:
             m = kc.get_iopub_msg(timeout=60)
             if m["parent_header"].get("msg_id") != msg_id:

@@ -246,7 +246,7 @@ def bench_ingest(root: Path) -> None:
     gapp, gblk = du(store / ".git")
     print(f"  raw JSON input {mb(raw)};  store files {mb(app)} apparent ({app / raw:4.2f}x raw),"
           f" {mb(blk)} allocated;  .git {mb(gblk)}")
-    print(f"  note: raw JSON includes qa/observations/summaries that are not ingested")
+    print("  note: raw JSON includes qa/observations/summaries that are not ingested")
     r = mem.check()
     print(f"  check: {r.entities} entities, {r.links} links, {len(r.errors)} errors, {len(r.warnings)} warnings")
 

@@ -109,7 +109,7 @@ def main():
         stop_daemon(proc)
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"load average {os.getloadavg()[0]:.1f}; {a.runs} runs per size\n")
-    print(f"| measure | p50 ms | p99 ms | target ms | met |\n|---|---|---|---|---|")
+    print("| measure | p50 ms | p99 ms | target ms | met |\n|---|---|---|---|---|")
     for k, xs in rows.items():
         t = TARGETS.get(k)
         p50 = statistics.median(xs)

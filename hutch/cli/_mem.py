@@ -322,7 +322,8 @@ def ingest(ctx, paths, form, cls, source) -> None:
         click.echo(f"{p}: {counts}; {r.links} links; commit {r.commit[:12] if r.commit else '(no change)'}")
 
 
-# `search`, `reindex` and `doctor` live in their own module (the search index); importing it registers them.
-from hutch.cli import _mem_search  # noqa: E402,F401
-# `mount` and `umount` (the FUSE view, hutch/fuse) live in their own module; importing it registers them.
-from hutch.cli import _mem_mount  # noqa: E402,F401
+# `search`, `reindex` and `doctor` (the search index) and `mount` and `umount` (the FUSE view, hutch/fuse) live in
+# their own modules; importing them registers their commands on `mem`, so they come last.
+from hutch.cli import _mem_mount, _mem_search  # noqa: E402
+
+COMMAND_MODULES = (_mem_search, _mem_mount)

@@ -8,6 +8,7 @@ line; Ctrl-D ends the session, and the sandbox with it.
 from __future__ import annotations
 
 import codeop
+import importlib
 import os
 import struct
 import sys
@@ -121,7 +122,7 @@ def repl(images, **opts):
     interactive = sys.stdin.isatty()
     if interactive:
         try:
-            import readline  # noqa: F401  (line editing and history for input())
+            importlib.import_module("readline")   # loading it gives input() line editing and history
         except ImportError:
             pass
     counter = [0]

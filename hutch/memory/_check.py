@@ -153,7 +153,7 @@ def _check_meta(add, rel: str, entity_id: str, cls: str, meta: dict) -> None:
             times[key] = fmt.parse_time(v, key)
         except ConfigError:
             add("error", "bad-date", rel, f"has {key}: {v!r}, which is not an ISO 8601 date.",
-                f"write it like 2026-11-20 or 2026-11-20T14:30:00Z")
+                "write it like 2026-11-20 or 2026-11-20T14:30:00Z")
     if "valid_from" in times and "valid_to" in times and times["valid_to"] <= times["valid_from"]:
         add("error", "bad-validity", rel, "has valid_to at or before valid_from.", "fix one of the two dates")
     conf = meta.get("confidence")

@@ -9,8 +9,6 @@ processes (read from the host), what the API echoes back, and the daemon's answe
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
 import time
 from pathlib import Path

@@ -12,7 +12,6 @@ pytest.importorskip("anthropic", reason="pip install 'hutch[anthropic]'")
 
 import anthropic  # noqa: E402
 
-import hutch  # noqa: E402
 from hutch.integrations import anthropic as ha  # noqa: E402
 
 from fake_llm import ScriptedAPI, claude_text, claude_tool_use, result_text, tool_results  # noqa: E402

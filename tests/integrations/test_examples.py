@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-import hutch
 
 from integ_support import running
 

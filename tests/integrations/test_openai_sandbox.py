@@ -17,7 +17,6 @@ from agents import RunConfig, Runner  # noqa: E402
 from agents.sandbox import Manifest, SandboxAgent, SandboxRunConfig  # noqa: E402
 from agents.sandbox.errors import InvalidManifestPathError  # noqa: E402
 
-import hutch  # noqa: E402
 from hutch.integrations.openai_sandbox import HutchSandboxClient, HutchSandboxClientOptions  # noqa: E402
 
 from integ_support import RUN_TAG, running  # noqa: E402

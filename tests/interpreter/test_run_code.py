@@ -121,7 +121,6 @@ def test_the_bridge_killed_from_a_cell_is_reported_and_replaced(sb):
 
 def test_stdout_streams_before_the_cell_ends(sb):
     got = []
-    t = time.monotonic()
     ex = sb.run_code("import time, sys\nprint('first', flush=True)\nsys.stderr.write('warn\\n')\ntime.sleep(2)\n"
                      "print('second')", on_stdout=lambda c: got.append((c, time.monotonic())),
                      on_stderr=lambda c: got.append((c, time.monotonic())))

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from rt_support import host_state, wait_gone
-
 pytestmark = pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc is not installed (scripts/setup.sh)")
 
 

@@ -12,7 +12,6 @@ import errno
 import dataclasses
 import os
 import re
-import secrets
 import shutil
 import time
 from typing import TYPE_CHECKING

@@ -324,7 +324,7 @@ class Gate:
         self._spawn(self._answer_refused(csock))
 
     async def _answer_refused(self, csock: socket.socket) -> None:
-        hint = f" (`hutch serve --group NAME`)" if self.check.policy.gid is None else ""
+        hint = " (`hutch serve --group NAME`)" if self.check.policy.gid is None else ""
         body = json.dumps({"error": "DaemonError", "message":
                            f"this hutch daemon serves {self.check.policy.describe()}{hint}; your user may not "
                            "drive it. Ask its operator to add you to its group, or use the SDK as root."}).encode()

@@ -498,7 +498,6 @@ class Manager:
         return dataclasses.replace(plan, mounts=tuple(mounts)), helpers
 
     async def _start(self, sb: LiveSandbox, plan: Plan) -> None:
-        loop = asyncio.get_running_loop()
         if sb.layers is not None and sb.layers.layers is not None:   # its writable layer, made as it warmed
             await sb.layers.layers.ensure_room(plan.disk)
             if plan.disk != DEFAULT_DISK:

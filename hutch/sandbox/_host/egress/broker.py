@@ -498,7 +498,7 @@ def too_many(reason: str) -> bytes:
 
 async def serve(proxy, conn, host: str, target: str, port: int, hello: bytes, secret, why: str) -> None:
     """Run one brokered connection to the end (the proxy's `_handle` hands it over after its checks)."""
-    gw, sb = proxy.gw, conn.sandbox
+    sb = conn.sandbox
     why_not = sb.tls.admit()
     if why_not:
         return proxy._deny(conn, f"{why_not}; {host} refused", name=host, address=target, port=port, protocol="tls")
