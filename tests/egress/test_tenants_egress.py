@@ -32,7 +32,8 @@ def tenant_world(world):
         root = make_busybox_root(tmp / "root", BUSYBOX)
         tf = tmp / "etc" / "tenants.json"
         token = T.add(tf, "e", T.Quotas(egress_bytes_per_day=200_000), ["bb-egress"])
-        with daemon_in_world(world, "198.18.7.0/24", "default", args=("--tenants", str(tf))) as run_dir:
+        env = {"HUTCH_STATE_DIR": str(tmp / "state")}   # its own: the day's egress count is kept there
+        with daemon_in_world(world, "198.18.7.0/24", "default", env, args=("--tenants", str(tf))) as run_dir:
             with hutch.Sandbox.create(image=hutch.Image.from_directory(root)) as sb:   # the operator shares an image
                 sb.snapshot_filesystem(name="bb-egress")
             http = httpx.Client(transport=httpx.HTTPTransport(uds=str(run_dir / "hutch.sock")), base_url="http://hutch",
@@ -45,10 +46,10 @@ def tenant_world(world):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _create(http, **kw):
+def _create(http, image="bb-egress", **kw):
     from hutch.sandbox._spec import SandboxSpec
 
-    spec = SandboxSpec.build(image="bb-egress", detach=True, timeout=120, **kw).to_dict()
+    spec = SandboxSpec.build(image=image, detach=True, timeout=120, **kw).to_dict()
     return http.post("/v1/sandboxes", json={"spec": spec})
 
 
@@ -93,3 +94,55 @@ def test_egress_is_charged_and_its_quota_holds(tenant_world):
     finally:
         http.post(f"/v1/sandboxes/{sid}/terminate")
     assert not [s for s in http.get("/v1/sandboxes").json()["sandboxes"]]
+
+
+def test_egress_counts_survive_a_daemon_restart(world):
+    """The day's count is kept in the daemon's state dir (atomically, root's 0600): a restarted daemon still
+    refuses the tenant past its quota, and a file that is not its own (another user may write it) is refused."""
+    if BUSYBOX is None:
+        pytest.skip("busybox-static is not installed (scripts/debian-packages.txt lists it)")
+    from hutch.sandbox._host.daemon import tenants as T
+
+    tmp = Path(tempfile.mkdtemp(prefix="hutch-egress-restart-"))
+    state = tmp / "state"   # its own state dir: the file is the state dir's, not the other daemons' of this session
+    env = {"HUTCH_STATE_DIR": str(state)}
+    tf = tmp / "etc" / "tenants.json"
+    token = T.add(tf, "r", T.Quotas(egress_bytes_per_day=200_000), ["bb-restart"])
+
+    def client(run_dir):
+        return httpx.Client(transport=httpx.HTTPTransport(uds=str(run_dir / "hutch.sock")), base_url="http://hutch",
+                            headers={"Authorization": f"Bearer {token}"}, timeout=60)
+
+    try:
+        root = make_busybox_root(tmp / "root", BUSYBOX)
+        with daemon_in_world(world, "198.18.9.0/24", "default", env, args=("--tenants", str(tf))) as run_dir:
+            with hutch.Sandbox.create(image=hutch.Image.from_directory(root)) as sb:
+                sb.snapshot_filesystem(name="bb-restart")
+            with client(run_dir) as http:
+                spec = {"image": "bb-restart", "network": Network.allow(domains=["www.example.test"])}
+                r = _create(http, **spec)
+                assert r.status_code == 201, r.text
+                sid = r.json()["id"]
+                try:
+                    code, _ = _run(http, sid, "wget", "-q", "-O", "/dev/null", "http://www.example.test/bytes/300000")
+                    assert code == 0
+                finally:
+                    http.post(f"/v1/sandboxes/{sid}/terminate")   # its last bytes are charged as it ends
+                before = http.get("/v1/tenant").json()["use"]["egress_bytes_per_day"]
+                assert before >= 300_000
+        saved = state / "tenant-egress.json"
+        st = os.stat(saved)
+        assert st.st_uid == 0 and st.st_mode & 0o777 == 0o600
+        assert not [p for p in saved.parent.iterdir() if p.name.startswith(".tmp-")]   # nothing half-written left
+        with daemon_in_world(world, "198.18.9.0/24", "default", env, args=("--tenants", str(tf))) as run_dir:
+            with client(run_dir) as http:
+                assert http.get("/v1/tenant").json()["use"]["egress_bytes_per_day"] == before
+                r = _create(http, "bb-restart")
+                assert r.status_code == 429 and r.json()["quota"] == "egress_bytes_per_day", r.text
+        os.chmod(saved, 0o666)   # another user could have written it: not believed, the day starts afresh
+        with daemon_in_world(world, "198.18.9.0/24", "default", env, args=("--tenants", str(tf))) as run_dir:
+            with client(run_dir) as http:
+                assert http.get("/v1/tenant").json()["use"]["egress_bytes_per_day"] == 0
+            assert "tenant-egress.json is ignored" in (run_dir / "test-daemon.log").read_text()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -187,6 +187,8 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, po
         for s in listeners:
             s.close()
         await mgr.shutdown()
+        if mgr.tenancy is not None:
+            mgr.tenancy.close()
         if runner is not None:
             await runner.cleanup()
         if listeners:

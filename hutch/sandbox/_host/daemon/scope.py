@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from hutch._core import paths
+from hutch._core.atomic import atomic_write
 from hutch._core.errors import ConfigError, Error, NotFoundError, QuotaExceededError
 from hutch.sandbox._host import images, layers, volumes
 from hutch.sandbox._host.daemon.tenants import VOLUME_PREFIX, Accounts, Owners, Registry, Tenant
@@ -45,6 +46,32 @@ class Tenancy:
         self._relayed: dict[str, int] = {}   # sandbox id -> the gateway's count at its last charge
         self._cut: set[str] = set()          # sandboxes whose network was cut for their tenant's egress quota
         self._disk: dict[str, tuple[float, int]] = {}
+        self.egress_file = paths.state_dir() / "tenant-egress.json"
+        why = self.accounts.load_egress(self.egress_file)
+        if why is not None:
+            print(f"hutch daemon: {self.egress_file} is ignored, every tenant's egress day starts afresh: {why}",
+                  file=sys.stderr, flush=True)
+
+    def _write_egress(self, data: bytes) -> None:
+        try:
+            self.egress_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            atomic_write(self.egress_file, data, mode=0o600)
+        except OSError as e:
+            self.accounts.egress_dirty = True   # tried again at the next tick
+            print(f"hutch daemon: could not save the tenants' egress counts to {self.egress_file}: {e}",
+                  file=sys.stderr, flush=True)
+
+    async def save(self) -> None:
+        """Persist what a restart must keep (the last day's egress counts), atomically, off the event loop."""
+        data = self.accounts.egress_doc()
+        if data is not None:
+            await asyncio.to_thread(self._write_egress, data)
+
+    def close(self) -> None:
+        """At the daemon's stop, once its sandboxes have ended (their last egress charged)."""
+        data = self.accounts.egress_doc()
+        if data is not None:
+            self._write_egress(data)
 
     # --- images ----------------------------------------------------------------------------------------
 
@@ -200,6 +227,7 @@ class Tenancy:
             for sb in live:
                 self.charge_egress(mgr, sb)
             self._relayed = {k: v for k, v in self._relayed.items() if k in mgr.sandboxes}
+            await self.save()
             for sb in live:
                 t = self.registry.get(sb.tenant)
                 q = t.quotas.egress_bytes_per_day if t is not None else None

@@ -58,6 +58,8 @@ VOLUME_PREFIX = "t."
 DAY = 86400.0
 #: Seconds a slot is kept for a tenant after it asked for one (while it runs no create: between its creates).
 RECENT = 1.0
+#: Seconds of one bucket of a tenant's egress counts (what the day's sliding window moves by).
+EGRESS_BUCKET = 60
 
 # What a tenant may call (method, route as the app names it): "own" routes are scoped to what is its own,
 # "open" ones carry no id. Everything else (doctor, the image store's writes, imports) is the operator's.
@@ -343,7 +345,7 @@ class _Account:
     tokens: float = 0.0
     stamp: float = 0.0
     reserved: list = field(default_factory=lambda: [0, 0.0, 0])   # creates in flight: count, cpu, memory
-    egress: deque = field(default_factory=deque)                 # (time, bytes) charged, a sliding day
+    egress: deque = field(default_factory=deque)                 # [bucket start, bytes] charged, a sliding day
     egress_total: int = 0
     waiting: deque = field(default_factory=deque)                # futures of creates waiting for a slot
 
@@ -358,6 +360,7 @@ class Accounts:
         self.seen: dict[str, float] = {}     # when each tenant last asked for a slot (monotonic)
         self._timer = None
         self.turn: OrderedDict[str, None] = OrderedDict()   # tenants with creates waiting, in round-robin order
+        self.egress_dirty = False
 
     def account(self, name: str) -> _Account:
         a = self.accounts.get(name)
@@ -406,23 +409,80 @@ class Accounts:
         r[1] -= n * cpu
         r[2] -= n * memory
 
-    # egress: bytes the gateway moved for a tenant's sandboxes, charged as they are counted
+    # egress: bytes the gateway moved for a tenant's sandboxes, charged as they are counted, in buckets of
+    # EGRESS_BUCKET seconds (a day is at most 1440 of them per tenant, however many sandboxes and charges)
     def charge_egress(self, name: str, nbytes: int) -> None:
         if nbytes > 0:
             a = self.account(name)
-            a.egress.append((time.time(), nbytes))
+            now = time.time()
+            start = now - now % EGRESS_BUCKET
+            if a.egress and a.egress[-1][0] == start:
+                a.egress[-1][1] += nbytes
+            else:
+                a.egress.append([start, nbytes])
             a.egress_total += nbytes
+            self.egress_dirty = True
             self._expire(a)
 
     def _expire(self, a: _Account) -> None:
         cut = time.time() - DAY
-        while a.egress and a.egress[0][0] < cut:
+        while a.egress and a.egress[0][0] + EGRESS_BUCKET <= cut:   # a bucket leaves once all of it is a day old
             a.egress_total -= a.egress.popleft()[1]
+            self.egress_dirty = True
 
     def egress_used(self, name: str) -> int:
         a = self.account(name)
         self._expire(a)
         return a.egress_total
+
+    def egress_doc(self) -> bytes | None:
+        """The last day's egress buckets as the file keeps them (load_egress), None if unchanged since the last
+        call (made on the event loop; written elsewhere)."""
+        if not self.egress_dirty:
+            return None
+        self.egress_dirty = False
+        doc = {"version": 1, "bucket": EGRESS_BUCKET,
+               "tenants": {n: list(a.egress) for n, a in self.accounts.items() if a.egress}}
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    def load_egress(self, path: Path) -> str | None:
+        """Take the buckets a previous daemon saved at `path`; a reason if the file was refused (it is then
+        ignored: a day starts afresh), None if it was taken or there is none."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            return f"cannot read it ({e.strerror})"
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                return "it is not a regular file that only this daemon's user may write"
+            data = os.read(fd, MAX_FILE + 1)
+        finally:
+            os.close(fd)
+        try:
+            doc = json.loads(data) if len(data) <= MAX_FILE else None
+            if not isinstance(doc, dict) or doc.get("version") != 1 or doc.get("bucket") != EGRESS_BUCKET:
+                raise ValueError("not a version 1 file of this bucket size")
+            cut, now = time.time() - DAY, time.time()
+            taken: dict[str, deque] = {}
+            for name, buckets in doc["tenants"].items():
+                check_name(name)
+                q: deque = deque()
+                for start, n in buckets:
+                    if (type(start) not in (int, float) or type(n) is not int or n < 0 or start > now + EGRESS_BUCKET
+                            or (q and start <= q[-1][0]) or len(q) > DAY // EGRESS_BUCKET + 2):
+                        raise ValueError(f"bad bucket for {name}")
+                    if start + EGRESS_BUCKET > cut:
+                        q.append([float(start), n])
+                taken[name] = q
+        except (ValueError, TypeError, KeyError, AttributeError, ConfigError) as e:
+            return f"it is not a file of egress counts ({e})"
+        for name, q in taken.items():
+            a = self.account(name)
+            a.egress, a.egress_total = q, sum(n for _, n in q)
+        return None
 
     def egress_check(self, tenant: Tenant) -> None:
         q = tenant.quotas.egress_bytes_per_day
