@@ -93,6 +93,7 @@ class Endpoint:
             self.url = None
         self.node = node
         self.restarted = None   # a fleet node's: () -> whether its daemon is no longer the one this reached
+        self.fetch_image = None   # a fleet node's: (ref) -> bring the image from another node (_fleet.fetch_image)
         self.socket = Path(socket_path) if socket_path else paths.daemon_socket()
         self.remote = remote or (Remote.from_env(self.url, token) if self.url else None)
         self.token = self.remote.token if self.remote else None
@@ -677,7 +678,8 @@ class AsyncFleetClient:
         c = self._nodes.get(k)
         if c is None:
             c = self._nodes[k] = AsyncClient(node_endpoint(n))
-            c.ep.restarted = self.fleet.client(n).ep.restarted
+            sync = self.fleet.client(n).ep
+            c.ep.restarted, c.ep.fetch_image = sync.restarted, sync.fetch_image
         return c
 
     async def create_sandbox(self, attempt):

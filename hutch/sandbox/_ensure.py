@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+from hutch._core.errors import NotFoundError
 from hutch.sandbox._api import error_from_answer
 
 PATH = "/v1/images/ensure"
@@ -98,7 +99,18 @@ class Ensure:
 
 def ensure_image(client, ref: str, *, remember: bool = True) -> "dict | None":
     """Make `ref` ready on `client`'s daemon (building it if need be, progress on stderr); its last event,
-    or None if this process had ensured it already."""
+    or None if this process had ensured it already. A fleet node that lacks the image fetches it from another
+    node first (its endpoint's `fetch_image`: hutch/sandbox/_fleet.py)."""
+    try:
+        return _ensure_once(client, ref, remember)
+    except NotFoundError:
+        fetch = client.ep.fetch_image
+        if fetch is None or not fetch(ref):
+            raise
+    return _ensure_once(client, ref, remember)
+
+
+def _ensure_once(client, ref: str, remember: bool) -> "dict | None":
     e = Ensure(client.ep, ref, remember=remember)
     if not e.needed:
         return None
@@ -112,7 +124,19 @@ def ensure_image(client, ref: str, *, remember: bool = True) -> "dict | None":
 
 
 async def aensure_image(client, ref: str, *, remember: bool = True) -> "dict | None":
-    """`ensure_image` on an async client."""
+    """`ensure_image` on an async client (a fleet node's fetch from another node runs in a thread)."""
+    import asyncio
+
+    try:
+        return await _aensure_once(client, ref, remember)
+    except NotFoundError:
+        fetch = client.ep.fetch_image
+        if fetch is None or not await asyncio.to_thread(fetch, ref):
+            raise
+    return await _aensure_once(client, ref, remember)
+
+
+async def _aensure_once(client, ref: str, remember: bool) -> "dict | None":
     e = Ensure(client.ep, ref, remember=remember)
     if not e.needed:
         return None

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hutch._core.errors import ConfigError, DaemonError, NotFoundError, SandboxError, SandboxLostError
+from hutch._core.errors import ConfigError, DaemonError, ImageError, NotFoundError, SandboxError, SandboxLostError
 
 SCHEME = "ray://"
 #: the Ray namespace of the fleet's actors, and the controller's name in it
@@ -39,6 +39,10 @@ SAMPLE = 2
 NODE_CONNECT_TIMEOUT = 3.0
 #: nodes a create tries before it gives up
 CREATE_ATTEMPTS = 3
+#: bytes per chunk of an image moved between nodes
+TRANSFER_CHUNK = 1 << 20
+#: the references every node resolves on its own host (a base, not an image of the store): never moved
+_LOCAL_REFS = ("dir:", "debian-slim")
 
 
 def is_fleet_url(url: str | None) -> bool:
@@ -153,6 +157,7 @@ class Fleet:
         self._at = -1e9
         self._pending: dict[str, int] = {}   # creates placed since the last table, per node
         self._clients: dict[tuple, object] = {}
+        self._transfers: dict[tuple[str, str], threading.Lock] = {}   # (node key, image) -> one transfer at once
         self._refresh()
 
     # --- the table ----------------------------------------------------------------------
@@ -226,7 +231,54 @@ class Fleet:
                 if c is None:
                     c = self._clients[k] = self._make_client(node)
                     c.ep.restarted = lambda key=node.key, started=node.started: self.restarted(key, started)
+                    c.ep.fetch_image = lambda ref, key=node.key: self.fetch_image(key, ref)
         return c
+
+    # --- images -------------------------------------------------------------------------
+
+    def fetch_image(self, key: str, ref: str) -> bool:
+        """Bring image `ref` (an `image:` id or a built image's name) to node `key` from a node of the fleet that
+        has it: the source's export streamed into the node's import, which is told the digest the source reports
+        (GET /v1/images/{id} -> "digest") and refuses, storing nothing, an archive of any other image (besides
+        checking every layer against its content digest, as any import does). False for a reference a node
+        resolves on its own host (a dir: or the default base); NotFoundError when no node has the image."""
+        if ref.startswith(_LOCAL_REFS):
+            return False
+        name = ref[len("image:"):] if ref.startswith("image:") else ref
+        target = self.node(key)
+        if target is None:
+            return False
+        with self._lock:
+            lock = self._transfers.setdefault((key, name), threading.Lock())
+        with lock:   # this process's other creates on that node wait for the one transfer
+            dst = self.client(target)
+            try:
+                dst.json("GET", f"/v1/images/{name}")
+                return True   # another thread brought it meanwhile
+            except NotFoundError:
+                pass
+            peers = {id(self.client(n)): n for n in self.nodes().values() if n.healthy and n.key != key}
+            found = [(c, a) for c, a in self.fan_out(lambda c: c.json("GET", f"/v1/images/{name}"), strict=False)
+                     if id(c) in peers and isinstance(a, dict)]
+            if not found:
+                raise NotFoundError(f"image {ref!r} is on no node of the fleet {self.url}: build it (`hutch image "
+                                    "build`) or import it (`hutch image import`) on one, and the others fetch it.")
+            src, info = min(found, key=lambda ca: peers[id(ca[0])].key)
+            resp = src.request("GET", f"/v1/images/{info['id']}/export", stream=True)
+            try:
+                got = dst.json("POST", "/v1/images/import", params={"digest": info["digest"]},
+                               content=resp.iter_bytes(TRANSFER_CHUNK))
+            finally:
+                resp.close()
+            if got.get("id") != info["id"] or got.get("digest") != info["digest"]:
+                raise ImageError(f"node {key} imported {got.get('id')!r} (digest {got.get('digest')!r}) for image "
+                                 f"{info['id']} of digest {info['digest']} from node {peers[id(src)].key}; "
+                                 "remove it (`hutch image rm`) and try again.")
+            if got.get("base") == "debian-slim":   # the base every host builds itself
+                from hutch.sandbox._ensure import ensure_image
+
+                ensure_image(dst, "debian-slim")
+        return True
 
     def restarted(self, key: str, started: float) -> bool:
         """Whether node `key`'s daemon is not the one that started at `started` (it died and another runs, or

@@ -38,14 +38,28 @@ class RayFleet:
 
         self.tmp = Path(tempfile.mkdtemp(prefix="hutch-fleet-test-"))
         self.run_root = self.tmp / "run"
-        self.cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "include_dashboard": False, "node_ip_address": LOOPBACK})
-        self.workers = [self.cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK) for _ in range(nodes - 1)]
-        self.address = self.cluster.address
-        self.env = dict(os.environ, RAY_ADDRESS=self.address)
-        self.env.pop("HUTCH_URL", None)
-        self.up_output = self.cli("fleet", "up", "--ray", self.address, "--run-root", str(self.run_root),
-                                  "--max-per-node", "200", "--json")
+        self.state_root = self.tmp / "state"   # each node its own image store (STATE/KEY), as on separate hosts
+        self.cluster = None
+        try:
+            # dashboard_agent_listen_port None: a free port (Ray's default, 52365, is another cluster's on a
+            # shared machine, and a head whose agent cannot bind never registers)
+            self.cluster = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": 1, "include_dashboard": False, "node_ip_address": LOOPBACK,
+                "dashboard_agent_listen_port": None})
+            self.workers = [self.cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK) for _ in range(nodes - 1)]
+            self.address = self.cluster.address
+            self.env = dict(os.environ, RAY_ADDRESS=self.address)
+            self.env.pop("HUTCH_URL", None)
+            self.up_output = self.cli("fleet", "up", "--ray", self.address, "--run-root", str(self.run_root),
+                                      "--state-dir", str(self.state_root), "--state-per-node", "--max-per-node",
+                                      "200", "--json")
+        except BaseException:   # a cluster that did not come up (an overloaded machine) leaves nothing either
+            if self.cluster is not None:
+                if hasattr(self, "address"):
+                    hutch_cli("fleet", "down", "--ray", self.address, env=self.env, timeout=120)
+                self.cluster.shutdown()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
 
     def cli(self, *args: str, check: bool = True, timeout: float = 180) -> str:
         r = hutch_cli(*args, env=self.env, timeout=timeout)

@@ -18,7 +18,8 @@ import time
 
 from hutch._core.errors import InvalidArchiveError
 from hutch.sandbox._host.layers import (
-    ID_RE, KINDS, NAME_RE, PREFIX, chain, commit_dir, find, layer_fs, layers_dir, measure_tree, private_dir, put_node,
+    ID_RE, KINDS, NAME_RE, PREFIX, chain, chain_digest, commit_dir, find, layer_fs, layers_dir, measure_tree, private_dir,
+    put_node,
 )
 from hutch.sandbox._host.untar import MANIFEST, ImportLimits, components, read_archive, refuse
 
@@ -135,12 +136,23 @@ def check_manifest(m, limits: ImportLimits) -> dict:
     return {"top": out[-1]["id"], "base": base, "nodes": out, "layers": metas}
 
 
-def import_(fileobj, limits: ImportLimits | None = None) -> dict:
-    """Read a tar made by export(); nothing is stored unless every layer matches its digest (see above)."""
+def _expected(manifest: dict, digest: str | None) -> dict:
+    if digest is not None and chain_digest(manifest["nodes"], manifest["base"]) != digest:
+        raise InvalidArchiveError(f"the image archive is not the image of digest {digest[:12]} its importer was told "
+                                  f"to expect (its manifest's chain digests to "
+                                  f"{chain_digest(manifest['nodes'], manifest['base'])[:12]}); nothing was imported: "
+                                  "the transfer was damaged or forged, fetch it again.")
+    return manifest
+
+
+def import_(fileobj, limits: ImportLimits | None = None, *, digest: str | None = None) -> dict:
+    """Read a tar made by export(); nothing is stored unless every layer matches its digest (see above) and,
+    given `digest` (the source's chain_digest of the image), the manifest's chain has that digest: checked
+    before any layer is read."""
     limits = limits or ImportLimits.from_env()
     store = layers_dir()
     private_dir(store)
-    manifest, trees = read_archive(fileobj, store, limits, lambda m: check_manifest(m, limits))
+    manifest, trees = read_archive(fileobj, store, limits, lambda m: _expected(check_manifest(m, limits), digest))
     try:
         metas = {}
         for digest, tree in trees.items():
@@ -156,7 +168,7 @@ def import_(fileobj, limits: ImportLimits | None = None) -> dict:
             put_node(n["id"], n["parent"], layer=n["layer"], kind=n["kind"], env=n["env"], workdir=n["workdir"],
                      name=n["name"], description=n["description"], pinned=n["id"] == manifest["top"] or n["pinned"])
         return {"ref": PREFIX + manifest["top"], "id": manifest["top"], "base": manifest["base"],
-                "layers": len(manifest["layers"])}
+                "layers": len(manifest["layers"]), "digest": chain_digest(manifest["nodes"], manifest["base"])}
     finally:
         for tree in trees.values():
             tree.discard()   # a committed one was renamed away: nothing left to remove

@@ -303,6 +303,16 @@ def chain(node_id: str) -> tuple[list[dict], str]:
     return out, ref
 
 
+def chain_digest(nodes: list[dict], base: str) -> str:
+    """The SHA-256 of an image as it runs: its base and, bottom up, each node's id, parent, layer digest (a hash
+    of the layer's content), kind, env and workdir (not its name, pin or description). The same from a store's
+    nodes (`chain`, reversed) and from an archive's checked manifest: an importer given the digest the source
+    reported (GET /v1/images/{key} -> "digest") refuses an archive that would run anything else."""
+    canon = [base] + [[n["id"], n["parent"], n.get("layer"), n.get("kind", "import"), dict(n.get("env") or {}),
+                       n.get("workdir")] for n in nodes]
+    return hashlib.sha256(json.dumps(canon, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def _check_fields(kind, env, workdir, name) -> None:
     """What a node records is used later (as a sandbox's env and workdir, as a name to look up): checked here,
     whoever writes it."""
@@ -448,6 +458,6 @@ def prune(in_use_layers: set[str], in_use_nodes: set[str]) -> dict:
     return {"nodes": sorted(removed_nodes), "layers": sorted(removed_layers), "bytes": freed}
 
 
-__all__ = ["ID_RE", "OPAQUE_XATTRS", "PREFIX", "TMP_PREFIX", "chain", "commit_dir", "commit_tree", "find", "get_node",
+__all__ = ["ID_RE", "OPAQUE_XATTRS", "PREFIX", "TMP_PREFIX", "chain", "chain_digest", "commit_dir", "commit_tree", "find", "get_node",
            "list_nodes", "measure_tree", "node_id_of", "private_dir", "prune", "put_node", "remove", "snapshot_id",
            "tree_digest"]

@@ -135,8 +135,9 @@ class StoreRoutes:
 
     async def get_node(self, request):
         node = await self._find(request)
-        await _run(layers.chain, node["id"])   # every ancestor and layer present, else 404
-        node = {**node, "size": layers.layer_size(node.get("layer"))}
+        nodes, base = await _run(layers.chain, node["id"])   # every ancestor and layer present, else 404
+        node = {**node, "size": layers.layer_size(node.get("layer")),
+                "digest": layers.chain_digest(list(reversed(nodes)), base)}
         t = request.get("tenant")
         if t is not None:
             node = self.mgr.tenancy.list_images(t, [node])[0]
@@ -183,6 +184,10 @@ class StoreRoutes:
 
     async def import_(self, request):
         limits = archive.ImportLimits.from_env()
+        digest = request.query.get("digest")
+        if digest is not None and not layers.ID_RE.match(digest):
+            raise ConfigError(f"digest={digest[:80]!r} must be an image's 64-hex-digit digest (GET /v1/images/KEY "
+                              "answers it as \"digest\").")
         layers.private_dir(layers.layers_dir())
         fd, tmp = tempfile.mkstemp(prefix=".tmp-import-", dir=layers.layers_dir())
         try:
@@ -195,7 +200,7 @@ class StoreRoutes:
                                          "(HUTCH_IMPORT_MAX_BYTES of the daemon); raise that limit if it is yours.")
                     f.write(chunk)
             with open(tmp, "rb") as f:
-                result = await _run(archive.import_, f, limits)
+                result = await _run(archive.import_, f, limits, digest=digest)
             return web.json_response(result, status=201)
         finally:
             os.unlink(tmp)
@@ -299,7 +304,7 @@ __all__ = ["add_routes"]
 
 _FLAG = {"type": "string", "enum": ["0", "1", "true", "false", "yes", "no"]}
 _QUERY = {"path": {"type": "string", "minLength": 1}, "force": _FLAG, "recursive": _FLAG,
-          "mode": {"type": "string", "pattern": "^[0-7]{1,4}$"}}
+          "mode": {"type": "string", "pattern": "^[0-7]{1,4}$"}, "digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}
 _STR = {"type": "string"}
 _ENV = {"type": "object", "additionalProperties": {"type": "string"}}
 _HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
@@ -332,7 +337,8 @@ OPERATIONS = {
             "name": {**_STR, "nullable": True}, "description": {**_STR, "nullable": True}, "pinned": {"type": "boolean"},
             "kind": {"type": "string", "enum": ["step", "snapshot"]}}}),
     ("post", "/v1/images/prune"): _op("Remove unpinned build cache and unused layers"),
-    ("post", "/v1/images/import"): _op("Import an image archive (tar)", "201", "application/x-tar"),
+    ("post", "/v1/images/import"): _op("Import an image archive (tar); with digest, only the image of that digest",
+                                            "201", "application/x-tar", query=("digest?",)),
     ("get", "/v1/images/{key}"): _op("One image (id, prefix or name), 404 unless every layer is present"),
     ("delete", "/v1/images/{key}"): _op("Remove an image", query=("force",)),
     ("get", "/v1/images/{key}/export"): _op("The image as a tar archive (its layers, not its base)"),
