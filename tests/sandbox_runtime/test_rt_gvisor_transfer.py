@@ -149,6 +149,17 @@ def test_another_runsc_build_flags_or_bundle_is_refused_naming_it(hosts, exporte
              409, "base image")
 
 
+def test_a_snapshot_of_another_format_is_refused_naming_both(hosts, exported):
+    """A snapshot of format 1 (an older hutch: no bundle or base recorded, runsc's own /tmp in its bundle)
+    would restore with other mounts than it was taken with: refused with the formats and the fix."""
+    data = exported[0]
+    body = _refused(hosts, _with_manifest(data, lambda m: m["meta"].update(format=1)), 409, "format 1", "format 2",
+                    "take a new snapshot")
+    assert body["error"] == "StateError", body
+    _refused(hosts, _with_manifest(data, lambda m: m["meta"].update(format="2")), 400, "no format number")
+    _refused(hosts, _with_manifest(data, lambda m: m["meta"].pop("base")), 400, "malformed")
+
+
 def test_path_tricks_extra_members_and_wrong_order_are_refused(hosts, exported):
     members = _members(exported[0])
     evil = tarfile.TarInfo("mem/../../../../etc/hutch-evil")

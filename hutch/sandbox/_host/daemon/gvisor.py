@@ -237,14 +237,17 @@ class Gvisor:
             raise SandboxError(f"the memory snapshots of this host hold {snapshots.total_bytes()} bytes, and another of "
                                f"up to {sb.spec.limits.memory} would pass HUTCH_MEMORY_SNAPSHOTS_MAX "
                                f"({total_max}); delete some (hutch.Snapshot.list()).")
-        if self.mgr.execs.busy(sb):
-            raise StateError(f"sandbox {sb.id} runs a command started by exec, whose pipes are the host's (gVisor "
-                             "cannot restore those); wait for it or kill it first, and start long-lived processes as "
-                             "the sandbox's command= or detached from the exec's output (`cmd </dev/null >/dev/null "
-                             "2>&1 &`).")
         gv, mgr = sb.gv, self.mgr
         snap_id = snapshots.new_id()
-        async with gv.lock:
+        async with gv.lock:   # an exec or file call arriving from here on waits for the snapshot (GvisorChannel)
+            if not sb.active:
+                raise StateError(f"sandbox {sb.id} ended while its snapshot waited; only a running one can be "
+                                 "snapshotted.")
+            if mgr.execs.busy(sb):
+                raise StateError(f"sandbox {sb.id} runs a command started by exec, whose pipes are the host's "
+                                 "(gVisor cannot restore those); wait for it or kill it first, and start long-lived "
+                                 "processes as the sandbox's command= or detached from the exec's output "
+                                 "(`cmd </dev/null >/dev/null 2>&1 &`).")
             was_paused = sb.status == "paused"
             tmp = snapshots.make_dir(snap_id)
             try:

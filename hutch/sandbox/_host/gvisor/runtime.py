@@ -54,8 +54,9 @@ class GvSandbox:
     mounts: list[str] = field(default_factory=list)   # what the daemon mounted for it, innermost last
     root_tmp: bool = False           # /tmp is its root's (bound to itself in config.json: runtime.root_tmp)
     runs: dict[int, asyncio.Future] = field(default_factory=dict)
-    reaped: dict[int, int] = field(default_factory=dict)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)   # a snapshot, a pause or a resume at a time   # exits the keeper reported: the sentry's may come first
+    reaped: dict[int, int] = field(default_factory=dict)   # exits the keeper reported: the sentry's may come first
+    #: held while a memory snapshot is taken; a pause, an exec's start or a file call waits for it
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     rids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     @property
@@ -379,6 +380,9 @@ class GvisorChannel:
         if op == "kill":
             self._kill(msg)
             return {"ok": True}, []
+        if self.gv.lock.locked():   # a memory snapshot is being taken: its files are being committed
+            async with self.gv.lock:
+                pass
         return await self.gv.files.request(msg, fds)
 
     async def notify(self, msg: dict, fds=()) -> None:
@@ -386,6 +390,15 @@ class GvisorChannel:
             self._kill(msg)
 
     async def _exec(self, msg: dict, fds: list[int]) -> dict:
+        """`runsc exec` of the command. One arriving while a memory snapshot is taken waits for it (a runsc exec
+        of a paused or checkpointing sandbox is not defined; and its pipes, the host's, must not be in it): it
+        starts holding the lock, so a snapshot after it sees it running (Execs.busy) and refuses."""
+        async with self.gv.lock:
+            if self.closed:
+                return {"ok": False, "error": "StateError", "message": "the sandbox has ended; create a new sandbox."}
+            return await self._start_exec(msg, fds)
+
+    async def _start_exec(self, msg: dict, fds: list[int]) -> dict:
         eid = msg["eid"]
         pidfile = self.gv.dir / f"exec-{eid}.pid"
         args = ["exec", f"--internal-pid-file={pidfile}", f"--cwd={msg['cwd']}", f"--user={msg.get('uid', 0)}:"

@@ -29,7 +29,10 @@ IMAGE_FILES = frozenset({"checkpoint.img", "pages_meta.img", "pages.img"})
 #: What an image may hold beyond the sandbox's memory limit: the sentry's own state (6.5 MiB measured).
 IMAGE_SLACK = 128 * 1024**2
 META_MAX = 256 * 1024
-FORMAT = 1
+#: meta.json's format. 2: `bundle` and `base` are required, and the bundle binds the root's own /tmp (a sandbox
+#: of format 1 had runsc's tmpfs there: its restore would list other mounts than its checkpoint). A snapshot of
+#: another format is refused (StateError naming both): take a new one.
+FORMAT = 2
 
 
 def total_max() -> int:
@@ -72,19 +75,24 @@ class Meta:
 
     @classmethod
     def from_dict(cls, d) -> "Meta":
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise ConfigError("this is not a memory snapshot of this hutch version (its meta.json has another "
-                              "format); take a new snapshot.")
+        fmt = d.get("format") if isinstance(d, dict) else None
+        if isinstance(fmt, int) and not isinstance(fmt, bool) and fmt != FORMAT:
+            raise StateError(f"memory snapshot {str(d.get('id'))[:32]} is of snapshot format {fmt}; this hutch "
+                             f"restores format {FORMAT} only (a sandbox's bundle differs between them); take a new "
+                             "snapshot of a running sandbox with this hutch.")
+        if not isinstance(d, dict) or fmt != FORMAT:
+            raise ConfigError("this is not a memory snapshot of hutch (its meta.json has no format number); "
+                              "take a new snapshot.")
         try:
             m = cls(id=str(d["id"]), created_at=float(d["created_at"]), runsc=str(d["runsc"]),
                     flags=tuple(str(f) for f in d["flags"]), spec=dict(d["spec"]), source=str(d["source"]),
-                    memory_bytes=int(d["memory_bytes"]), bundle=str(d.get("bundle", "")),
-                    base=str(d.get("base", "")))
+                    memory_bytes=int(d["memory_bytes"]), bundle=str(d["bundle"]), base=str(d["base"]))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"a memory snapshot's meta.json is malformed ({e}); take a new snapshot.") from e
-        if not ID_RE.match(m.id) or len(m.flags) > 16 or m.memory_bytes < 0 or len(m.bundle) > 256 \
-                or len(m.base) > 4096 or len(m.runsc) > 1024:
-            raise ConfigError("a memory snapshot's meta.json is malformed (id, flags or size); take a new snapshot.")
+        if not ID_RE.match(m.id) or len(m.flags) > 16 or m.memory_bytes < 0 or not 0 < len(m.bundle) <= 256 \
+                or not 0 < len(m.base) <= 4096 or len(m.runsc) > 1024:
+            raise ConfigError("a memory snapshot's meta.json is malformed (id, flags, bundle, base or size); take "
+                              "a new snapshot.")
         return m
 
 
@@ -125,7 +133,7 @@ def load(snap_id: str, *, runsc_version: str, flags: list[str], bundle: str = ""
     if list(meta.flags) != flags:
         raise StateError(f"memory snapshot {snap_id} was taken with runsc flags {list(meta.flags)}, this host uses "
                          f"{flags}; take a new snapshot here.")
-    if bundle and meta.bundle and meta.bundle != bundle:
+    if bundle and meta.bundle != bundle:
         raise StateError(f"memory snapshot {snap_id} was taken with another bundle ({meta.bundle[:40]}: the host busybox "
                          f"every gVisor sandbox has bound in), this host has {bundle[:40]}; take a new snapshot here.")
     size = image_bytes(d / "mem")
@@ -207,7 +215,8 @@ def list_all() -> list[dict]:
             if ID_RE.match(d.name) and (d / "meta.json").is_file():
                 try:
                     meta = json.loads((d / "meta.json").read_text())
-                    out.append({k: meta.get(k) for k in ("id", "created_at", "source", "memory_bytes", "runsc")}
+                    out.append({k: meta.get(k) for k in ("id", "format", "created_at", "source", "memory_bytes",
+                                                         "runsc")}
                                | {"image": (meta.get("spec") or {}).get("image")})
                 except (OSError, ValueError):
                     continue
