@@ -43,10 +43,11 @@ def make_busybox_root(root: Path, busybox: str | None = None) -> Path:
 
 
 def start_daemon(run_dir: Path, extra_env: dict | None = None, prefix: tuple[str, ...] = (),
-                 timeout: float = 30.0, args: tuple[str, ...] = (), sock: Path | None = None,
+                 timeout: float = 120.0, args: tuple[str, ...] = (), sock: Path | None = None,
                  log: Path | None = None, preexec_fn=None, python: str | None = None) -> subprocess.Popen:
     """`python -m hutch serve [args]` on `sock` (default run_dir/hutch.sock; state dir from os.environ),
-    ready when this returns; its output goes to `log` (default run_dir/test-daemon.log).
+    ready when this returns (`timeout`: a hang guard; a loaded 2-core machine takes 20 s and more); its output
+    goes to `log` (default run_dir/test-daemon.log).
 
     `prefix` runs it under another command (e.g. nsenter into a test network namespace); `python` is the
     interpreter (default this one; another venv's runs the hutch installed there)."""
@@ -72,8 +73,9 @@ def start_daemon(run_dir: Path, extra_env: dict | None = None, prefix: tuple[str
     raise RuntimeError(f"the test daemon did not start; its log:\n{log.read_text()[-3000:]}")
 
 
-def stop_daemon(proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    """SIGTERM (the daemon tears every sandbox down), SIGKILL only if it does not end in time."""
+def stop_daemon(proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """SIGTERM (the daemon tears every sandbox down), SIGKILL only if it does not end in time (a SIGKILL
+    leaves its sandboxes' mounts and cgroups: the timeout is a generous hang guard)."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -74,7 +74,8 @@ def test_an_infinite_loop_is_interrupted_by_timeout_and_state_survives(sb):
     took = time.monotonic() - t
     assert ex.error.name == "TimeoutError" and "timeout=2" in ex.error.value, ex.error
     assert "KeyboardInterrupt" in ex.error.traceback
-    assert 1.9 < took < 6, took
+    assert took > 1.9, took   # not before the timeout; and well before a wedged bridge's kill (+18 s), under load too
+    assert took < 60, took
     ex = sb.run_code("sum(kept)")
     assert ex.text == "6" and not ex.restarted
 
@@ -120,14 +121,24 @@ def test_the_bridge_killed_from_a_cell_is_reported_and_replaced(sb):
 
 
 def test_stdout_streams_before_the_cell_ends(sb):
+    """The cell cannot end before this side has seen its first line: it waits for a file the on_stdout callback
+    writes on seeing it (a cell whose output came only at its end would wait out its 120 s guard and say False)."""
     got = []
-    ex = sb.run_code("import time, sys\nprint('first', flush=True)\nsys.stderr.write('warn\\n')\ntime.sleep(2)\n"
-                     "print('second')", on_stdout=lambda c: got.append((c, time.monotonic())),
-                     on_stderr=lambda c: got.append((c, time.monotonic())))
-    end = time.monotonic()
-    assert [c for c, _ in got] == ["first\n", "warn\n", "second\n"], got
-    assert end - got[0][1] > 1.5, "the first chunk came only when the cell ended"
-    assert ex.logs.stdout == ["first\n", "second\n"] and ex.logs.stderr == ["warn\n"]
+
+    def on_stdout(c):
+        got.append(c)
+        if c == "first\n":
+            sb.files.write("/tmp/seen-first", b"")
+
+    ex = sb.run_code("import os, sys, time\nprint('first', flush=True)\n"
+                     "sys.stderr.write('warn\\n'); sys.stderr.flush()\n"
+                     "deadline = time.monotonic() + 120\n"
+                     "while not os.path.exists('/tmp/seen-first') and time.monotonic() < deadline:\n"
+                     "    time.sleep(0.02)\n"
+                     "print('second', os.path.exists('/tmp/seen-first'))", on_stdout=on_stdout,
+                     on_stderr=got.append, timeout=240)
+    assert got == ["first\n", "warn\n", "second True\n"], got
+    assert ex.logs.stdout == ["first\n", "second True\n"] and ex.logs.stderr == ["warn\n"]
 
 
 def test_results_and_errors_reach_their_callbacks(sb):
@@ -163,21 +174,28 @@ def test_contexts_are_independent_kernels_with_their_own_directory(sb):
 
 
 def test_contexts_run_at_the_same_time(sb):
+    """Each context's cell marks that it runs, then waits for the other's mark: both can see the other's only
+    if they run at once (one after the other, the first waits out its 120 s guard and says False). No wall-time
+    bound: on a loaded machine the two kernels' start alone may take longer than any such bound."""
     a = sb.create_code_context()
     out = {}
+    cell = ("import os, time\n"
+            "open('/tmp/ctx-{me}', 'w').close()\n"
+            "deadline = time.monotonic() + 120\n"
+            "while not os.path.exists('/tmp/ctx-{other}') and time.monotonic() < deadline:\n"
+            "    time.sleep(0.02)\n"
+            "os.path.exists('/tmp/ctx-{other}')")
 
-    def slow(name, ctx):
-        t = time.monotonic()
-        out[name] = (sb.run_code("import time; time.sleep(1.5); 'done'", context=ctx).text, time.monotonic() - t)
+    def both(name, other, ctx):
+        out[name] = sb.run_code(cell.format(me=name, other=other), context=ctx, timeout=240).text
 
-    threads = [threading.Thread(target=slow, args=(n, c)) for n, c in (("a", a), ("default", None))]
-    t0 = time.monotonic()
+    threads = [threading.Thread(target=both, args=(n, o, c)) for n, o, c in (("a", "default", a),
+                                                                           ("default", "a", None))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert out["a"][0] == out["default"][0] == "'done'"
-    assert time.monotonic() - t0 < 2.9, "the two contexts' cells ran one after the other"
+    assert out == {"a": "True", "default": "True"}, f"the two contexts' cells ran one after the other: {out}"
 
 
 def test_bad_input_gets_a_clear_error(sb):

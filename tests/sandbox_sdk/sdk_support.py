@@ -96,7 +96,7 @@ def start_remote(run_dir: Path, *args: str, token_env: bool = False, prefix: tup
         proc = subprocess.Popen(argv, env=env, stdout=lf, stderr=lf, stdin=subprocess.DEVNULL, start_new_session=True)
     r = Remote(proc, port, token, tf, None, run_dir / "state" / "tls" / "daemon.crt", run_dir, log)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120   # a hang guard: a loaded 2-core machine takes 20 s and more
         while "serving on" not in log.read_text(errors="replace"):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
@@ -113,7 +113,7 @@ def stop_remote(r: Remote) -> None:
     if r.proc.poll() is None:
         r.proc.send_signal(signal.SIGTERM)
         try:
-            r.proc.wait(15)
+            r.proc.wait(60)   # a SIGKILL would leave its sandboxes' mounts and cgroups
         except subprocess.TimeoutExpired:
             r.proc.kill()
             r.proc.wait()
