@@ -37,6 +37,18 @@ class Writer:
         self.author = author
         self.lock = StoreLock(root / DERIVED_DIR / LOCK_NAME, recover=self._recover)
         self._tx: Transaction | None = None
+        self._tags: tuple[tuple[str, str], ...] = ()
+
+    @contextmanager
+    def tagged(self, **trailers: str) -> Iterator[None]:
+        """Add `Hutch-<key>: value` trailers to every commit this instance makes in the block (the fleet's writer
+        records each write's request id this way: docs/fleet.md, "Memory")."""
+        old = self._tags
+        self._tags = old + tuple((k, trailer_value(v)) for k, v in trailers.items())
+        try:
+            yield
+        finally:
+            self._tags = old
 
     def _recover(self, root_fd: int, hutch_fd: int) -> None:
         """Run with the lock just taken: undo the transaction of a writer that died holding it."""
@@ -93,6 +105,7 @@ class Writer:
                 return
             tx = Transaction(self.root, message, source, reason, root_fd=self.lock.root_fd,
                              hutch_fd=self.lock.hutch_fd)
+            tx.trailers.extend(self._tags)
             if op:
                 tx.record(op, subject or "", **{"Source": source, "Reason": reason, **trailers})
             self._tx = tx
