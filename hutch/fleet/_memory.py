@@ -26,8 +26,8 @@ READ_TIMEOUT = 60.0
 
 
 def memory(name: str, remote: str | None = None, *, address: str = "auto", root: str | os.PathLike | None = None,
-           author: str | None = None, embedder: Any = None, readers: bool = True, node: str | None = None,
-           timeout: float = WRITE_TIMEOUT) -> "FleetMemory":
+           author: str | None = None, embedder: Any = None, readers: bool = True,
+           writer_options: dict | None = None, timeout: float = WRITE_TIMEOUT) -> "FleetMemory":
     """The memory store `name` of the Ray cluster at `address`; its writer is started if none runs.
 
     `remote`: the git URL of the store's replicated truth (a bare repository: hutch.fleet.init_remote(path)
@@ -35,7 +35,8 @@ def memory(name: str, remote: str | None = None, *, address: str = "auto", root:
     else it must name the same remote. `root`: where each node keeps its clones (default
     /var/lib/hutch-fleet/memory); `author` signs the writer's commits; `embedder`: the readers' embedding
     provider (default the local model); `readers=False`: no reader per node (searches then find none);
-    `node`: a Ray node id the writer would rather run on (it moves elsewhere if that node dies).
+    `writer_options`: Ray actor options for the writer (`resources`, `scheduling_strategy`, ... : where it may
+    run; it is started again on such a node when its node dies).
     `timeout`: how long a write may wait for its acknowledgement.
     """
     check_name(name)
@@ -43,20 +44,21 @@ def memory(name: str, remote: str | None = None, *, address: str = "auto", root:
         check_remote(remote)
     ray = join(address)
     try:
-        w = ray.get_actor(writer_name(name), namespace=NAMESPACE)
+        ray.get_actor(writer_name(name), namespace=NAMESPACE)
     except ValueError:
         if remote is None:
             raise ConfigError(f"no memory store {name!r} runs on this Ray cluster: start it with "
                               f"hutch.fleet.memory({name!r}, remote='/path/to/{name}.git').") from None
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+        fixed = {"name", "namespace", "lifetime", "max_restarts", "get_if_exists"} & set(writer_options or {})
+        if fixed:
+            raise ConfigError(f"writer_options may not set {', '.join(sorted(fixed))}: the store's writer is a named, "
+                              "detached actor that Ray restarts.")
         options = {"root": str(Path(os.path.abspath(os.fspath(root))) if root else DEFAULT_ROOT), "author": author,
                    "embedder": embedder, "readers": readers}
-        strategy = NodeAffinitySchedulingStrategy(node, soft=True) if node else "DEFAULT"
-        w = ray.remote(MemoryWriter).options(
-            name=writer_name(name), namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=-1,
-            max_concurrency=16, get_if_exists=True, scheduling_strategy=strategy,
-        ).remote(name, remote, options)
+        ray.remote(MemoryWriter).options(**{
+            "num_cpus": 0, "max_concurrency": 16, **(writer_options or {}), "name": writer_name(name),
+            "namespace": NAMESPACE, "lifetime": "detached", "max_restarts": -1, "get_if_exists": True,
+        }).remote(name, remote, options)
     mem = FleetMemory(name, address, timeout)
     st = mem.status()
     if remote is not None and st["remote"] != remote:
