@@ -48,6 +48,15 @@ KEEP_ENDED = 1000        # ended sandboxes remembered for info/wait
 RESTART_BACKOFF = (0.05, 5.0)   # seconds before the first retry of a failed zygote start, and the cap
 
 
+
+def _why(e: BaseException) -> str:
+    """An exception's text for a caller's error: never empty (a timeout's str() is '')."""
+    if str(e):
+        return str(e)
+    if isinstance(e, TimeoutError):
+        return "a step of its start did not finish in time (the host may be overloaded); try again."
+    return f"{type(e).__name__} (see the daemon's log)."
+
 @dataclass
 class LiveSandbox:
     """The daemon's record of one sandbox it runs (or a warm init waiting for one); the caller's handle is
@@ -384,7 +393,7 @@ class Manager:
                 await self.end(sb, "failed")
             if isinstance(e, (SandboxError, DaemonError)):
                 raise
-            raise SandboxError(f"a sandbox could not be started: {e}") from e
+            raise SandboxError(f"a sandbox could not be started: {_why(e)}") from e
         self.sandboxes[sb.id] = sb
         self._prune()
         try:
@@ -394,7 +403,7 @@ class Manager:
             await self.end(sb, "failed")
             if isinstance(e, (SandboxError, ConfigError, NotFoundError, StateError, DaemonError)):
                 raise
-            raise SandboxError(f"sandbox {sb.id} could not be started: {e}") from e
+            raise SandboxError(f"sandbox {sb.id} could not be started: {_why(e)}") from e
         return sb
 
     async def _spawn(self, userns: bool | None = None) -> LiveSandbox:
