@@ -238,7 +238,7 @@ class Tenancy:
                 elif sb.id not in self._cut:
                     self._cut.add(sb.id)
                     try:
-                        await mgr.network.update(sb.id, Network.none())
+                        await mgr.network.update(sb.id, Network.none(), keep_link=sb.gv is not None)
                         print(f"hutch daemon: tenant {t.name} is over its egress quota ({q} bytes a day): sandbox "
                               f"{sb.id}'s network is now none", file=sys.stderr, flush=True)
                     except Exception as e:  # noqa: BLE001 - it may have ended meanwhile

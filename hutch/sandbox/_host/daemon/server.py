@@ -647,7 +647,9 @@ class Handlers:
             raise errors.UnsupportedError(f"gVisor sandbox {sb.id} was created without a network, and gVisor cannot "
                                           "be given a network link afterwards; create it with network= set (a policy "
                                           "can then change freely).")
-        await self.mgr.network.update(sb.id, net)
+        # gVisor's netstack took the link over at start: Network.none() keeps it (refusing everything), since a
+        # new one would not be seen
+        await self.mgr.network.update(sb.id, net, keep_link=sb.gv is not None)
         await self.mgr.trust_egress_ca(sb)
         return web.Response(status=204)
 

@@ -113,12 +113,12 @@ class DaemonAttacher:
         if policy.mode != "none":
             write_resolv_conf(init_pid, self.gateway.gateway_address)
 
-    async def update(self, sandbox_id: str, network) -> None:
+    async def update(self, sandbox_id: str, network, *, keep_link: bool = False) -> None:
         policy = Network.from_dict(network) if isinstance(network, dict) else network
         if not self.gateway.attached(sandbox_id):
             raise NetworkPolicyError(f"sandbox {sandbox_id} is not on the egress gateway (it may have ended); "
                                      "its network cannot change.")
-        await self.gateway.set_policy(sandbox_id, policy)
+        await self.gateway.set_policy(sandbox_id, policy, keep_link=keep_link)
         pid = self._pids.get(sandbox_id)
         if policy.mode != "none" and pid:
             write_resolv_conf(pid, self.gateway.gateway_address)

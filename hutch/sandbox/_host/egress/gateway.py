@@ -371,8 +371,10 @@ class Gateway:
     def attached(self, sandbox_id: str) -> bool:
         return sandbox_id in self._sandboxes
 
-    async def set_policy(self, sandbox_id: str, policy: Network) -> None:
-        """Replace the sandbox's policy as a whole; connections it forbids are reset now."""
+    async def set_policy(self, sandbox_id: str, policy: Network, *, keep_link: bool = False) -> None:
+        """Replace the sandbox's policy as a whole; connections it forbids are reset now. Network.none() removes
+        the link, unless `keep_link` (a gVisor sandbox: its netstack took the link over at start and cannot
+        take a new one, so it keeps it, and the rules refuse everything through it)."""
         sb = self._get(sandbox_id)
         policy = _check_policy(policy)
         old = sb.policy
@@ -392,7 +394,7 @@ class Gateway:
                 raise NotFoundError(f"sandbox {sandbox_id} was detached from the egress gateway while its "
                                     "policy changed; it has no network.")
             # the latest policy decides: calls queue in order on the lock
-            if sb.policy.mode == "none" and sb.link:
+            if sb.policy.mode == "none" and sb.link and not keep_link:
                 await self._unplumb(sb)
             elif sb.policy.mode != "none" and not sb.link:
                 await self._plumb(sb)
