@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -139,10 +140,15 @@ class Node:
         return self.healthy and not self.cordoned and self.live + pending < self.max_sandboxes
 
 
+#: a fleet sandbox's id: its node's key (`hutch serve --id-prefix`: 1-12 lowercase letters and digits), a dash and
+#: the 12 hex digits the daemon draws
+_FLEET_ID = re.compile(r"([a-z0-9]{1,12})-[0-9a-f]{12}")
+
+
 def key_of(sandbox_id: str) -> str | None:
-    """The node key a fleet sandbox id starts with (`<key>-<12 hex>`), or None."""
-    key, dash, rest = sandbox_id.partition("-")
-    return key if dash and len(rest) == 12 else None
+    """The node key a fleet sandbox id starts with (`<key>-<12 hex>`), or None (a name, such as "no-such-box")."""
+    m = _FLEET_ID.fullmatch(sandbox_id)
+    return m.group(1) if m else None
 
 
 class Fleet:
@@ -296,15 +302,16 @@ class Fleet:
         key = key_of(sandbox_id)
         if key is not None:
             node = self.node(key)
-            if node is None:
-                raise SandboxLostError(f"sandbox {sandbox_id} was on fleet node {key}, which is no longer in the "
-                                       "fleet (`hutch fleet ls`); its sandboxes went with it.")
-            return node
+            if node is not None:
+                return node
+        # a name, or an id whose node the table does not hold (never in this fleet, or one a name looks like):
+        # asked of every node, as a single daemon answers an unknown one (NotFoundError)
         nodes = {id(self.client(n)): n for n in self.nodes().values() if n.healthy}
         for c, answer in self.fan_out(lambda c: c.json("GET", f"/v1/sandboxes/{sandbox_id}"), strict=False):
             if isinstance(answer, dict):
                 return nodes[id(c)]
-        raise NotFoundError(f"no sandbox {sandbox_id!r} on any node of the fleet {self.url}; list them with "
+        where = f" (its id names fleet node {key}, which is not in the fleet now: `hutch fleet ls`)" if key else ""
+        raise NotFoundError(f"no sandbox {sandbox_id!r} on any node of the fleet {self.url}{where}; list them with "
                             "hutch.Sandbox.list().")
 
     def fan_out(self, call, *, strict: bool = True) -> list[tuple[object, object]]:
