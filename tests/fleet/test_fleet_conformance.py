@@ -255,7 +255,7 @@ def test_terminate_status_reasons_and_the_errors_that_name_the_fix(make, image, 
         hutch.Sandbox.create(image=image, memory="lots", tags=RUN_TAG)
     with pytest.raises(hutch.InvalidSpecError, match="does not exist"):
         hutch.Sandbox.create(image=image, mounts=[hutch.Mount.bind(tmp_path / "missing", "/data")], tags=RUN_TAG)
-    with pytest.raises(hutch.NotFoundError, match="Image"):
+    with pytest.raises(hutch.NotFoundError, match="image 'no-such-image'"):
         hutch.Sandbox.create(image="no-such-image", tags=RUN_TAG)
     with pytest.raises(hutch.NotFoundError):
         hutch.Sandbox.from_id("no-such-sandbox")
