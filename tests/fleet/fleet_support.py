@@ -22,6 +22,24 @@ RUN_TAG = {"suite": f"fleet-{uuid.uuid4().hex[:8]}"}
 NODES = 3
 
 
+def node_args() -> dict:
+    """A Ray node's arguments: one CPU, on LOOPBACK, and the ports of its agents chosen here. Left to Ray (0),
+    the raylet waits for its agents to write the ports they took, and on a loaded machine (the dashboard agent's
+    imports alone took 25 s) gives up after about 15 s and dies: the node "timed out during startup"."""
+    import socket
+
+    names = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port")
+    socks = [socket.socket() for _ in names]
+    try:
+        for s in socks:
+            s.bind((LOOPBACK, 0))
+        ports = {n: s.getsockname()[1] for n, s in zip(names, socks)}
+    finally:
+        for s in socks:
+            s.close()
+    return {"num_cpus": 1, "node_ip_address": LOOPBACK, **ports}
+
+
 def hutch_cli(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hutch", *args], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd="/")
@@ -41,12 +59,11 @@ class RayFleet:
         self.state_root = self.tmp / "state"   # each node its own image store (STATE/KEY), as on separate hosts
         self.cluster = None
         try:
-            # dashboard_agent_listen_port None: a free port (Ray's default, 52365, is another cluster's on a
-            # shared machine, and a head whose agent cannot bind never registers)
+            # every agent port chosen (node_args): Ray's default dashboard agent port, 52365, is another cluster's
+            # on a shared machine, and a head whose agent cannot bind never registers
             self.cluster = Cluster(initialize_head=True, head_node_args={
-                "num_cpus": 1, "include_dashboard": False, "node_ip_address": LOOPBACK,
-                "dashboard_agent_listen_port": None})
-            self.workers = [self.cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK) for _ in range(nodes - 1)]
+                "include_dashboard": False, **node_args()})
+            self.workers = [self.cluster.add_node(**node_args()) for _ in range(nodes - 1)]
             self.address = self.cluster.address
             self.env = dict(os.environ, RAY_ADDRESS=self.address)
             self.env.pop("HUTCH_URL", None)

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fleet_support import LOOPBACK, NODES, RUN_TAG, cgroup_children, cgroup_parent_of
+from fleet_support import LOOPBACK, NODES, RUN_TAG, cgroup_children, cgroup_parent_of, node_args
 
 import hutch
 
@@ -158,7 +158,7 @@ def test_a_dead_node_loses_its_sandboxes_fast_and_its_return_reaps_them(fleet_sd
     assert not [sb.id for sb in others if sb.id.startswith(victim["key"] + "-")]
     fleet_sdk.wait(lambda rs: any(r["key"] == victim["key"] and not r["healthy"] for r in rs), what="node down")
     # the node comes back: a new Ray node, an agent on it, the dead one's slot, key and run directory
-    fleet_sdk.workers.append(fleet_sdk.cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK))
+    fleet_sdk.workers.append(fleet_sdk.cluster.add_node(**node_args()))
     back = fleet_sdk.wait(lambda rs: any(r["key"] == victim["key"] and r["healthy"] and r["pid"] != victim["pid"]
                                          for r in rs), timeout=90, what="the node's return")
     row = next(r for r in back if r["key"] == victim["key"])
