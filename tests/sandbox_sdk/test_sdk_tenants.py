@@ -77,7 +77,7 @@ def world(busybox_root):
     tf, audit = d / "etc" / "tenants.json", d / "log" / "audit.jsonl"
     tokens = {"a": add_tenant(tf, "a", "sandboxes=3", "memory=1G"), "b": add_tenant(tf, "b"),
               "c": add_tenant(tf, "c", "sandboxes=2", "cpu=1.5", "memory=200M", "disk=1M"),
-              "r": add_tenant(tf, "r", "creates_per_second=1")}
+              "r": add_tenant(tf, "r", "creates_per_second=1"), "v": add_tenant(tf, "v", "disk=48M")}
     assert oct(tf.stat().st_mode & 0o777) == "0o600" and "token_sha256" in tf.read_text()
     assert not any(t in tf.read_text() for t in tokens.values())   # digests only
     remote = start_remote(d, "--tenants", str(tf), "--audit-log", str(audit), "--audit-max-bytes", "20000",
@@ -380,6 +380,61 @@ def test_disk_quota_covers_volumes_and_images(world):
             sb.terminate()
     finally:
         hutch.Volume.delete("big")
+
+
+def _store_blocks(w: World, tenant: str) -> int:
+    """Bytes the host disk holds for `tenant`'s volume store (its sparse file's blocks)."""
+    return os.stat(w.remote.run_dir / "state" / "volume-stores" / f"{tenant}.img").st_blocks * 512
+
+
+def test_a_sandbox_writing_into_a_volume_stops_at_its_tenants_disk_quota(world):
+    """What a sandbox writes into a mounted volume is bounded by its tenant's disk quota as it is written: the
+    writer gets EDQUOT at the quota (data, and metadata: a flood of files), the host's disk gives the tenant's
+    store no more than that, the files API's writes answer QuotaExceededError, and room comes back when it
+    deletes. The quota counts the tenant's images too, and follows `hutch tenant set`."""
+    w = world
+    w.as_tenant("v")
+    v = hutch.Volume.from_name("scratch", create=True)
+    try:
+        base = _store_blocks(w, "v")
+        sb = hutch.Sandbox.create(image=SHARED, tags=RUN_TAG, detach=True, memory="64M", cpu=0.5,
+                                  mounts=[hutch.Mount.volume(v, "/v")])
+        try:
+            r = sb.run("sh", "-c", "dd if=/dev/zero of=/v/blob bs=1M count=200 2>&1; echo rc=$?; sync")
+            assert "rc=1" in r.stdout and "quota exceeded" in r.stdout.lower(), r.stdout
+            size = int(sb.run("stat", "-c", "%s", "/v/blob").stdout)
+            assert 40 << 20 <= size <= 48 << 20, size
+            assert _store_blocks(w, "v") - base <= (48 + 16) << 20   # the host gave it the quota, not 200M
+            with pytest.raises(hutch.QuotaExceededError) as e:
+                v.write("/more", b"x" * (8 << 20))
+            assert e.value.quota == "disk"
+            assert [f.name for f in v.list("/")] == ["blob"]   # nothing half-written
+            # metadata counts too: a flood of empty files with long names stops at the quota as well
+            assert sb.run("rm", "/v/blob").returncode == 0   # deleting needs no room, and gives it back
+            r = sb.run("sh", "-c", "mkdir /v/many && cd /v/many && n=$(printf %0200d 0) && i=0; "
+                       "while [ $i -lt 400000 ]; do : > f$i-$n; i=$((i+1)); done", timeout=600)
+            assert r.returncode != 0 and "Disk quota exceeded" in r.stderr, r   # sh ends at a failed redirection
+            sb.run("sync")
+            held = _store_blocks(w, "v") - base
+            print(f"host bytes of the store after the flood: {held >> 20} MiB")
+            assert held <= (48 + 32) << 20   # metadata: the quota too (btrfs's own blocks beside it)
+            r = sb.run("sh", "-c", "rm -rf /v/many && sync && dd if=/dev/zero of=/v/small bs=1M count=8 "
+                       "2>/dev/null; echo rc=$?")
+            assert "rc=0" in r.stdout, r
+            # the quota follows the tenants file: lowered under what is written, the next write is refused
+            assert hutch_cli("tenant", "set", "v", "--file", str(w.tenants_file), "--quota", "disk=4M").returncode == 0
+            deadline = time.monotonic() + 30
+            while "rc=0" in sb.run("sh", "-c", "dd if=/dev/zero of=/v/next bs=1M count=1 2>/dev/null; echo rc=$?;"
+                                               " rm -f /v/next").stdout:
+                assert time.monotonic() < deadline, "the lowered quota was not applied to the volume's store"
+                time.sleep(0.5)
+        finally:
+            sb.terminate()
+            assert hutch_cli("tenant", "set", "v", "--file", str(w.tenants_file), "--quota", "disk=48M").returncode == 0
+    finally:
+        hutch.Volume.delete("scratch")
+    assert hutch.Volume.from_name("scratch", create=True).list("/") == []   # made anew: empty, in the same store
+    hutch.Volume.delete("scratch")
 
 
 def test_quota_error_is_a_documented_429(world):

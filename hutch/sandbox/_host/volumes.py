@@ -16,6 +16,7 @@ owned by that uid too; a volume made before that (host-root-owned) is shifted on
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import secrets
 import shutil
@@ -41,9 +42,27 @@ def volumes_dir() -> Path:
     return paths.state_dir() / "volumes"
 
 
+#: A tenant's volumes (`t.<tenant>.<name>`) live in its store, mounted at volumes_dir()/STORES/<tenant>
+#: (daemon/volume_stores.py), once the daemon has mounted it.
+STORES = ".stores"
+
+
+def store_dir(tenant: str) -> Path:
+    return volumes_dir() / STORES / tenant
+
+
+def home(name: str) -> Path:
+    """The directory that holds volume `name`: its tenant's store if that is mounted, else volumes_dir()."""
+    if name.startswith("t."):
+        d = store_dir(name[2:].partition(".")[0])
+        if os.path.ismount(d):
+            return d
+    return volumes_dir()
+
+
 def data_dir(name: str) -> Path:
     """The directory of an existing volume, owned as sandboxes see it; NotFoundError names the fix."""
-    d = volumes_dir() / check_volume_name(name)
+    d = home(check_volume_name(name)) / name
     try:
         st = os.lstat(d)
     except FileNotFoundError:
@@ -77,8 +96,8 @@ def _shift_ids(root: Path) -> None:
 
 
 def create(name: str, *, exist_ok: bool = True) -> dict:
-    d = volumes_dir() / check_volume_name(name)
-    _private_dir(volumes_dir())
+    private_dir(volumes_dir())
+    d = home(check_volume_name(name)) / name
     try:
         d.mkdir(mode=0o755)
         os.chown(d, VOLUME_ID_BASE, VOLUME_ID_BASE)   # root inside every sandbox
@@ -88,7 +107,7 @@ def create(name: str, *, exist_ok: bool = True) -> dict:
     return info(name)
 
 
-def _private_dir(path: Path) -> None:
+def private_dir(path: Path) -> None:
     """0700: a sandbox (root inside) can leave a setuid-root file in a volume; no host user may reach it."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(path, 0o700)
@@ -101,13 +120,30 @@ def info(name: str) -> dict:
 
 def list_volumes() -> list[dict]:
     d = volumes_dir()
-    return [info(p.name) for p in sorted(d.iterdir()) if p.is_dir() and VOLUME_NAME_RE.match(p.name)] if d.is_dir() else []
+    if not d.is_dir():
+        return []
+    homes = [d] + [s for s in sorted((d / STORES).iterdir()) if os.path.ismount(s)] if (d / STORES).is_dir() else [d]
+    names = {p.name for h in homes for p in h.iterdir() if p.is_dir() and VOLUME_NAME_RE.match(p.name)}
+    out = []
+    for n in sorted(names):
+        try:
+            out.append(info(n))
+        except NotFoundError:   # a tenant's volume of before its store, not yet moved into it
+            continue
+    return out
 
 
 def remove_volume(name: str) -> None:
     d = data_dir(name)
-    trash = volumes_dir() / f".trash-{name}-{secrets.token_hex(4)}"
-    os.rename(d, trash)   # gone for everyone at once; the bytes go next
+    trash = d.parent / f".trash-{name}-{secrets.token_hex(4)}"   # the same filesystem: a rename
+    try:
+        os.rename(d, trash)   # gone for everyone at once; the bytes go next
+    except OSError as e:
+        if e.errno not in (errno.EDQUOT, errno.ENOSPC):
+            raise
+        # a tenant's store at its quota has no room for the rename's new entry; deleting needs none
+        shutil.rmtree(d)
+        return
     shutil.rmtree(trash, ignore_errors=True)
 
 

@@ -133,7 +133,7 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, po
         from hutch.sandbox._host.daemon.scope import Tenancy
         registry.log = log
         mgr.tenancy = Tenancy(registry)
-    runner = gate = egress_task = None
+    runner = gate = egress_task = disk_task = None
     listeners: list[socket.socket] = []
     # First of all: a SIGTERM while it starts (the socket exists before it serves) must still end in the
     # teardown below, not in the default action, which would leave the cgroups and inits made so far.
@@ -154,6 +154,7 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, po
         await mgr.start()
         if mgr.tenancy is not None:
             egress_task = loop.create_task(mgr.tenancy.egress_loop(mgr))
+            disk_task = loop.create_task(mgr.tenancy.disk_loop())
         ssl_ctx = server_context(*tls) if tls else None
         gate = Gate(limits, log, PeerCheck(policy), token, ssl_ctx, registry)
         runner = web.AppRunner(make_app(mgr, gate), handler_cancellation=True, access_log=None)
@@ -180,8 +181,9 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, po
             except asyncio.TimeoutError:
                 log.flush()
     finally:
-        if egress_task is not None:
-            egress_task.cancel()
+        for task in (egress_task, disk_task):
+            if task is not None:
+                task.cancel()
         if gate is not None:
             await gate.close()
         for s in listeners:

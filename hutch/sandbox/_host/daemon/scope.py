@@ -21,13 +21,16 @@ from hutch._core import paths
 from hutch._core.atomic import atomic_write
 from hutch._core.errors import ConfigError, Error, NotFoundError, QuotaExceededError
 from hutch.sandbox._host import images, layers, volumes
-from hutch.sandbox._host.daemon.tenants import VOLUME_PREFIX, Accounts, Owners, Registry, Tenant
+from hutch.sandbox._host.daemon.tenants import VOLUME_PREFIX, Accounts, Owners, Registry, Tenant, over_quota
+from hutch.sandbox._host.daemon.volume_stores import VolumeStores
 from hutch.sandbox._spec import VOLUME_NAME_RE
 
 #: Disk use is recomputed at most this often (seconds) per tenant; writes in between are added to it.
 DISK_TTL = 2.0
 #: Seconds between charges of the egress gateway's byte counts to the tenants.
 EGRESS_EVERY = 1.0
+#: Seconds between updates of the tenants' volume stores' limits (to quota changes in the tenants file).
+DISK_EVERY = 2.0
 
 
 def unknown_image(key: str) -> NotFoundError:
@@ -46,6 +49,8 @@ class Tenancy:
         self._relayed: dict[str, int] = {}   # sandbox id -> the gateway's count at its last charge
         self._cut: set[str] = set()          # sandboxes whose network was cut for their tenant's egress quota
         self._disk: dict[str, tuple[float, int]] = {}
+        self.stores = VolumeStores()
+        self.stores.start({n: t.quotas.disk for n, t in registry.by_name.items()})
         self.egress_file = paths.state_dir() / "tenant-egress.json"
         why = self.accounts.load_egress(self.egress_file)
         if why is not None:
@@ -72,6 +77,7 @@ class Tenancy:
         data = self.accounts.egress_doc()
         if data is not None:
             self._write_egress(data)
+        self.stores.close()
 
     # --- images ----------------------------------------------------------------------------------------
 
@@ -250,11 +256,7 @@ class Tenancy:
         return [s for s in mgr.sandboxes.values()
                 if s.active and s.tenant == t.name and s.spec is not None and not s.reserved]
 
-    def disk_used(self, t: Tenant, fresh: bool = False) -> int:
-        import time
-        hit = self._disk.get(t.name)
-        if hit and not fresh and time.monotonic() - hit[0] < DISK_TTL:
-            return hit[1]
+    def image_bytes(self, t: Tenant) -> int:
         total = 0
         for nid, owners in list(self.owners.images.items()):
             if t.name in owners:
@@ -262,12 +264,20 @@ class Tenancy:
                     total += layers.layer_size(layers.get_node(nid).get("layer"))
                 except Error:
                     continue
-        vd = volumes.volumes_dir()
+        return total
+
+    def disk_used(self, t: Tenant, fresh: bool = False) -> int:
+        import time
+        hit = self._disk.get(t.name)
+        if hit and not fresh and time.monotonic() - hit[0] < DISK_TTL:
+            return hit[1]
+        total = self.image_bytes(t)
         prefix = t.volume("")
-        if vd.is_dir():
-            for d in vd.iterdir():
-                if d.name.startswith(prefix):
-                    total += _du(d)
+        for home in (volumes.volumes_dir(), volumes.store_dir(t.name)):
+            if home.is_dir():
+                for d in home.iterdir():
+                    if d.name.startswith(prefix):
+                        total += _du(d)
         self._disk[t.name] = (time.monotonic(), total)
         return total
 
@@ -277,8 +287,39 @@ class Tenancy:
             return
         used = self.disk_used(t, fresh=True)
         if used + more > q:
-            from hutch.sandbox._host.daemon.tenants import over_quota
             raise over_quota(t, "disk", q, used, "bytes of images and volumes", more)
+
+    def disk_full(self, t: Tenant, more: int = 0) -> QuotaExceededError:
+        """The error of a volume write that its store refused (EDQUOT: the disk quota, as the filesystem counts)."""
+        q = t.quotas.disk
+        return over_quota(t, "disk", q if q is not None else 0, self.disk_used(t, fresh=True),
+                          "bytes of images and volumes", more)
+
+    # --- volume stores: the filesystem bounds a tenant's volumes by its disk quota as they are written --------
+
+    def volume_store(self, t: Tenant) -> None:
+        """Make sure `t`'s volume store is mounted and limited (blocking)."""
+        self.stores.ensure(t.name, t.quotas.disk)
+        self.sync_disk(t)
+
+    def sync_disk(self, t: Tenant) -> None:
+        """Set `t`'s volume store's limit to its disk quota less its images (blocking; cheap if unchanged)."""
+        if t.name not in self.stores.roots:
+            return
+        q = t.quotas.disk
+        self.stores.limit(t.name, None if q is None else q - self.image_bytes(t), q)
+
+    async def disk_loop(self) -> None:
+        """Every DISK_EVERY seconds: the stores' limits follow the tenants file's quotas and the images."""
+        while True:
+            await asyncio.sleep(DISK_EVERY)
+            for name in list(self.stores.roots):
+                t = self.registry.get(name)
+                if t is not None:
+                    try:
+                        await asyncio.to_thread(self.sync_disk, t)
+                    except OSError as e:
+                        print(f"hutch daemon: cannot limit tenant {name}'s volume store: {e}", file=sys.stderr)
 
     def use(self, mgr, t: Tenant) -> dict:
         live = self.live(mgr, t)

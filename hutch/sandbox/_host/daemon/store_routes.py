@@ -4,6 +4,7 @@ export/import, volumes and their files. Added to the app by `add_routes`."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import tempfile
 
@@ -240,6 +241,9 @@ class StoreRoutes:
         t = request.get("tenant")
         name = check_volume_name(body.get("name")) if t is None else body.get("name")
         fn = volumes.create if body.get("create") else volumes.info
+        if t is not None and body.get("create"):
+            self.mgr.tenancy.volume(t, name)   # a bad name is refused before a store is made for it
+            await _run(self.mgr.tenancy.volume_store, t)
         info = await self._vol(request, name, fn)
         stored = name if t is None else self.mgr.tenancy.volume(t, name)
         return web.json_response({**info, "name": name, "in_use": self._users(stored, t)})
@@ -272,7 +276,13 @@ class StoreRoutes:
         data = await request.read()   # a volume file call: bounded by client_max_size
         if t is not None:
             self.mgr.tenancy.check_disk(t, len(data))
-        await self._vol(request, request.match_info["name"], volumes.write, query_path(request, "/data.csv"), [data], mode)
+        try:
+            await self._vol(request, request.match_info["name"], volumes.write, query_path(request, "/data.csv"), [data],
+                            mode)
+        except OSError as e:
+            if t is None or e.errno not in (errno.EDQUOT, errno.ENOSPC):
+                raise
+            raise self.mgr.tenancy.disk_full(t, len(data)) from None   # its store is full: nothing was left
         return web.Response(status=204)
 
     async def vol_remove(self, request):

@@ -56,7 +56,7 @@ BTRFS_QUOTA_CTL_ENABLE, BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA = 1, 4
 BTRFS_QGROUP_LIMIT_MAX_RFER = 1
 
 
-def _vol_args(name: str) -> bytearray:
+def vol_args(name: str) -> bytearray:
     return bytearray(struct.pack("q4088s", 0, name.encode()))   # struct btrfs_ioctl_vol_args (4096 bytes)
 
 
@@ -91,7 +91,7 @@ class LayerStore:
             r = subprocess.run(["mkfs.btrfs", "-q", "-f", str(path)], capture_output=True, text=True)
             if r.returncode != 0:
                 raise OSError(errno.EIO, f"mkfs.btrfs failed: {r.stderr.strip()[-300:]}")
-            loop_fd, dev = _attach_loop(fd)
+            loop_fd, dev = attach_loop(fd)
         except FileNotFoundError as e:
             os.close(fd)
             raise OSError(errno.ENOENT, f"{e.filename or 'mkfs.btrfs'} is missing (Debian: btrfs-progs)") from None
@@ -120,7 +120,7 @@ class LayerStore:
         """Subvolume `name` holding upper/ and work/, owned by host uid `owner` (the sandbox's root), at most
         `disk` bytes. Made while its init warms, with the default disk=: only another limit waits for the plan
         (each btrfs call may wait for a transaction to commit)."""
-        fcntl.ioctl(self.root, BTRFS_IOC_SUBVOL_CREATE, _vol_args(name))
+        fcntl.ioctl(self.root, BTRFS_IOC_SUBVOL_CREATE, vol_args(name))
         fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.root)
         try:
             _limit(fd, disk)
@@ -151,7 +151,7 @@ class LayerStore:
         if self.closed:
             return   # the whole store went with its zygote
         try:
-            fcntl.ioctl(self.root, BTRFS_IOC_SNAP_DESTROY, _vol_args(name))
+            fcntl.ioctl(self.root, BTRFS_IOC_SNAP_DESTROY, vol_args(name))
         except FileNotFoundError:
             pass
 
@@ -193,7 +193,7 @@ class LayerStore:
         _reserve(self.image_fd, self.size, step, self.state_dir)
         self.size += step
         fcntl.ioctl(self.loop_fd, LOOP_SET_CAPACITY, 0)
-        fcntl.ioctl(self.root, BTRFS_IOC_RESIZE, _vol_args("1:max"))
+        fcntl.ioctl(self.root, BTRFS_IOC_RESIZE, vol_args("1:max"))
         self.free()
 
     def _watch(self) -> None:
@@ -251,7 +251,7 @@ def _reserve(fd: int, offset: int, length: int, state_dir: Path) -> None:
     os.posix_fallocate(fd, offset, length)
 
 
-def _attach_loop(image_fd: int) -> tuple[int, str]:
+def attach_loop(image_fd: int) -> tuple[int, str]:
     """A free loop device backed by `image_fd`: (its fd, its path)."""
     info = struct.pack("QQQQQIIII64s64s32sQQ", 0, 0, 0, 0, 0, 0, 0, 0, LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO,
                        b"hutch-layers", b"", b"", 0, 0)            # struct loop_info64
