@@ -417,6 +417,7 @@ class MemoryReader:
             if new is None or new == self.commit or self.stopping:
                 return self.commit
             with self.lock:
+                self.commit = None   # until the tree and the index are both at `new`, no read is served
                 self.clone.reset(new)
                 if self.mem is None:
                     self.mem = Memory(self.clone.path, create=False, embedder=self.options.get("embedder"))
@@ -440,8 +441,9 @@ class MemoryReader:
                 if not (self.commit and self.clone.contains(at_least, self.commit)):
                     time.sleep(0.05)
         with self.lock:
-            if self.mem is None:
-                raise StateError(f"memory {self.name!r} has no commit on its remote yet")
+            if self.mem is None or self.commit is None:
+                raise StateError(f"the reader of memory {self.name!r} on node {self.node_id[:16]} serves no commit "
+                                 f"({self.error or 'the remote has none yet'})")
             return {"commit": self.commit, "result": portable(getattr(self.mem, op)(*args, **kwargs), self.clone.path)}
 
     def status(self) -> dict:

@@ -95,11 +95,11 @@ def _retried(start):
         try:
             return start()
         except Exception as e:
-            if "timed out during startup" not in str(e) or attempt == 2:
-                raise
             for pid in _children() - before:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
+            if "timed out during startup" not in str(e) or attempt == 2:
+                raise
 
 
 @pytest.fixture(scope="module")
@@ -258,3 +258,55 @@ def test_a_writes_error_comes_back_as_it_is_and_bad_input_is_refused(cluster):
     assert out["no_reader"][0] == "MemoryStoreError" and "no reader answered" in out["no_reader"][1]
     assert out["updated"] == ["two"]
     assert "two" in git(Path(remote), "show", "main:notes/once.md")
+
+
+# One entity rewritten on every commit (body zqvK) while another thread searches a reader for random K: each
+# answer names the commit it was read at, which the test holds against the remote's file at that commit.
+FLIP = r"""
+import json, random, sys, threading
+import ray
+import hutch.fleet as fleet
+from hutch.fleet._memstore import reader_name
+remote, root, m = sys.argv[1], sys.argv[2], int(sys.argv[3])
+mem = fleet.memory("flip", remote=remote, root=root)
+e = mem.put("notes", "counter", body="zqv0")
+here = ray.get_runtime_context().get_node_id()
+nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+node = next((n for n in nodes if n != here), here)
+while True:
+    try:
+        r = ray.get_actor(reader_name("flip", node), namespace="hutch"); break
+    except ValueError:
+        import time; time.sleep(0.2)
+done, top, answers, errors = threading.Event(), [0], [], []
+def search():
+    while not done.is_set():
+        k = random.randint(max(0, top[0] - 2), top[0])
+        try:
+            a = ray.get(r.read.remote("search", (f"zqv{k}",), {"k": 3}, None), timeout=120)
+        except Exception as ex:   # a reader between commits answers StateError: not a wrong answer
+            errors.append(type(ex).__name__)
+            continue
+        answers.append([a["commit"], k, any("bm25" in h.channels for h in a["result"])])
+t = threading.Thread(target=search)
+t.start()
+for k in range(1, m + 1):
+    mem.update(e, body=f"zqv{k}")
+    top[0] = k
+done.set()
+t.join()
+fleet.memory_down("flip")
+print(json.dumps({"answers": answers, "errors": errors, "node": node}), flush=True)
+"""
+
+
+def test_a_reader_answers_from_one_commit_never_a_stale_or_half_updated_view(cluster):
+    remote = Path(init_remote(cluster.tmp / "flip.git"))
+    out = driver(cluster, FLIP, str(remote), str(cluster.tmp / "clones"), "25")[-1]
+    answers = out["answers"]
+    commits = {c for c, _, _ in answers}
+    assert len(answers) >= 20 and len(commits) >= 3, (len(answers), len(commits), out["errors"][:5])
+    for commit, k, found in answers:
+        body = git(remote, "show", f"{commit}:notes/counter.md")
+        assert found == (f"zqv{k}\n" in body or body.endswith(f"zqv{k}")), (commit, k, found, body[-40:])
+    assert any(found for _, _, found in answers) and not all(found for _, _, found in answers)
