@@ -136,3 +136,51 @@ def down(address):
         rows = fleet_down(address)
     for r in rows:
         click.echo(f"{r.get('key') or r.get('node_id')}: " + (f"error: {r['error']}" if r.get("error") else "stopped"))
+
+
+@fleet.command()
+@_RAY
+@click.argument("name")
+@click.option("--remote", metavar="URL", help="The store's git remote (needed to start it): a path, ssh:// or https://.")
+@click.option("--init-remote", is_flag=True, help="Make the remote (a bare repository at the path --remote names).")
+@click.option("--root", type=click.Path(file_okay=False), help="Where each node keeps its clones "
+              "(default /var/lib/hutch-fleet/memory).")
+@click.option("--down", "stop", is_flag=True, help="End the store's writer and readers (their clones too; the "
+              "remote is kept).")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def memory(address, name, remote, init_remote, root, stop, as_json):
+    """Start (with --remote), show or end (--down) the memory store NAME of the Ray cluster: one writer, a reader
+    per node, the remote as its truth (docs/fleet.md, "Memory").
+
+    \b
+    Examples:
+      hutch fleet memory notes --remote /srv/git/notes.git --init-remote
+      hutch fleet memory notes --json
+      hutch fleet memory notes --down
+    """
+    from hutch.fleet import init_remote as make_remote
+    from hutch.fleet import memory as fleet_memory
+    from hutch.fleet import memory_down
+
+    if init_remote:
+        if not remote:
+            raise click.UsageError("--init-remote needs --remote PATH.")
+        remote = make_remote(remote)
+    with _as_driver():
+        if stop:
+            rows = memory_down(name, address=address)
+        else:
+            st = fleet_memory(name, remote, address=address, root=root).status()
+    if stop:
+        for r in rows:
+            click.echo(f"{r.get('node_id', '')[:16]}: " + (f"error: {r['error']}" if r.get("error") else "stopped"))
+        click.echo(f"{name}: down (the remote is kept)")
+        return
+    if as_json:
+        click.echo(json.dumps(st, indent=2, sort_keys=True))
+        return
+    click.echo(f"{name}: writer on {st['node_id'][:16]}, commit {(st['commit'] or '-')[:12]}, {st['writes']} writes "
+               f"since it started; remote {st['remote']}")
+    for r in st["readers"]:
+        click.echo(f"  reader {r['node_id'][:16]}: " + (f"error: {r['error']}" if r.get("error") and not r.get("commit")
+                                                         else f"commit {(r.get('commit') or '-')[:12]}"))

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from fleet_support import LOOPBACK
+from fleet_support import LOOPBACK, hutch_cli
 
 from hutch.fleet import init_remote
 
@@ -310,3 +310,22 @@ def test_a_reader_answers_from_one_commit_never_a_stale_or_half_updated_view(clu
         body = git(remote, "show", f"{commit}:notes/counter.md")
         assert found == (f"zqv{k}\n" in body or body.endswith(f"zqv{k}")), (commit, k, found, body[-40:])
     assert any(found for _, _, found in answers) and not all(found for _, _, found in answers)
+
+
+def test_the_cli_starts_shows_and_ends_a_store(cluster):
+    remote, root = cluster.tmp / "cli.git", cluster.tmp / "cli-clones"
+    ray = ["--ray", cluster.cluster.address]
+    r = hutch_cli("fleet", "memory", "clinotes", *ray, "--remote", str(remote), "--init-remote", "--root", str(root),
+                  "--json", env=cluster.env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    st = json.loads(r.stdout)
+    assert st["remote"] == str(remote) and st["commit"] == git(remote, "rev-parse", "main").strip()
+    r = hutch_cli("fleet", "memory", "clinotes", *ray, env=cluster.env)
+    assert r.returncode == 0 and f"commit {st['commit'][:12]}" in r.stdout, r.stdout + r.stderr[-2000:]
+    r = hutch_cli("fleet", "memory", "clinotes", *ray, "--remote", "ext::sh -c id", env=cluster.env)
+    assert r.returncode != 0 and "runs a program" in r.stderr
+    r = hutch_cli("fleet", "memory", "clinotes", *ray, "--down", env=cluster.env)
+    assert r.returncode == 0 and "clinotes: down" in r.stdout, r.stderr[-2000:]
+    assert not (root / "clinotes").exists()
+    r = hutch_cli("fleet", "memory", "clinotes", *ray, env=cluster.env)
+    assert r.returncode != 0 and "no memory store 'clinotes'" in r.stderr
