@@ -53,6 +53,11 @@ def _err(fn, *a, **kw):
     return ("no error",)
 
 
+#: Files of /proc and /sys, which the files API refuses to read on both inits (test_no_file_of_proc_or_sys_...).
+PSEUDO_FILES = ("/proc/self/mem", "/proc/1/mem", "/proc/self/environ", "/proc/self/status", "/proc/cpuinfo",
+                "/sys/devices/system/cpu/online")
+
+
 def _entry(f) -> tuple:
     return (f.name, f.path, f.type, f.size if f.type != "dir" else "-", f.mode, f.uid, f.gid, type(f.mtime).__name__)
 
@@ -106,6 +111,7 @@ def scenario(sb) -> list:
             (f.mkdir, ("/tmp/m",), {}), (f.mkdir, ("/nope/x",), {}), (f.mkdir, ("/proc/x",), {}),
             (f.remove, ("/",), {}), (f.remove, ("/tmp/d",), {}), (f.remove, ("/nope",), {}),
             (f.write, ("/tmp/d", b"x"), {}), (f.write, ("/proc/x/y", b"x"), {}), (f.write, ("/sys/x", b"x"), {}),
+            *((f.read, (p,), {}) for p in PSEUDO_FILES),
             (f.remove, ("/tmp/d",), {"recursive": True}), (f.list, ("/tmp/d",), {})):
         seen.append(("files", call.__name__, args, kw, _err(call, *args, **kw)))
     f.write("/tmp/big.txt", b"x" * 300_000)
@@ -174,3 +180,25 @@ def test_the_c_init_is_locked_down_and_small(daemon, busybox_root):
             # its saved ids are the sandbox's user (what lets it run commands as that user), the others root's
             uids = status["Uid"].split()
             assert uids[0] == uids[1] == uids[3] != uids[2], uids
+
+
+def test_no_file_of_proc_or_sys_is_read_through_the_files_api_on_either_init(daemon, python_daemon, busybox_root):
+    """/proc/self in a files call is the init's own: with the C init its /proc/self/mem opened and read as an empty
+    file, with the Python init it was EACCES (its /proc files are host root's). A file of /proc or /sys has no
+    content until it is read (size 0, or a page), so both inits refuse them alike, checked on an O_PATH fd before
+    the file's own permissions count: a ConfigError naming run('cat', path), which still reads them."""
+    image = hutch.Image.from_directory(str(busybox_root))
+    seen = []
+    for d in (daemon, python_daemon):
+        with sdk_pointed_at(d.run_dir):
+            with hutch.Sandbox.create(image=image, timeout=120) as sb:
+                got = [_err(sb.files.read, p) for p in PSEUDO_FILES]
+                sb.files.write("/tmp/plain", b"regular\n")
+                assert sb.files.read("/tmp/plain") == b"regular\n"
+                assert sb.run("cat", "/sys/devices/system/cpu/online").stdout.strip()
+                assert "Pid:" in sb.run("cat", "/proc/self/status").stdout
+        for p, (kind, message) in zip(PSEUDO_FILES, got):
+            assert kind == "ConfigError" and message.startswith(f"{p}: Invalid argument; only regular files") \
+                and "run('cat', path)" in message, (d.run_dir, p, kind, message)
+        seen.append(got)
+    assert seen[0] == seen[1]

@@ -353,7 +353,8 @@ def _error(rid, e: OSError, what: str) -> dict:
         errno.EDQUOT: "the sandbox's disk limit is reached; create it with a larger disk= or remove files",
         errno.EACCES: "the sandbox's root has no capabilities, so only files it owns or may access are reachable",
         errno.EROFS: "that path is on a read-only mount",
-        errno.EINVAL: "only regular files can be read this way",
+        errno.EINVAL: "only regular files can be read this way (a file of /proc or /sys is made as it is read: "
+                      "run('cat', path) reads it)",
         errno.ELOOP: "the path leads through a /proc link of a process or too many symlinks; give a plain path",
         errno.EBUSY: "it is a mount point or in use; what the sandbox was created with stays until it ends",
         errno.ETXTBSY: "a running program is that file; end the command first",
@@ -381,6 +382,10 @@ class _SpawnError(Exception):
 # symlink the sandbox planted at /proc/self/fd/2 (the daemon's log) or /proc/self/fd/<n>/.. (its scratch
 # mount, outside the root) must not lead there. So no path is followed through a /proc "magic link"
 # (openat2's RESOLVE_NO_MAGICLINKS, ELOOP); every other symlink resolves inside the sandbox as before.
+
+#: Filesystems whose files the files API does not read (Init.op_read).
+_PSEUDO_FS = (L.PROC_SUPER_MAGIC, L.SYSFS_MAGIC)
+
 
 def _open(path: str, flags: int, dir_fd: int = L.AT_FDCWD) -> int:
     return L.openat2(path, flags | os.O_CLOEXEC, L.RESOLVE_NO_MAGICLINKS, dir_fd)
@@ -645,9 +650,17 @@ class Init:
         return {"rid": msg["rid"], "ok": True} if "rid" in msg else None
 
     def op_read(self, msg, fds):
+        # A file of /proc or /sys first (looked at through an O_PATH fd, before its own permissions count): such a
+        # file's content is made as it is read, its size is 0 or a page, and in /proc/self it would be this init's.
+        fd = _open(msg["path"], os.O_PATH)
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode) and L.fd_fs_type(fd) in _PSEUDO_FS:
+                raise OSError(errno.EINVAL, "not a regular file")
+        finally:
+            os.close(fd)
         fd = _open(msg["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(st.st_mode) or L.fd_fs_type(fd) in _PSEUDO_FS:   # again: the path may have changed
             os.close(fd)
             raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL, "not a regular file")
         return {"rid": msg["rid"], "ok": True, "size": st.st_size, "_fds": [fd]}

@@ -33,6 +33,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -541,7 +542,8 @@ static const char *errno_fix(int e) {
     case ENOSPC: case EDQUOT: return "the sandbox's disk limit is reached; create it with a larger disk= or remove files";
     case EACCES: return "the sandbox's root has no capabilities, so only files it owns or may access are reachable";
     case EROFS: return "that path is on a read-only mount";
-    case EINVAL: return "only regular files can be read this way";
+    case EINVAL: return "only regular files can be read this way (a file of /proc or /sys is made as it is read: "
+                        "run('cat', path) reads it)";
     case ELOOP: return "the path leads through a /proc link of a process or too many symlinks; give a plain path";
     case EBUSY: return "it is a mount point or in use; what the sandbox was created with stays until it ends";
     case ETXTBSY: return "a running program is that file; end the command first";
@@ -703,14 +705,25 @@ static void b_entry(buf_t *b, const char *path, size_t plen, const struct stat *
     b_fmt(b, ",\"uid\":%u,\"gid\":%u}", (unsigned)st->st_uid, (unsigned)st->st_gid);
 }
 
+/* init._PSEUDO_FS: a file of /proc or /sys (the files API does not read those) */
+static int pseudo_fs(int fd) {
+    struct statfs s;
+    return fstatfs(fd, &s) == 0 && (s.f_type == 0x9FA0 /* PROC_SUPER_MAGIC */ || s.f_type == 0x62656572 /* SYSFS_MAGIC */);
+}
+
 static void op_read(void) {
     const char *path = path_arg();
     if (!path) return;
-    int fd = open2(path, O_RDONLY | O_NONBLOCK | O_NOCTTY, AT_FDCWD);
+    /* init.op_read: a file of /proc or /sys first, through an O_PATH fd (before its own permissions count) */
+    int fd = open2(path, O_PATH, AT_FDCWD);
     if (fd < 0) { reply_errno(errno); return; }
     struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && pseudo_fs(fd)) { close(fd); reply_errno(EINVAL); return; }
+    close(fd);
+    fd = open2(path, O_RDONLY | O_NONBLOCK | O_NOCTTY, AT_FDCWD);
+    if (fd < 0) { reply_errno(errno); return; }
     if (fstat(fd, &st) < 0) { int e = errno; close(fd); reply_errno(e); return; }
-    if (!S_ISREG(st.st_mode)) { close(fd); reply_errno(S_ISDIR(st.st_mode) ? EISDIR : EINVAL); return; }
+    if (!S_ISREG(st.st_mode) || pseudo_fs(fd)) { close(fd); reply_errno(S_ISDIR(st.st_mode) ? EISDIR : EINVAL); return; }
     buf_t b = {0};
     reply_start(&b);
     b_fmt(&b, ",\"ok\":true,\"size\":%lld}", (long long)st.st_size);

@@ -121,12 +121,21 @@ def move_mount_at(fd: int, dir_fd: int) -> None:
 
 MOVE_MOUNT_T_EMPTY_PATH = 0x40
 FUSE_SUPER_MAGIC = 0x65735546
+PROC_SUPER_MAGIC = 0x9FA0
+SYSFS_MAGIC = 0x62656572
 
 
 def fs_type(path) -> int:
     """statfs(2)'s f_type of the filesystem `path` is on (FUSE_SUPER_MAGIC for a FUSE mount)."""
     buf = ctypes.create_string_buffer(256)   # struct statfs is 120 bytes on x86-64 and arm64; f_type first
     _check(_libc.statfs(_b(str(path)), buf), f"statfs {path}")
+    return struct.unpack_from("l", buf.raw)[0]
+
+
+def fd_fs_type(fd: int) -> int:
+    """fstatfs(2)'s f_type of the filesystem the open file `fd` (O_PATH too) is on."""
+    buf = ctypes.create_string_buffer(256)
+    _check(_libc.fstatfs(ctypes.c_int(fd), buf), "fstatfs")
     return struct.unpack_from("l", buf.raw)[0]
 NR_OPENAT2 = 437
 RESOLVE_NO_MAGICLINKS = 0x02
