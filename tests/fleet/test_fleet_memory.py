@@ -1,8 +1,8 @@
 """A memory store on a real 3-node Ray cluster: one writer actor, a bare git remote, a reader per node.
 
-The cluster is this module's own (ray.cluster_utils.Cluster, every node on 127.0.0.2 as in fleet_support). The
-pytest process never joins it: the clients are driver processes, as a user's would be, and the test kills
-their writer's node with the cluster's own handle.
+The cluster is this module's own (ray.cluster_utils.Cluster, every node on 127.0.0.2 with fleet_support's
+node_args). The pytest process never joins it: the clients are driver processes, as a user's would be, and the
+test kills their writer's node with the cluster's own handle.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from fleet_support import LOOPBACK, hutch_cli
+from fleet_support import hutch_cli, node_args
 
 from hutch.fleet import init_remote
 
@@ -73,50 +73,22 @@ print(json.dumps([a["name"] for a in ray.util.list_named_actors(all_namespaces=T
 """
 
 
-def _children() -> set[int]:
-    me = str(os.getpid())
-    out = set()
-    for p in Path("/proc").iterdir():
-        try:
-            if p.name.isdigit() and (p / "stat").read_text().rsplit(")", 1)[1].split()[1] == me:
-                out.add(int(p.name))
-        except (OSError, IndexError):
-            pass
-    return out
-
-
-def _retried(start):
-    """start(), tried again when Ray's node did not register in its fixed 30 s (a loaded host): the processes
-    the failed try started (children of this process, by pid) are ended first."""
-    import signal
-
-    for attempt in range(3):
-        before = _children()
-        try:
-            return start()
-        except Exception as e:
-            for pid in _children() - before:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            if "timed out during startup" not in str(e) or attempt == 2:
-                raise
-
-
 @pytest.fixture(scope="module")
 def cluster():
     from ray.cluster_utils import Cluster
 
     tmp = Path(tempfile.mkdtemp(prefix="hutch-fleet-mem-"))
-    c = _retried(lambda: Cluster(initialize_head=True, head_node_args={   # the agent on a free port (fleet_support)
-        "num_cpus": 1, "include_dashboard": False, "node_ip_address": LOOPBACK, "dashboard_agent_listen_port": None}))
+    # every agent port chosen (fleet_support.node_args): left to Ray, a loaded host's raylet dies waiting for them
+    c = None
     try:
-        workers = [_retried(lambda: c.add_node(num_cpus=1, node_ip_address=LOOPBACK, resources={"WRITER": 1}))
-                   for _ in range(2)]
+        c = Cluster(initialize_head=True, head_node_args={"include_dashboard": False, **node_args()})
+        workers = [c.add_node(**node_args(), resources={"WRITER": 1}) for _ in range(2)]
         env = dict(os.environ, RAY_ADDRESS=c.address)
         env.pop("HUTCH_URL", None)
         yield SimpleNamespace(cluster=c, workers=workers, tmp=tmp, env=env)
     finally:
-        c.shutdown()
+        if c is not None:
+            c.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
