@@ -71,3 +71,21 @@ def pytest_sessionfinish(session, exitstatus):
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line("\nnote: " + msg, yellow=True)
+
+
+# Warnings are errors (issue 14) in the test directories proven clean, one by one, until the whole suite is and
+# pyproject.toml's pytest config says so for all. A warning is fixed at its cause; one raised inside a third-party
+# package we cannot change is ignored narrowly, by a filterwarnings mark beside the test that meets it (naming
+# the package). The mark goes first among an item's marks so that those ignores, applied after it, win.
+WARNINGS_ARE_ERRORS = ("mcp", "integrations")
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    error = pytest.mark.filterwarnings("error")
+    for item in items:
+        rel = Path(str(item.path)).resolve().relative_to(_TESTS)
+        if len(rel.parts) > 1 and rel.parts[0] in WARNINGS_ARE_ERRORS:
+            item.add_marker(error, append=False)

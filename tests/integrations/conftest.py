@@ -7,6 +7,7 @@ installed is skipped with the extra that installs it (scripts/setup.sh installs 
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 from pathlib import Path
@@ -37,6 +38,21 @@ def daemon():
         if proc is not None:
             stop_daemon(proc)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def own_event_loop():
+    """The thread's default event loop, new for this test and closed after it. The Agents SDK's Runner.run_sync
+    runs on the thread's default loop and leaves it open after calling its shutdown_asyncgens(), so on one loop
+    shared by the tests every later run's first async generator (httpx2's auth flow in the openai client) is
+    'scheduled after loop.shutdown_asyncgens() call' (a ResourceWarning): each test's runs get a loop of their own."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        yield loop
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
 
 
 @pytest.fixture(scope="session")

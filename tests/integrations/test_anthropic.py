@@ -110,6 +110,10 @@ BAD_MEMORY = [
 ]
 
 
+# the scripted model sends a tool_use whose input is not an object (the last of BAD_MEMORY); the anthropic client,
+# sending that block back in the next request, serializes it against its own ToolUseBlock type and pydantic warns
+# (UserWarning: Pydantic serializer warnings) inside the anthropic package
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
 def test_bad_memory_input_is_an_error_result_and_nothing_changes(store):
     n0 = commits(store)
     text0 = {i: store.get(i).text for i in store.ls()}

@@ -10,6 +10,12 @@ import pytest
 
 pytest.importorskip("llama_index.core", reason="pip install 'hutch[llamaindex]'")
 
+# llama-index-workflows' Workflow.__init__ lists its steps with inspect.getmembers(self), which reads every
+# attribute of the pydantic model, the deprecated ones too (`__fields__`, `__fields_set__`, the instance's
+# `model_computed_fields`): pydantic's deprecation warnings raised inside that package, for any FunctionAgent,
+# that we cannot change (hutch.integrations.llamaindex makes no pydantic models)
+pytestmark = pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecationWarning")
+
 from llama_index.core.agent.workflow import FunctionAgent  # noqa: E402
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock  # noqa: E402
 from llama_index.core.llms import MockLLM  # noqa: E402

@@ -23,6 +23,7 @@ from fake_llm import (ScriptedAPI, chat_calls, chat_text, function_outputs, resp
                       responses_text)
 
 agents.set_tracing_disabled(True)   # the SDK would send traces to OpenAI: loopback only in tests
+pytestmark = pytest.mark.usefixtures("own_event_loop")   # Runner.run_sync: see the fixture
 
 
 def agent_with(api: ScriptedAPI, tools: HutchTools) -> agents.Agent:

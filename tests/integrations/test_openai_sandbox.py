@@ -23,6 +23,7 @@ from integ_support import RUN_TAG, running  # noqa: E402
 from fake_llm import ScriptedAPI, function_outputs, responses_calls, responses_text  # noqa: E402
 
 agents.set_tracing_disabled(True)
+pytestmark = pytest.mark.usefixtures("own_event_loop")   # Runner.run_sync: see the fixture
 
 
 def model(api):

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import anyio
@@ -234,9 +234,14 @@ def _token_file(tmp_path) -> tuple[Path, str]:
     return p, token
 
 
-def _authed(url: str, token: str) -> Client:
-    return Client(streamable_http_client(url, http_client=httpx2.AsyncClient(
-        headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30, read=300))))
+@asynccontextmanager
+async def _authed(url: str, token: str):
+    """An MCP client over streamable HTTP with a bearer token; the HTTP client it is given is ours to close (the
+    SDK closes only one it made itself)."""
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                  timeout=httpx2.Timeout(30, read=300)) as http:
+        async with Client(streamable_http_client(url, http_client=http)) as client:
+            yield client
 
 
 def test_streamable_http(store, image, daemon, tmp_path):
