@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hutch._core.errors import ConfigError, Error, MemoryStoreError, StateError
-from hutch.fleet._memstore import (READS, MemoryWriter, check_name, check_remote, init_remote, reader_name,
-                                   writer_name)
+from hutch.fleet._memstore import MemoryWriter, check_name, check_remote, init_remote, reader_name, writer_name
 from hutch.fleet._ops import join
 from hutch.sandbox._fleet import NAMESPACE
 

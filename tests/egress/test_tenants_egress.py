@@ -5,6 +5,7 @@ creates answer 429 and its sandboxes lose their network."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
