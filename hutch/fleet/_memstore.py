@@ -303,8 +303,8 @@ class MemoryWriter:
                 if after != before:
                     self.clone.push()
             except BaseException:
-                if self.mem.git.head() != self.pushed and self.pushed:
-                    self.clone.reset(self.pushed)   # not on the remote: not acknowledged, not kept
+                if self.mem.git.head() != self.pushed:
+                    self._resync(rid)   # not acknowledged; the clone becomes what the remote has
                 raise
             self.pushed = after
             self.writes += 1
@@ -314,6 +314,20 @@ class MemoryWriter:
             while len(self.results) > 1000:
                 self.results.popitem(last=False)
             return {"commit": after, "result": self.results[rid], "again": False}
+
+    def _resync(self, rid: str) -> None:
+        """After a failed push: the clone back to the remote's branch as it is now (a push that failed after the
+        remote took it leaves the commit there: its request id is then remembered, so a retry is not done twice)."""
+        mine = self.mem.git.head()
+        try:
+            origin = self.clone.fetch() or self.pushed
+        except Exception:
+            origin = self.pushed   # the remote is away: what it had when it last answered
+        if origin:
+            self.clone.reset(origin)
+            self.pushed = origin
+            if mine and mine != origin and self.clone.contains(mine, origin):
+                self._remember(rid, mine, "")
 
     def _remember(self, rid: str, sha: str, entity: str) -> None:
         self.seen[rid] = (sha, entity)
