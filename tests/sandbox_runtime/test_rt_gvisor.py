@@ -168,3 +168,50 @@ def test_an_old_or_missing_runsc_is_named_with_the_fix(monkeypatch, tmp_path):
         assert not p.ok and "not installed" in p.why and "scripts/setup.sh" in p.why
     finally:
         runsc.probe.cache_clear()
+
+
+def _keepers_of(pid: int) -> list[int]:
+    """The gVisor keepers (spare or a sandbox's) the daemon `pid` started."""
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                st = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+                if int(st[1]) == pid and b"gvisor.keeper" in Path(f"/proc/{p}/cmdline").read_bytes():
+                    out.append(int(p))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("ending", ["stop", "kill"])
+def test_spare_keepers_end_with_the_daemon(tmp_path, image, ending):
+    """Keepers are started ahead (a create or restore takes a ready one): at most 2 spares beside the
+    sandboxes' own, and none outlive the daemon, stopped or killed."""
+    from rt_support import Api, Daemon
+
+    d = Daemon(tmp_path / "run").start()
+    api = Api(d.sock, d.run_dir)
+    try:
+        sid = gv(api, image)["id"]
+        assert api.sh(sid, "echo hi")[0] == "hi\n"
+        keepers = _keepers_of(d.proc.pid)
+        assert 2 <= len(keepers) <= 3, keepers   # the sandbox's and the spares
+        api.terminate(sid)
+        pid = d.proc.pid
+        d.stop() if ending == "stop" else d.kill9()
+        deadline = time.monotonic() + 10
+        while any(_alive(k) for k in keepers):
+            assert time.monotonic() < deadline, f"keepers of daemon {pid} outlived it: {_keepers_of(pid)}"
+            time.sleep(0.05)
+    finally:
+        api.close()
+        d.stop()
+        d.cleanup_cgroups()

@@ -20,7 +20,7 @@ from hutch._core.errors import ConfigError, SandboxError, StateError, Unsupporte
 from hutch.sandbox._host import images, layers
 from hutch.sandbox._host.gvisor import runsc, snapshots, transfer
 from hutch.sandbox._host.gvisor.runtime import (
-    GvisorChannel, GvSandbox, Runsc, keeper_run, kill_all, mount_binds, mount_root, root_tmp, start_keeper,
+    GvisorChannel, GvSandbox, Runsc, Spares, keeper_run, kill_all, mount_binds, mount_root, root_tmp, start_keeper,
     stop_keeper, unmount_root, write_bundle,
 )
 from hutch.sandbox._host.native import linux
@@ -56,6 +56,7 @@ class Gvisor:
     def __init__(self, mgr: "Manager"):
         self.mgr = mgr
         self.calls = Runsc(mgr.run_dir, mgr.cgroups.parent)
+        self.spares = Spares()   # keepers started ahead; the first create or restore starts them
 
     def prepare(self) -> None:
         """At daemon start: clear what a crashed predecessor's gVisor sandboxes left (state files, mounts, a
@@ -129,7 +130,8 @@ class Gvisor:
         finally:
             if ns >= 0:
                 os.close(ns)
-        await start_keeper(gv, mgr.cgroups.procs_files(sb.id), sb.uid_base, lambda msg: self._keeper_event(sb, msg))
+        await start_keeper(gv, mgr.cgroups.procs_files(sb.id), sb.uid_base, lambda msg: self._keeper_event(sb, msg),
+                           self.spares)
         sb.init_pid = gv.files_pid   # its netns is the sandbox's, its root (/proc/<pid>/root) the sandbox's root
         if mgr.network is not None:
             await mgr.network.attach(sb.id, gv.files_pid, spec.network, plain=True)
@@ -367,6 +369,11 @@ class Gvisor:
                                        limits=limits, check_spec=check_supported)
 
     # --- end ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """At daemon stop: end the spare keepers (its sandboxes have ended), remove the sandboxes' parent."""
+        self.spares.close()
+        self.calls.remove_dirs()
 
     async def teardown(self, sb: "LiveSandbox") -> None:
         """Kill what runs, let the keeper reap it, delete runsc's state, stop the keeper, unmount the root."""

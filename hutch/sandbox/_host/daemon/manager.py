@@ -233,7 +233,7 @@ class Manager:
                 pass
         self.idmap.stop()
         self.ranges.close()
-        self.gvisor.calls.remove_dirs()
+        self.gvisor.stop()
         self.cgroups.remove(ZYGOTE_LEAF)
         self.cgroups.remove_parents()    # empty now, also under the controllers only runsc used
         self.cgroups.release_instance()

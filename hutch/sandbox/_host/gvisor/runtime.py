@@ -256,16 +256,86 @@ def unmount_root(gv: GvSandbox) -> None:
     remove_unmounted(gv.dir)
 
 
-async def start_keeper(gv: GvSandbox, cgroup_procs: list[str], uid_base: int,
-                       on_event: Callable[[dict], None]) -> None:
-    """Start the sandbox's keeper (keeper.py) and its files server; returns once both run."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+@dataclass
+class Spare:
+    """A keeper started ahead of its sandbox (`spawn_keeper`): a Python process that has imported its code
+    and waits for its config, in the daemon's cgroups, holding nothing of any sandbox yet."""
+
+    proc: subprocess.Popen
+    sock: socket.socket
+
+
+def spawn_keeper() -> Spare:
+    """Start a keeper process (keeper.py), not yet any sandbox's. Called on the event loop's thread: the
+    keeper's PDEATHSIG is tied to the thread that forked it."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     pkg_parent = str(paths.PACKAGE_PARENT)
     code = (f"import sys; sys.path.insert(0, {pkg_parent!r}); "
             f"from hutch.sandbox._host.gvisor.keeper import main; main({theirs.fileno()}, {os.getpid()})")
-    gv.keeper = subprocess.Popen([sys.executable, "-I", "-S", "-c", code], pass_fds=[theirs.fileno()],
-                                 stdin=subprocess.DEVNULL, close_fds=True, env={})
-    theirs.close()
+    try:
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", code], pass_fds=[theirs.fileno()],
+                                stdin=subprocess.DEVNULL, close_fds=True, env={})
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return Spare(proc, ours)
+
+
+class Spares:
+    """Up to `size` keepers started ahead (a keeper's start is a Python interpreter's: ~60 ms of CPU, most of
+    a gVisor sandbox's own set-up), so that a create or restore takes one that is ready and the next is started
+    meanwhile. They end with the daemon (`close`; PDEATHSIG if it dies)."""
+
+    def __init__(self, size: int = 2):
+        self.size = size
+        self.ready: list[Spare] = []
+        self.closed = False
+
+    def take(self) -> Spare:
+        """A spare keeper that is still alive (else a new one), and the pool refilled."""
+        spare = None
+        while self.ready:
+            s = self.ready.pop(0)
+            if s.proc.poll() is None:
+                spare = s
+                break
+            _end_spare(s)
+        if spare is None:
+            spare = spawn_keeper()
+        self.fill()
+        return spare
+
+    def fill(self) -> None:
+        while not self.closed and len(self.ready) < self.size:
+            try:
+                self.ready.append(spawn_keeper())
+            except OSError as e:   # out of processes or memory: the next take starts one itself
+                print(f"hutch daemon: could not start a spare gVisor keeper: {e}", file=sys.stderr)
+                return
+
+    def close(self) -> None:
+        self.closed = True
+        while self.ready:
+            _end_spare(self.ready.pop())
+
+
+def _end_spare(s: Spare) -> None:
+    s.sock.close()   # it reads EOF and exits
+    try:
+        s.proc.wait(2)
+    except subprocess.TimeoutExpired:
+        s.proc.kill()
+        s.proc.wait()
+
+
+async def start_keeper(gv: GvSandbox, cgroup_procs: list[str], uid_base: int,
+                       on_event: Callable[[dict], None], spares: "Spares | None" = None) -> None:
+    """Give the sandbox a keeper (a spare one, or a new one) and start its files server; returns once both
+    run."""
+    spare = spares.take() if spares is not None else spawn_keeper()
+    gv.keeper, ours = spare.proc, spare.sock
     loop = asyncio.get_running_loop()
     ready = loop.create_future()
 
@@ -456,5 +526,5 @@ def kill_all(cgroups, sid: str, keep: int) -> None:
                 pass
 
 
-__all__ = ["GvSandbox", "GvisorChannel", "Runsc", "kill_all", "keeper_run", "mount_binds", "mount_root", "remove_unmounted", "root_tmp", "start_keeper",
+__all__ = ["GvSandbox", "GvisorChannel", "Runsc", "Spare", "Spares", "spawn_keeper", "kill_all", "keeper_run", "mount_binds", "mount_root", "remove_unmounted", "root_tmp", "start_keeper",
            "stop_keeper", "unmount_root", "wait_status", "write_bundle"]
