@@ -32,6 +32,7 @@ import httpx
 
 from hutch._core import paths, settings
 from hutch._core.errors import DaemonError, NotFoundError, SandboxLostError
+from hutch._core.tokens import from_env_or_file
 from hutch.sandbox import _fleet
 from hutch.sandbox._remote import Remote
 from hutch.sandbox._remote import CONNECT_BACKOFF, cap_hint, reset_while_connecting, unverified_hint, verification_failure
@@ -45,12 +46,14 @@ _UDS_BASE = "http://hutch"
 _connected: dict[str, object] = {}
 
 
-def connect(url: str, *, token: str | None = None) -> None:
+def connect(url: str, *, token: str | None = None, token_file: "str | os.PathLike | None" = None) -> None:
     """Point this process's sandboxes at another daemon, or at a fleet (over HUTCH_URL and the local socket).
 
     `url`: ``ray://auto`` (the hutch fleet of the Ray cluster this host is part of), ``ray://HEAD:10001`` (one
     reached through Ray Client), ``https://HOST:PORT`` (one remote daemon; `token`, else HUTCH_TOKEN /
-    HUTCH_TOKEN_FILE, and HUTCH_FINGERPRINT or HUTCH_CA verify it), or ``unix:/path/to.sock``.
+    HUTCH_TOKEN_FILE, and HUTCH_FINGERPRINT or HUTCH_CA verify it), or ``unix:/path/to.sock`` (a daemon of this
+    host; a tenant's `token` scopes the calls to that tenant, as on TCP).
+    `token_file`: a file (mode 0600) holding the token, instead of `token`.
 
     Example: `hutch.connect("ray://auto"); hutch.Sandbox.create()` (placed on a node of the fleet, docs/fleet.md)
     """
@@ -58,9 +61,19 @@ def connect(url: str, *, token: str | None = None) -> None:
         from hutch._core.errors import ConfigError
 
         raise ConfigError(f"connect({url!r}): give ray://auto, ray://HEAD:PORT, https://HOST:PORT or unix:/path.")
+    if token is not None and token_file is not None:
+        from hutch._core.errors import ConfigError
+
+        raise ConfigError("connect(): give token= or token_file=, not both.")
+    from hutch._core.tokens import check_token, read_token_file
+
+    if token_file is not None:
+        token = read_token_file(token_file, "connect(token_file=)")
+    elif token is not None:
+        token = check_token(token, "connect(token=)")
     if url.startswith("unix:"):
         _connected.clear()
-        _connected["socket"] = url[5:]
+        _connected.update(socket=url[5:], token=token)
         return
     if url.startswith(("https://", "http://")):
         Remote.from_env(url, token)   # refuse a bad one now, not at the first call
@@ -96,7 +109,11 @@ class Endpoint:
         self.fetch_image = None   # a fleet node's: (ref) -> bring the image from another node (_fleet.fetch_image)
         self.socket = Path(socket_path) if socket_path else paths.daemon_socket()
         self.remote = remote or (Remote.from_env(self.url, token) if self.url else None)
-        self.token = self.remote.token if self.remote else None
+        # on the socket too: a tenant's token scopes its calls (without one, the socket's peers are the operator);
+        # HUTCH_TOKEN(_FILE) goes there when the socket is the environment's choice, not an explicit one's
+        from_env = socket_path is None and not self.fleet_url
+        self.token = self.remote.token if self.remote else (
+            token if token is not None else from_env_or_file(settings.TOKEN, settings.TOKEN_FILE) if from_env else None)
 
     @property
     def base(self) -> str:

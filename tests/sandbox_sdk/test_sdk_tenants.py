@@ -437,6 +437,51 @@ def test_a_sandbox_writing_into_a_volume_stops_at_its_tenants_disk_quota(world):
     hutch.Volume.delete("scratch")
 
 
+def test_a_tenant_client_on_the_host_is_scoped_over_the_socket(world):
+    """hutch.connect("unix:...", token= or token_file=), and HUTCH_TOKEN_FILE without HUTCH_URL: the SDK sends the
+    tenant's token over the Unix socket too, so a tenant's client on the host sees and makes only its own."""
+    from hutch.sandbox._client import disconnect
+
+    w = world
+    w.as_tenant(None)
+    theirs = hutch.Sandbox.create(image=SHARED, tags=RUN_TAG, detach=True)   # the operator's
+    tf = w.tenants_file.parent / "b.token"
+    made = []
+    try:
+        for how in ("token", "token_file", "env"):
+            w.as_tenant(None)   # the socket, no URL
+            if how == "token":
+                hutch.connect(f"unix:{w.sock}", token=w.tokens["b"])
+            elif how == "token_file":
+                hutch.connect(f"unix:{w.sock}", token_file=tf)
+            else:
+                os.environ["HUTCH_TOKEN_FILE"] = str(tf)
+            try:
+                sb = hutch.Sandbox.create(image=SHARED, tags=RUN_TAG, detach=True)
+                made.append(sb)
+                seen = {s.id for s in hutch.Sandbox.list()}
+                assert sb.id in seen and theirs.id not in seen, how
+                with pytest.raises(hutch.NotFoundError):
+                    hutch.Sandbox.from_id(theirs.id).run("true")
+            finally:
+                disconnect()
+                os.environ.pop("HUTCH_TOKEN_FILE", None)
+        as_b = {s["id"] for s in w.client(w.tokens["b"]).json("GET", "/v1/sandboxes")["sandboxes"]}
+        assert {s.id for s in made} <= as_b   # they are b's, over TCP as well
+        with pytest.raises(hutch.ConfigError, match="not both"):
+            hutch.connect(f"unix:{w.sock}", token=w.tokens["b"], token_file=tf)
+        loose = w.d / "loose.token"
+        loose.write_text(w.tokens["b"])
+        loose.chmod(0o644)
+        with pytest.raises(hutch.ConfigError, match="loose.token"):
+            hutch.connect(f"unix:{w.sock}", token_file=loose)
+    finally:
+        disconnect()
+        w.as_tenant(None)
+        for sb in [theirs, *made]:
+            hutch.Sandbox.from_id(sb.id).terminate()
+
+
 def test_quota_error_is_a_documented_429(world):
     w = world
     w.as_tenant("c")
