@@ -31,6 +31,7 @@ from hutch._core.errors import ConfigError
 from hutch.sandbox._api import PTY_START_TIMEOUT, check_pty_dims
 
 DRAIN_AFTER_EXIT = 0.2   # seconds to keep reading output a background child may still hold the terminal for
+LAST_OUTPUT = 1 << 20    # bytes read after that window, at most (a background child writing on and on)
 READ_CHUNK = 1 << 16
 MAX_MESSAGE = 1 << 20    # a client's input message
 HANG_UP_POLL = 0.5       # seconds between checks of the client's connection while nothing else says it ended
@@ -103,7 +104,8 @@ async def _pump(ws, sb, ex, mgr, sock) -> bool:
     loop = asyncio.get_running_loop()
     master = ex.pty
     os.set_blocking(master, False)
-    out = asyncio.create_task(_output(loop, ws, master))
+    ending: dict = {}   # set "now" once the command ended and its window passed; "wait" is _output's readiness wait
+    out = asyncio.create_task(_output(loop, ws, master, ending))
     inp = asyncio.create_task(_input(loop, ws, sb, ex, master, mgr))
     gone = asyncio.create_task(_hung_up(sock))
     client = {inp, gone}   # either ending means the client is gone
@@ -111,6 +113,14 @@ async def _pump(ws, sb, ex, mgr, sock) -> bool:
         await asyncio.wait({out, *client, ex.exited}, return_when=asyncio.FIRST_COMPLETED)
         if not any(t.done() for t in client) and not out.done():   # exited: what it wrote is still to come
             await asyncio.wait({out, *client}, timeout=DRAIN_AFTER_EXIT, return_when=asyncio.FIRST_COMPLETED)
+            if not out.done() and not any(t.done() for t in client):
+                # a background child holds the terminal, or the client is slow to take what the command wrote
+                # before it ended (then _output still sends, or the loop has not run it): what the terminal holds
+                # now is sent all the same, and _output ends when it finds nothing more to read
+                ending["now"] = True
+                if (wait := ending.get("wait")) is not None and not wait.done():
+                    wait.set_result(None)
+                await asyncio.wait({out, *client}, return_when=asyncio.FIRST_COMPLETED)
         elif out.done() and not any(t.done() for t in client):    # nothing holds the terminal: the exit follows
             await asyncio.wait({*client, ex.exited}, return_when=asyncio.FIRST_COMPLETED)
         if out.done() and out.exception() is not None:
@@ -134,12 +144,16 @@ async def _hung_up(sock) -> None:
         await asyncio.sleep(HANG_UP_POLL)
 
 
-async def _output(loop, ws, master: int) -> None:
+async def _output(loop, ws, master: int, ending: dict) -> None:
+    after = 0
     while True:
         try:
-            data = os.read(master, READ_CHUNK)
+            data = os.read(master, READ_CHUNK)   # (a pty's read first flushes what the slave wrote to it)
         except BlockingIOError:
-            await _ready(loop, master, False)
+            if ending.get("now"):
+                return
+            ending["wait"] = _ready(loop, master, False)
+            await ending["wait"]
             continue
         except OSError as e:
             if e.errno == errno.EIO:   # no slave open any more (the kernel's EOF of a pty)
@@ -147,6 +161,10 @@ async def _output(loop, ws, master: int) -> None:
             raise
         if not data:
             return
+        if ending.get("now"):
+            after += len(data)
+            if after > LAST_OUTPUT:
+                return
         await ws.send_bytes(data)   # waits while the client is slow: backpressure on the terminal
 
 
