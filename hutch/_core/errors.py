@@ -132,8 +132,9 @@ class DaemonError(Error):
 
 
 class QuotaExceededError(Error):
-    """A tenant's quota would be exceeded (the daemon answers 429); nothing was made. Carries `quota` (its name:
-    sandboxes, cpu, memory, disk, creates_per_second, egress_bytes_per_day), `limit` and `used`."""
+    """A tenant's quota, or the daemon's own cap (`hutch serve --max-sandboxes`: quota "host_sandboxes"), would be
+    exceeded (the daemon answers 429); nothing was made, and the call may be retried. Carries `quota` (its name:
+    sandboxes, cpu, memory, disk, creates_per_second, egress_bytes_per_day, host_sandboxes), `limit` and `used`."""
 
     def __init__(self, message: str, *, quota: str | None = None, limit=None, used=None):
         super().__init__(message)

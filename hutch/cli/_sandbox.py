@@ -508,8 +508,11 @@ def _refuse_token_on_argv(ctx, param, value):
               help="Rotated audit logs kept (PATH.1 newest).")
 @click.option("--id-prefix", metavar="KEY", default="",
               help="Start every sandbox id with KEY and a dash (a fleet node's key: docs/fleet.md).")
+@click.option("--max-sandboxes", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Sandboxes this daemon runs at once at most (creates, restores and forks beyond it get a 429 "
+                   "QuotaExceededError, quota host_sandboxes: retry later or elsewhere); 0: no cap.")
 def serve(listen, token_file, group, tls_cert, tls_key, socket_path, header_timeout, idle_timeout, max_tcp,
-          max_tcp_per_peer, tenants_file, audit_log, audit_max_bytes, audit_keep, id_prefix):
+          max_tcp_per_peer, tenants_file, audit_log, audit_max_bytes, audit_keep, id_prefix, max_sandboxes):
     """Run the host daemon that owns this host's sandboxes (SDK and CLI start it when none runs).
 
     The Unix socket serves root, and the members of --group if given. With --listen,
@@ -533,7 +536,8 @@ def serve(listen, token_file, group, tls_cert, tls_key, socket_path, header_time
                                    max_tcp_per_peer=max_tcp_per_peer).items() if v is not None}
     serve_daemon(socket_path=socket_path, listen=listen, token_file=token_file, group=group, tls_cert=tls_cert,
                  tls_key=tls_key, limits=ListenLimits(**given), tenants=tenants_file, audit_log=audit_log,
-                 audit_max_bytes=audit_max_bytes, audit_keep=audit_keep, id_prefix=id_prefix)
+                 audit_max_bytes=audit_max_bytes, audit_keep=audit_keep, id_prefix=id_prefix,
+                 max_sandboxes=max_sandboxes)
 
 
 @click.command("tls-fingerprint")

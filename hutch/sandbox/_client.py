@@ -31,7 +31,7 @@ from urllib.parse import quote
 import httpx
 
 from hutch._core import paths, settings
-from hutch._core.errors import DaemonError, NotFoundError, SandboxLostError
+from hutch._core.errors import DaemonError, NotFoundError, QuotaExceededError, SandboxLostError
 from hutch._core.tokens import from_env_or_file
 from hutch.sandbox import _fleet
 from hutch.sandbox._remote import Remote
@@ -704,16 +704,23 @@ class AsyncFleetClient:
 
         skip: set[str] = set()
         last = None
-        for _ in range(_fleet.CREATE_ATTEMPTS):
+        tries = 0
+        while tries < _fleet.CREATE_ATTEMPTS:   # as Fleet.create: a full node is skipped, not counted as a try
             n, why = await asyncio.to_thread(self.fleet.placed, skip)
             if n is None:
                 raise last or why
             c = self.node(n)
             try:
                 return c, await attempt(c)
+            except QuotaExceededError as e:
+                if not self.fleet.full(n.key, e):
+                    raise
+                skip.add(n.key)
+                last = e
             except (SandboxLostError, DaemonError) as e:
                 skip.add(n.key)
                 last = e
+                tries += 1
         raise last
 
     async def owner(self, sandbox_id: str) -> AsyncClient:

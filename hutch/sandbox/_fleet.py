@@ -26,7 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hutch._core.errors import ConfigError, DaemonError, ImageError, NotFoundError, SandboxError, SandboxLostError
+from hutch._core.errors import (
+    ConfigError, DaemonError, ImageError, NotFoundError, QuotaExceededError, SandboxError, SandboxLostError,
+)
 
 SCHEME = "ray://"
 #: the Ray namespace of the fleet's actors, and the controller's name in it
@@ -196,22 +198,28 @@ class Fleet:
     # --- placement ----------------------------------------------------------------------
 
     def place(self, skip: set[str] = frozenset()) -> Node:
-        nodes = self.nodes()
-        with self._lock:
-            ok = [n for n in nodes.values() if n.key not in skip and n.takes(self._pending.get(n.key, 0))]
-            if not ok:
-                raise SandboxError(_no_node(nodes, skip))
-            drawn = random.sample(ok, min(SAMPLE, len(ok)))
-            best = max(drawn, key=lambda n: n.free(self._pending.get(n.key, 0)))
-            self._pending[best.key] = self._pending.get(best.key, 0) + 1
-        return best
+        """The node for a create (SAMPLE drawn, the freest taken); when our table has none with room, a new table
+        is asked for first (ours counts our creates since it as placed, also those that went elsewhere)."""
+        for max_age in (REFRESH, 0):
+            nodes = self.nodes(max_age)
+            with self._lock:
+                ok = [n for n in nodes.values() if n.key not in skip and n.takes(self._pending.get(n.key, 0))]
+                if ok:
+                    drawn = random.sample(ok, min(SAMPLE, len(ok)))
+                    best = max(drawn, key=lambda n: n.free(self._pending.get(n.key, 0)))
+                    self._pending[best.key] = self._pending.get(best.key, 0) + 1
+                    return best
+        raise SandboxError(_no_node(nodes, skip))
 
     def create(self, attempt):
         """`attempt(client)` on placed nodes until one answers: (client, its answer). A node that cannot be
-        reached (SandboxLostError, DaemonError) is left out for this create and another tried."""
+        reached (SandboxLostError, DaemonError) is left out for this create and another tried, at most
+        CREATE_ATTEMPTS nodes; a node whose daemon is at its cap (`full`) is left out and another tried, as many
+        as there are."""
         skip: set[str] = set()
         last = None
-        for _ in range(CREATE_ATTEMPTS):
+        tries = 0
+        while tries < CREATE_ATTEMPTS:
             try:
                 node = self.place(skip)
             except SandboxError:
@@ -221,10 +229,27 @@ class Fleet:
             c = self.client(node)
             try:
                 return c, attempt(c)
+            except QuotaExceededError as e:
+                if not self.full(node.key, e):
+                    raise
+                skip.add(node.key)
+                last = e
             except (SandboxLostError, DaemonError) as e:
                 skip.add(node.key)
                 last = e
+                tries += 1
         raise last
+
+    def full(self, key: str, e: QuotaExceededError) -> bool:
+        """Whether `e` is node `key`'s daemon refusing a create at its cap (quota host_sandboxes): if so this
+        process places nothing more there until its next table."""
+        if e.quota != "host_sandboxes":
+            return False   # a tenant's quota: the same on every node's daemon
+        with self._lock:
+            n = self._nodes.get(key)
+            if n is not None:
+                self._pending[key] = max(self._pending.get(key, 0), n.max_sandboxes - n.live)
+        return True
 
     # --- clients ------------------------------------------------------------------------
 

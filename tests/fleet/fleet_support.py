@@ -20,6 +20,8 @@ LOOPBACK = "127.0.0.2"
 #: every sandbox the suite makes carries it
 RUN_TAG = {"suite": f"fleet-{uuid.uuid4().hex[:8]}"}
 NODES = 3
+#: sandboxes each node takes at most (`hutch fleet up --max-per-node`; its daemon holds it: --max-sandboxes)
+CAP = 40
 
 
 def node_args() -> dict:
@@ -52,12 +54,24 @@ class RayFleet:
     before the cluster ends, so no driver of a dead cluster lingers in the process."""
 
     def __init__(self, nodes: int = NODES):
-        from ray.cluster_utils import Cluster
-
         self.tmp = Path(tempfile.mkdtemp(prefix="hutch-fleet-test-"))
         self.run_root = self.tmp / "run"
         self.state_root = self.tmp / "state"   # each node its own image store (STATE/KEY), as on separate hosts
         self.cluster = None
+        for attempt in range(3):   # a raylet that does not register in Ray's 30 s (a loaded machine): start again
+            try:
+                self._start(nodes)
+                return
+            except Exception:
+                if attempt == 2:
+                    shutil.rmtree(self.tmp, ignore_errors=True)
+                    raise
+
+    def _start(self, nodes: int) -> None:
+        from ray.cluster_utils import Cluster
+
+        self.cluster = None
+        self.__dict__.pop("address", None)
         try:
             # every agent port chosen (node_args): Ray's default dashboard agent port, 52365, is another cluster's
             # on a shared machine, and a head whose agent cannot bind never registers
@@ -69,13 +83,14 @@ class RayFleet:
             self.env.pop("HUTCH_URL", None)
             self.up_output = self.cli("fleet", "up", "--ray", self.address, "--run-root", str(self.run_root),
                                       "--state-dir", str(self.state_root), "--state-per-node", "--max-per-node",
-                                      "200", "--json")
+                                      str(CAP), "--json")
         except BaseException:   # a cluster that did not come up (an overloaded machine) leaves nothing either
             if self.cluster is not None:
                 if hasattr(self, "address"):
                     hutch_cli("fleet", "down", "--ray", self.address, env=self.env, timeout=120)
                 self.cluster.shutdown()
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            shutil.rmtree(self.run_root, ignore_errors=True)
+            shutil.rmtree(self.state_root, ignore_errors=True)
             raise
 
     def cli(self, *args: str, check: bool = True, timeout: float = 180) -> str:

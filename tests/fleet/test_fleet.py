@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fleet_support import LOOPBACK, NODES, RUN_TAG, cgroup_children, cgroup_parent_of, node_args
+from fleet_support import CAP, LOOPBACK, NODES, RUN_TAG, cgroup_children, cgroup_parent_of, node_args
 
 import hutch
 
@@ -49,7 +49,7 @@ def test_ls_prints_nodes_capacity_and_health(ray_fleet):
     lines = out.strip().splitlines()
     assert lines[0].split()[:3] == ["KEY", "NODE", "HEALTH"]
     assert len(lines) == 1 + NODES
-    assert all(" ok " in line and "/200" in line for line in lines[1:]), out
+    assert all(" ok " in line and f"/{CAP}" in line for line in lines[1:]), out
 
 
 def test_creates_spread_over_the_nodes_and_calls_go_to_the_owner(fleet_sdk, fleet_busybox):

@@ -60,14 +60,15 @@ def serve(socket_path: str | os.PathLike | None = None, listen: str | None = Non
           tls_cert: str | os.PathLike | None = None, tls_key: str | os.PathLike | None = None,
           limits: ListenLimits | None = None, tenants: str | os.PathLike | None = None,
           audit_log: str | os.PathLike | None = None, audit_max_bytes: int = 16 << 20, audit_keep: int = 5,
-          id_prefix: str = "") -> None:
+          id_prefix: str = "", max_sandboxes: int = 0) -> None:
     """Run the hutch daemon in the foreground until SIGTERM or SIGINT (see the module docstring).
 
     The TCP token: `token`, else the file `token_file`, else $HUTCH_TOKEN (taken out of the
     environment either way, so nothing the daemon starts inherits it). `tenants`: a tenants file
     (daemon/tenants.py, docs/tenants.md): each tenant's token drives only its own sandboxes, within its
     quotas; the operator's token (optional then) and the Unix socket's peers see everything.
-    `audit_log`: JSON lines of every call that changes something, rotated at `audit_max_bytes`."""
+    `audit_log`: JSON lines of every call that changes something, rotated at `audit_max_bytes`.
+    `max_sandboxes`: sandboxes it runs at once at most (0: no cap; a fleet node's cap, docs/fleet.md)."""
     from hutch.sandbox._host.native.linux import ARCH_OK
 
     env_token = settings.TOKEN.pop()
@@ -79,6 +80,8 @@ def serve(socket_path: str | os.PathLike | None = None, listen: str | None = Non
     if id_prefix and not _ID_PREFIX.fullmatch(id_prefix):
         raise ConfigError(f"id_prefix={id_prefix!r} must be 1 to 12 lowercase letters and digits (a fleet node's "
                           "key: the ids of this daemon's sandboxes start with it and a dash).")
+    if type(max_sandboxes) is not int or max_sandboxes < 0:
+        raise ConfigError(f"max_sandboxes={max_sandboxes!r} must be a number of sandboxes (0: no cap).")
     if os.geteuid() != 0:
         raise DaemonError("the hutch daemon creates namespaces and cgroups, so it must run as root; use sudo.")
     if not ARCH_OK:
@@ -104,7 +107,7 @@ def serve(socket_path: str | os.PathLike | None = None, listen: str | None = Non
         audit = AuditLog(audit_log, audit_max_bytes, audit_keep)
     try:
         asyncio.run(_serve(Path(socket_path) if socket_path else paths.daemon_socket(), bind, token, policy, tls,
-                           limits, registry, audit, id_prefix))
+                           limits, registry, audit, id_prefix, max_sandboxes))
     finally:
         if audit is not None:
             audit.close()
@@ -112,7 +115,7 @@ def serve(socket_path: str | os.PathLike | None = None, listen: str | None = Non
 
 async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, policy: PeerPolicy,
                  tls: tuple[Path, Path] | None, limits: ListenLimits, registry=None, audit=None,
-                 id_prefix: str = "") -> None:
+                 id_prefix: str = "", max_sandboxes: int = 0) -> None:
     from hutch.sandbox._host.daemon.manager import Manager
 
     run = paths.run_dir()
@@ -129,6 +132,7 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, po
     mgr = Manager(run, cgroup_parent_for(run))
     mgr.audit = audit
     mgr.id_prefix = f"{id_prefix}-" if id_prefix else ""
+    mgr.max_sandboxes = max_sandboxes
     if registry is not None:
         from hutch.sandbox._host.daemon.scope import Tenancy
         registry.log = log

@@ -76,7 +76,7 @@ class Gvisor:
         sb.cgroups = mgr.cgroups.paths(sb.id)
         sb.userns = mgr.idmap.userns_fd >= 0
         mgr._write_record(sb)
-        mgr.sandboxes[sb.id] = sb
+        mgr.register(sb)
         mgr._prune()
         try:
             gv = await self._prepare(sb, spec, image)
@@ -319,7 +319,7 @@ class Gvisor:
         sb.cgroups = mgr.cgroups.paths(sb.id)
         sb.userns = mgr.idmap.userns_fd >= 0
         mgr._write_record(sb)
-        mgr.sandboxes[sb.id] = sb
+        mgr.register(sb)
         mgr._prune()
         mem = snapshots.path_of(snap_id) / "mem"
         try:

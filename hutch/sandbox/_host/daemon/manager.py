@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import dataclasses
 import json
 import os
@@ -25,6 +26,7 @@ from hutch._core.errors import (
     InvalidSpecError,
     NetworkPolicyError,
     NotFoundError,
+    QuotaExceededError,
     SandboxError,
     StateError,
 )
@@ -48,7 +50,6 @@ KEEP_ENDED = 1000        # ended sandboxes remembered for info/wait
 RESTART_BACKOFF = (0.05, 5.0)   # seconds before the first retry of a failed zygote start, and the cap
 
 
-
 def _why(e: BaseException) -> str:
     """An exception's text for a caller's error: never empty (a timeout's str() is '')."""
     if str(e):
@@ -56,6 +57,20 @@ def _why(e: BaseException) -> str:
     if isinstance(e, TimeoutError):
         return "a step of its start did not finish in time (the host may be overloaded); try again."
     return f"{type(e).__name__} (see the daemon's log)."
+
+
+class _Booking:
+    """Sandboxes a create, restore or fork has counted against `--max-sandboxes` and not made yet."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, n: int):
+        self.left = n
+
+
+#: the booking of the create, restore or fork this task runs (Manager.capped sets it, Manager.register uses it)
+_BOOKING: contextvars.ContextVar[_Booking | None] = contextvars.ContextVar("hutch_booking", default=None)
+
 
 @dataclass
 class LiveSandbox:
@@ -144,6 +159,8 @@ class Manager:
         self.tenancy = None               # scope.Tenancy with `hutch serve --tenants`, else None
         self.audit = None                 # tenants.AuditLog with `hutch serve --audit-log`, else None
         self.id_prefix = ""               # `hutch serve --id-prefix K`: a fleet node's ids start with "K-"
+        self.max_sandboxes = 0            # `hutch serve --max-sandboxes N`: active ones at most (0: no cap)
+        self.booked = 0                   # sandboxes of creates, restores and forks in flight, counted against it
         # An ended sandbox's cgroup removal and its pidfd's close run here, off the loop: each rmdir of a v1
         # cgroup and the close of a dead process's last reference are syscalls that can sleep, and on a busy
         # host the loop was the bottleneck of a mass teardown (2,000 sandboxes: 8,000 rmdirs one after another).
@@ -319,6 +336,45 @@ class Manager:
     def active_count(self) -> int:
         return sum(1 for sb in self.sandboxes.values() if sb.active)
 
+    def book(self, n: int) -> "_Booking":
+        """Count `n` sandboxes about to be made against `--max-sandboxes`, or refuse them (QuotaExceededError,
+        HTTP 429, quota "host_sandboxes": nothing made, retryable). The check and the count are one step of the
+        event loop, so creates at once never overshoot. Each sandbox `register`ed under the booking (the task's
+        context carries it) moves from booked to active; unbook() releases what was not made."""
+        if self.max_sandboxes:
+            used = self.active_count() + self.booked
+            if used + n > self.max_sandboxes:
+                where = f"fleet node {self.id_prefix[:-1]}" if self.id_prefix else "this host's daemon"
+                raise QuotaExceededError(
+                    f"{where} runs {used} of the {self.max_sandboxes} sandboxes it takes at most (`hutch serve "
+                    f"--max-sandboxes`); nothing was made: retry once some end, or on another host.",
+                    quota="host_sandboxes", limit=self.max_sandboxes, used=used)
+        self.booked += n
+        return _Booking(n)
+
+    def unbook(self, b: "_Booking") -> None:
+        self.booked -= b.left
+        b.left = 0
+
+    def register(self, sb: LiveSandbox) -> None:
+        """A new sandbox is one of the daemon's: counted as active from now on, no longer as booked."""
+        self.sandboxes[sb.id] = sb
+        b = _BOOKING.get()
+        if b is not None and b.left > 0:
+            b.left -= 1
+            self.booked -= 1
+
+    async def capped(self, n, make):
+        """`await make()` with `n` sandboxes booked against the cap while it runs (creates, restores, forks)."""
+        n = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+        b = self.book(n)
+        token = _BOOKING.set(b)
+        try:
+            return await make()
+        finally:
+            _BOOKING.reset(token)
+            self.unbook(b)
+
     # --- lookup -------------------------------------------------------------------------
 
     def get(self, key: str, tenant=None) -> LiveSandbox:
@@ -346,7 +402,7 @@ class Manager:
         it runs."""
         self.creating += 1
         try:
-            return await self._create(spec, tenant)
+            return await self.capped(1, lambda: self._create(spec, tenant))
         finally:
             self.creating -= 1
             # Refill once the create is done, so that a new init's start (clone, cgroup join, namespaces)
@@ -394,7 +450,7 @@ class Manager:
             if isinstance(e, (SandboxError, DaemonError)):
                 raise
             raise SandboxError(f"a sandbox could not be started: {_why(e)}") from e
-        self.sandboxes[sb.id] = sb
+        self.register(sb)
         self._prune()
         try:
             self.cgroups.set_limits(sb.id, spec.limits.memory, spec.limits.pids, spec.limits.cpu)

@@ -37,7 +37,7 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                                        "start sandboxes",
                             "responses": {**_json_ok({"type": "object", "properties": {
                                 "version": {"type": "string"}, "pid": {"type": "integer"},
-                                "sandboxes": {"type": "integer"}}}),
+                                "sandboxes": {"type": "integer"}, "max_sandboxes": {"type": "integer"}}}),
                                           "503": _ERR}},
     ("get", "/v1/openapi.json"): {"summary": "This document", "responses": _json_ok({"type": "object"})},
     ("get", "/v1/doctor"): {"summary": "How this daemon runs sandboxes: isolation mode and why, cgroups, idmap, "

@@ -194,7 +194,8 @@ class Handlers:
                                   "images": list(t.images), "use": self.tenancy.use(self.mgr, t)})
 
     async def health(self, request):
-        body = {"version": VERSION, "pid": os.getpid(), "sandboxes": self.mgr.active_count()}
+        body = {"version": VERSION, "pid": os.getpid(), "sandboxes": self.mgr.active_count(),
+                "max_sandboxes": self.mgr.max_sandboxes}
         why = self.mgr.unavailable()
         if why:   # not healthy while it cannot start sandboxes
             return web.json_response({**body, "error": "DaemonError", "message": why}, status=503)
@@ -277,10 +278,10 @@ class Handlers:
         t = request.get("tenant")
         if self.tenancy is None:
             # shielded as a create is: copies a client leaves behind lose their lease and end after the grace period
-            kids = await asyncio.shield(self.mgr.gvisor.fork(sb, n, detach=detach))
+            kids = await asyncio.shield(self.mgr.capped(n, lambda: self.mgr.gvisor.fork(sb, n, detach=detach)))
         else:
             async def make():
-                got = await self.mgr.gvisor.fork(sb, n, detach=detach)
+                got = await self.mgr.capped(n, lambda: self.mgr.gvisor.fork(sb, n, detach=detach))
                 for k in got:
                     k.tenant = sb.tenant
                 return got
@@ -296,14 +297,14 @@ class Handlers:
         sid, detach = request.match_info["sid"], _flag(body.get("detach", False), "detach")
         t = request.get("tenant")
         if self.tenancy is None:
-            sb = await asyncio.shield(self.mgr.gvisor.restore(sid, detach=detach, tags=tags))
+            sb = await asyncio.shield(self.mgr.capped(1, lambda: self.mgr.gvisor.restore(sid, detach=detach, tags=tags)))
         else:
             if t is not None:
                 self.tenancy.check_memsnap(t, sid)
             spec = await asyncio.to_thread(_snapshot_spec, sid)
 
             async def make():
-                got = await self.mgr.gvisor.restore(sid, detach=detach, tags=tags)
+                got = await self.mgr.capped(1, lambda: self.mgr.gvisor.restore(sid, detach=detach, tags=tags))
                 got.tenant = t.name if t is not None else None
                 return got
             sb = await self.tenancy.admit(self.mgr, t, 1, spec.limits.cpu, spec.limits.memory, make)
