@@ -102,6 +102,7 @@ class NodeAgent:
         self.log = self.run_dir / "daemon.log"
         self.token = token
         self.token_file = self.run_dir / "fleet-token"
+        self.cordon_file = self.run_dir / "cordoned"   # there while the node is cordoned (`hutch fleet cordon`)
         fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
@@ -234,6 +235,7 @@ class NodeAgent:
                 "live": self.live, "max_sandboxes": int(self.options.get("max_per_node", 1000)),
                 "cpus": float(os.cpu_count() or 1), "load": os.getloadavg()[0], "mem_total": total,
                 "mem_available": avail, "healthy": self.healthy, "problem": self.problem,
+                "cordoned": self.cordon_file.exists(),
                 "pid": self.proc.pid if self.proc else 0, "agent_pid": os.getpid(), "run_dir": str(self.run_dir),
                 "state_dir": str(self.state_dir or "")}
 
@@ -252,6 +254,17 @@ class NodeAgent:
     def describe(self) -> dict:
         self._poll()
         return self.row()
+
+    def cordon(self, on: bool) -> bool:
+        """Record (on) or drop (off) the node's cordon in its run directory, where the slot's next agent finds it:
+        a cordon outlives the controller, this agent, the node's daemon and `hutch fleet down`/`up`."""
+        if on:
+            fd = os.open(self.cordon_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{time.time()}\n")
+        else:
+            self.cordon_file.unlink(missing_ok=True)
+        return on
 
     def stop(self, timeout: float = 30.0) -> dict:
         """End the daemon (SIGTERM: it ends every sandbox it runs and removes what they had)."""

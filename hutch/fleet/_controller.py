@@ -35,7 +35,9 @@ class Controller:
         self.rows: dict[str, dict] = {}
         self.agents: dict[str, object] = {}
         self.alive: set[str] = set()
-        self.cordoned: set[str] = set(options.get("cordoned", ()))
+        # cordons asked for that the node's agent has not reported yet (the agent keeps the cordon: a file in the
+        # node's run directory, so it outlives this actor, the node's daemon and the node's Ray node)
+        self.want: dict[str, bool] = {k: True for k in options.get("cordoned", ())}
         self.lock = threading.Lock()
         self.stopping = False
         self.started = time.time()
@@ -84,10 +86,21 @@ class Controller:
 
     def report(self, row: dict) -> None:
         row["seen"] = time.time()
+        resend = None
         with self.lock:
             old = self.rows.get(row["key"])
             if old is None or old.get("seen", 0) <= row["seen"]:
                 self.rows[row["key"]] = row
+            want = self.want.get(row["key"])
+            if want is not None and bool(row.get("cordoned")) == want:
+                del self.want[row["key"]]   # the agent has it now
+            elif want is not None:
+                resend = self.agents.get(row.get("node_id", ""))
+        if resend is not None:   # its agent was away when the cordon was asked (or restarted): tell it again
+            try:
+                resend.cordon.remote(want)
+            except Exception:
+                pass
 
     def table(self) -> list[dict]:
         now = time.time()
@@ -95,21 +108,25 @@ class Controller:
         with self.lock:
             rows = [dict(r) for r in self.rows.values()]
             alive = set(self.alive)
-            cordoned = set(self.cordoned)
+            want = dict(self.want)
         for r in rows:
             age = now - r.get("seen", 0)
             if r.get("node_id") not in alive:
                 r["healthy"], r["problem"] = False, "its Ray node is dead"
             elif age > STALE:
                 r["healthy"], r["problem"] = False, f"no report from its agent for {age:.0f} s"
-            r["cordoned"] = r["key"] in cordoned
+            r["cordoned"] = want.get(r["key"], bool(r.get("cordoned")))
             r["token"] = self.token
             r["age"] = age
             out.append(r)
         return sorted(out, key=lambda r: r["key"])
 
     def cordon(self, node: str, on: bool = True) -> str:
-        """Stop (on) or let again (off) new sandboxes on `node`: its key, name (host/slot) or Ray node id."""
+        """Stop (on) or let again (off) new sandboxes on `node`: its key, name (host/slot) or Ray node id. The
+        node's agent records it (NodeAgent.cordon); until it reports it, or when it cannot be reached now, this
+        actor holds it and tells the agent again with its next report."""
+        import ray
+
         with self.lock:
             matches = [k for k, r in self.rows.items()
                        if node in (k, r.get("name")) or (len(node) >= 6 and r.get("node_id", "").startswith(node))]
@@ -118,7 +135,13 @@ class Controller:
                 raise ValueError(f"{node!r} names {'no' if not matches else 'more than one'} fleet node; the nodes: "
                                  f"{known}.")
             key = matches[0]
-            (self.cordoned.add if on else self.cordoned.discard)(key)
+            self.want[key] = on
+            agent = self.agents.get(self.rows[key].get("node_id", ""))
+        if agent is not None:
+            try:
+                ray.get(agent.cordon.remote(on), timeout=10)
+            except Exception:   # its node is away: the next report from its agent gets it again
+                pass
         return key
 
     def stop(self, timeout: float = 60.0) -> list[dict]:
