@@ -39,8 +39,6 @@ GAPS = {
         "side): reading /dev/zero is a 404, natively a 400 (never streams a device)",
     "test_bad_input_gets_hutch_errors": "an exec of a program the image lacks starts (runsc exec is the process) "
         "and fails inside: 200 with an exit code, natively a 404 naming it",
-    "test_env_workdir_and_hostname": "a workdir the image lacks is not made: the exec fails (natively the init "
-        "makes it)",
 }
 
 

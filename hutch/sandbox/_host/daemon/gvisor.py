@@ -20,7 +20,8 @@ from hutch._core.errors import ConfigError, SandboxError, StateError, Unsupporte
 from hutch.sandbox._host import images, layers
 from hutch.sandbox._host.gvisor import runsc, snapshots, transfer
 from hutch.sandbox._host.gvisor.runtime import (
-    GvisorChannel, GvSandbox, Runsc, Spares, keeper_run, kill_all, mount_binds, mount_root, root_tmp, start_keeper,
+    GvisorChannel, GvSandbox, Runsc, Spares, keeper_run, kill_all, make_workdir, mount_binds, mount_root, root_tmp,
+    start_keeper,
     stop_keeper, unmount_root, write_bundle,
 )
 from hutch.sandbox._host.native import linux
@@ -127,6 +128,7 @@ class Gvisor:
             if any(m.kind in ("bind", "volume") for m in spec.mounts):   # before the keeper: it copies the mounts
                 await self._binds(sb, gv, spec, image, ns)
             gv.root_tmp = root_tmp(gv, sb.uid_base)
+            make_workdir(gv, spec.workdir, sb.uid_base)
         finally:
             if ns >= 0:
                 os.close(ns)

@@ -229,6 +229,17 @@ def root_tmp(gv: GvSandbox, uid_base: int) -> bool:
         return False
 
 
+def make_workdir(gv: GvSandbox, workdir: str, uid_base: int) -> None:
+    """The spec's workdir made in the root where the image lacks it, as a native init makes it (runsc would
+    fail every exec there); one through a symlink or a file of the image, or in a read-only root, is left to
+    fail as runsc says."""
+    if workdir and workdir.rstrip("/"):
+        try:
+            os.close(_target(gv, workdir, True, uid_base))
+        except (InvalidSpecError, OSError):
+            pass
+
+
 def _still_mounted(d: Path) -> list[str]:
     prefix = str(d) + "/"
     return [t for t in (line.split()[4].replace("\\040", " ")
@@ -526,5 +537,5 @@ def kill_all(cgroups, sid: str, keep: int) -> None:
                 pass
 
 
-__all__ = ["GvSandbox", "GvisorChannel", "Runsc", "Spare", "Spares", "spawn_keeper", "kill_all", "keeper_run", "mount_binds", "mount_root", "remove_unmounted", "root_tmp", "start_keeper",
+__all__ = ["GvSandbox", "GvisorChannel", "Runsc", "Spare", "Spares", "spawn_keeper", "kill_all", "keeper_run", "make_workdir", "mount_binds", "mount_root", "remove_unmounted", "root_tmp", "start_keeper",
            "stop_keeper", "unmount_root", "wait_status", "write_bundle"]
