@@ -77,7 +77,7 @@ def pytest_sessionfinish(session, exitstatus):
 # pyproject.toml's pytest config says so for all. A warning is fixed at its cause; one raised inside a third-party
 # package we cannot change is ignored narrowly, by a filterwarnings mark beside the test that meets it (naming
 # the package). The mark goes first among an item's marks so that those ignores, applied after it, win.
-WARNINGS_ARE_ERRORS = ("mcp", "integrations")
+WARNINGS_ARE_ERRORS = ("mcp", "integrations", "images")
 _TESTS = Path(__file__).resolve().parent
 
 

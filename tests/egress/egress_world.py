@@ -179,12 +179,16 @@ class GatewayThread:
         return self.call(_c())
 
     def close(self):
-        if self.gw is not None and not self.error:
-            try:
-                self.call(self.gw.stop(), timeout=60)
-            finally:
-                self.loop.call_soon_threadsafe(self.loop.stop)
-                self.thread.join(10)
+        try:
+            if self.gw is not None and not self.error:
+                try:
+                    self.call(self.gw.stop(), timeout=60)
+                finally:
+                    self.loop.call_soon_threadsafe(self.loop.stop)
+                    self.thread.join(10)
+        finally:   # the loop too, once its thread is done (left open: ResourceWarning, unclosed event loop)
+            if not self.thread.is_alive():
+                self.loop.close()
 
 
 class Sandbox:
@@ -318,6 +322,9 @@ class World:
             except Exception:  # noqa: BLE001
                 p.kill()
                 p.wait(5)
+            finally:   # its output pipes too (they were left for the garbage collector: ResourceWarning)
+                p.stdout.close()
+                p.stderr.close()
         for ns in (self.host, self.inet):
             sh("ip", "netns", "del", ns, check=False)
         if errors:

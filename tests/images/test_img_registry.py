@@ -115,10 +115,11 @@ def registry(tmp_path_factory):
         sock = run_dir / "hutch.sock"
         env = dict(os.environ, HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(sock), HUTCH_STATE_DIR=str(state),
                    HUTCH_EGRESS_RESOLVERS=egress_world.DNS_ADDR)
-        log = open(run_dir / "daemon.log", "ab")
         # nsenter, not `ip netns exec`: the latter remounts /sys and would hide the cgroup controllers
-        proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{world.host}", sys.executable, "-m", "hutch", "serve"],
-                                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        with open(run_dir / "daemon.log", "ab") as log:   # the daemon writes to its own copy of the fd
+            proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{world.host}", sys.executable, "-m", "hutch",
+                                     "serve"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    start_new_session=True)
         deadline = time.monotonic() + 30
         while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
