@@ -196,8 +196,11 @@ def test_the_daemon_stops_promptly_while_a_client_holds_unread_output(busybox_ro
             p = sb.exec("cat", "/dev/zero", text=False)
             time.sleep(0.5)
             t0 = time.monotonic()
-            stop_daemon(proc, timeout=30)
-            assert proc.returncode == 0 and time.monotonic() - t0 < 10, "the daemon waited on a client that never reads"
+            stop_daemon(proc, timeout=90)
+            # waiting on the client, the daemon would end only at aiohttp's 60 s shutdown timeout: 40 s is well
+            # below that and well above a stop on a loaded 2-core machine (12.7 s seen at load 55)
+            took = time.monotonic() - t0
+            assert proc.returncode == 0 and took < 40, f"the daemon waited on a client that never reads ({took:.1f} s)"
             del p
             gc.collect()
         finally:
