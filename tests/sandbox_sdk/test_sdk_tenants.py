@@ -482,6 +482,33 @@ def test_a_tenant_client_on_the_host_is_scoped_over_the_socket(world):
             hutch.Sandbox.from_id(sb.id).terminate()
 
 
+def test_a_tenant_exports_its_images_but_imports_none(world, tmp_path):
+    """Image export is a tenant's for the images it may use (scoped as every id route); import is the
+    operator's: an archive is untrusted input the root daemon unpacks into the host-wide layer store, so a
+    tenant's import answers as an unknown route and leaves nothing."""
+    w = world
+    sb = _create(w, "a")
+    try:
+        sb.files.write("/exported", b"mine")
+        img = sb.snapshot_filesystem(name="to-export")
+    finally:
+        sb.terminate()
+    out = tmp_path / "img.tar"
+    img.export(out)
+    import tarfile
+    with tarfile.open(out) as tf:
+        assert tf.getmembers()
+    b = w.client(w.tokens["b"]).http
+    assert b.get(f"/v1/images/{img.ref.split(':', 1)[1]}/export").status_code == 404   # a's: unknown to b
+    a = w.client(w.tokens["a"]).http
+    before = sorted(p.name for p in (w.remote.run_dir / "state" / "layers").iterdir())
+    r = a.post("/v1/images/import", content=out.read_bytes(), headers={"Content-Type": "application/x-tar"})
+    unknown = a.post("/v1/images/no-such-route", content=b"x")
+    assert r.status_code == unknown.status_code == 404
+    assert r.json() == {**unknown.json(), "message": unknown.json()["message"].replace("no-such-route", "import")}
+    assert sorted(p.name for p in (w.remote.run_dir / "state" / "layers").iterdir()) == before   # nothing kept
+
+
 def test_quota_error_is_a_documented_429(world):
     w = world
     w.as_tenant("c")
