@@ -40,6 +40,7 @@ def test_run_streams_output_and_forwards_stdin(daemon, busybox_root):
         if p.poll() is None:
             p.kill()
             p.wait()
+        p.stdout.close()
     r = hutch_cli("run", "--image", str(busybox_root), "-e", "A=1", "-w", "/tmp", "--",
                   "sh", "-c", 'tr a-z A-Z; echo "$A $PWD"', input="hello\n")
     assert (r.returncode, r.stdout) == (0, "HELLO\n1 /tmp\n")
