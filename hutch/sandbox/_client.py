@@ -565,6 +565,10 @@ class Client:
     def list_sandboxes(self, params) -> "list[tuple[Client, dict]]":
         return [(self, info) for info in self.json("GET", "/v1/sandboxes", params=params)["sandboxes"]]
 
+    def for_snapshot(self, snapshot_id: str) -> "Client":
+        """The client of the daemon that holds memory snapshot `snapshot_id` (a restore goes there)."""
+        return self
+
 
 class FleetClient:
     """The client of a fleet (ray://...): sandboxes are made on a placed node, then spoken to on their own node's
@@ -579,6 +583,9 @@ class FleetClient:
 
     def owner(self, sandbox_id: str) -> Client:
         return self.fleet.owner(sandbox_id)
+
+    def for_snapshot(self, snapshot_id: str) -> Client:
+        return self.fleet.client(self.fleet.snapshot_node(snapshot_id))
 
     def list_sandboxes(self, params) -> "list[tuple[Client, dict]]":
         out = []
@@ -595,7 +602,18 @@ class FleetClient:
     def _route(self, path: str) -> Client:
         if path.startswith("/v1/sandboxes/"):
             return self.fleet.owner(path[len("/v1/sandboxes/"):].split("/", 1)[0])
+        sid = _snapshot_of(path)
+        if sid:
+            return self.for_snapshot(sid)
         return self.fleet.home()
+
+
+def _snapshot_of(path: str) -> str:
+    """The memory snapshot a path is about (`/v1/memory-snapshots/ID[/...]`, not the import), else ""."""
+    if not path.startswith("/v1/memory-snapshots/"):
+        return ""
+    sid = path[len("/v1/memory-snapshots/"):].split("/", 1)[0]
+    return "" if sid == "import" else sid
 
 
 def node_endpoint(node: "_fleet.Node") -> Endpoint:
@@ -672,6 +690,9 @@ class AsyncClient:
         d = await self.json("GET", "/v1/sandboxes", params=params)
         return [(self, info) for info in d["sandboxes"]]
 
+    async def for_snapshot(self, snapshot_id: str) -> "AsyncClient":
+        return self
+
 
 class AsyncFleetClient:
     """FleetClient, awaitable (one per event loop): the placement and table are the process's Fleet's, the
@@ -746,7 +767,15 @@ class AsyncFleetClient:
 
         if path.startswith("/v1/sandboxes/"):
             return await self.owner(path[len("/v1/sandboxes/"):].split("/", 1)[0])
+        sid = _snapshot_of(path)
+        if sid:
+            return await self.for_snapshot(sid)
         return self.node(await asyncio.to_thread(self.fleet.home_node))
+
+    async def for_snapshot(self, snapshot_id: str) -> AsyncClient:
+        import asyncio
+
+        return self.node(await asyncio.to_thread(self.fleet.snapshot_node, snapshot_id))
 
 
 def _verify(ep: Endpoint):

@@ -166,6 +166,7 @@ class Fleet:
         self._pending: dict[str, int] = {}   # creates placed since the last table, per node
         self._clients: dict[tuple, object] = {}
         self._transfers: dict[tuple[str, str], threading.Lock] = {}   # (node key, image) -> one transfer at once
+        self._snapshots: dict[str, str] = {}   # memory snapshot id -> the key of the node that holds it
         self._refresh()
 
     # --- the table ----------------------------------------------------------------------
@@ -338,6 +339,21 @@ class Fleet:
         where = f" (its id names fleet node {key}, which is not in the fleet now: `hutch fleet ls`)" if key else ""
         raise NotFoundError(f"no sandbox {sandbox_id!r} on any node of the fleet {self.url}{where}; list them with "
                             "hutch.Sandbox.list().")
+
+    def snapshot_node(self, snapshot_id: str) -> Node:
+        """The node whose daemon holds memory snapshot `snapshot_id` (asked of every healthy node once, then
+        remembered): a restore, export or delete of it goes there."""
+        key = self._snapshots.get(snapshot_id)
+        node = self.nodes().get(key) if key else None
+        if node is not None and node.healthy:
+            return node
+        nodes = {id(self.client(n)): n for n in self.nodes().values() if n.healthy}
+        for c, answer in self.fan_out(lambda c: c.json("GET", f"/v1/memory-snapshots/{snapshot_id}"), strict=False):
+            if isinstance(answer, dict) and id(c) in nodes:
+                self._snapshots[snapshot_id] = nodes[id(c)].key
+                return nodes[id(c)]
+        raise NotFoundError(f"no memory snapshot {snapshot_id!r} on any node of the fleet {self.url} (a snapshot "
+                            "stays on the node that took it; hutch.Snapshot.list() lists them).")
 
     def fan_out(self, call, *, strict: bool = True) -> list[tuple[object, object]]:
         """`call(client)` on every healthy node at once: [(client, answer)]; with strict=False an error is

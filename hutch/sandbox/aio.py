@@ -126,8 +126,8 @@ class AsyncSandbox(SandboxState):
     async def restore(cls, snapshot: "Snapshot | str", *, detach: bool = False,
                       tags: "dict | None" = None) -> "AsyncSandbox":
         """A new sandbox carrying on where the snapshot's sandbox was (see `hutch.Sandbox.restore`)."""
-        client = _client.default_async_client()
         snap = Snapshot.of(snapshot)
+        client = await _client.default_async_client().for_snapshot(snap.id)   # a fleet's: the node that holds it
         sb = cls(client, await client.json("POST", f"/v1/memory-snapshots/{snap.id}/restore",
                                            json={"detach": detach, "tags": dict(tags or {})}))
         if not detach:

@@ -202,9 +202,9 @@ class Sandbox(SandboxState):
         """A new sandbox carrying on where the snapshot's sandbox was: the same processes and memory, a copy of
         its filesystem, its own id, hostname and network attachment (under the snapshot's egress policy).
         Open connections are gone; programs that keep their own random state should re-seed it."""
-        client = _client.default_client()
         snap = Snapshot.of(snapshot)
-        sb = cls(client, client.json("POST", f"/v1/memory-snapshots/{snap.id}/restore",  # type: ignore[arg-type]
+        client = _client.default_client().for_snapshot(snap.id)   # a fleet's: the node that holds the snapshot
+        sb = cls(client, client.json("POST", f"/v1/memory-snapshots/{snap.id}/restore",
                                      json={"detach": detach, "tags": dict(tags or {})}))
         if not detach:
             _client.hold_lease(client.ep, sb.id)
