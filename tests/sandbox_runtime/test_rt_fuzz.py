@@ -86,7 +86,12 @@ def world(busybox_root, tmp_path_factory):
     bind_src = base / "bind-src"     # the only host path a fuzzed bind mount may name
     bind_src.mkdir()
     root_before = set(os.listdir("/"))
-    d.start()
+    try:
+        d.start()
+    except BaseException:   # one that started but did not answer in time must not outlive the test
+        d.stop()
+        d.cleanup_cgroups()
+        raise
     unix = httpx.Client(transport=httpx.HTTPTransport(uds=str(d.sock)), base_url="http://hutch", timeout=ANSWER_WITHIN)
     tcp = httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=False, timeout=ANSWER_WITHIN)
     image = f"dir:{busybox_root}"
