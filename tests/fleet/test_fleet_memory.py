@@ -235,7 +235,7 @@ def test_a_writes_error_comes_back_as_it_is_and_bad_input_is_refused(cluster):
 # One entity rewritten on every commit (body zqvK) while another thread searches a reader for random K: each
 # answer names the commit it was read at, which the test holds against the remote's file at that commit.
 FLIP = r"""
-import json, random, sys, threading
+import json, random, sys, threading, time
 import ray
 import hutch.fleet as fleet
 from hutch.fleet._memstore import reader_name
@@ -265,6 +265,7 @@ t.start()
 for k in range(1, m + 1):
     mem.update(e, body=f"zqv{k}")
     top[0] = k
+    time.sleep(0.3)   # readers fetch every 0.5 s: on an idle machine 25 updates take under one fetch otherwise
 done.set()
 t.join()
 fleet.memory_down("flip")
