@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from hutch._core import extras
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+NETWORK_FAULTS = ("Temporary failure in name resolution", "NewConnectionError", "ConnectTimeout",
+                  "ReadTimeout", "Connection reset by peer")
 LINE = "{wing} needs the '{extra}' extra: pip install 'hutch[{extra}]'"
 
 
@@ -118,8 +121,12 @@ def test_a_core_only_install_runs_sandboxes_and_names_each_missing_extra(tmp_pat
     venv = tmp_path / "core"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
-    r = subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(src)],
-                       capture_output=True, text=True, timeout=900)
+    for attempt in range(3):   # the package index is outside the machine: a passing DNS or network fault is retried
+        r = subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--retries", "10",
+                            str(src)], capture_output=True, text=True, timeout=900)
+        if r.returncode == 0 or not any(t in r.stderr for t in NETWORK_FAULTS):
+            break
+        time.sleep(10 * (attempt + 1))
     assert r.returncode == 0, r.stderr[-3000:]
     installed = {d.metadata["Name"].lower() for d in importlib.metadata.distributions(path=[str(
         next((venv / "lib").glob("python3*/site-packages")))])}
