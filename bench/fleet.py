@@ -43,8 +43,9 @@ from _report import write_section  # bench/ is the script's directory
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
+sys.path.insert(0, str(ROOT_DIR / "tests" / "fleet"))
+from fleet_support import LOOPBACK, node_args  # noqa: E402  (the test suite's cluster: loopback, chosen agent ports)
 
-LOOPBACK = "127.0.0.2"   # Ray rewrites 127.0.0.1 to the host's routable address; 127.0.0.2 is loopback too
 TAG_KEY = "bench-fleet"
 
 
@@ -129,23 +130,6 @@ def worker(count: int, threads: int, image: str, tag: str) -> None:
 
 
 # ------------------------------------------------------------------ the cluster, the fleet and what they leave
-
-
-def node_args() -> dict:
-    """A Ray node's arguments: its agents' ports chosen here (left to Ray, the raylet waits for its agents to write
-    the ports they took and, on a loaded machine, gives up after about 15 s: "timed out during startup")."""
-    import socket
-
-    names = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port")
-    socks = [socket.socket() for _ in names]
-    try:
-        for s in socks:
-            s.bind((LOOPBACK, 0))
-        ports = {n: s.getsockname()[1] for n, s in zip(names, socks)}
-    finally:
-        for s in socks:
-            s.close()
-    return {"num_cpus": 1, "node_ip_address": LOOPBACK, **ports}
 
 
 def children() -> set[int]:
