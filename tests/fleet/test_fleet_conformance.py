@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from fleet_support import RUN_TAG
-from hutch_testing import restore_env, start_daemon, stop_daemon
+from hutch_testing import restore_env, sandbox_maker, start_daemon, stop_daemon
 
 import hutch
 
@@ -94,22 +94,10 @@ def image(fleet_busybox):
 
 
 @pytest.fixture
-def make(target, image):
+def make(target, fleet_busybox):
     """make(*command, **create_kwargs) -> a Sandbox of the busybox image tagged RUN_TAG, ended after the test."""
-    made = []
-
-    def make(*command, **kw):
-        kw.setdefault("image", image)
-        kw.setdefault("timeout", 120)
-        kw["tags"] = {**RUN_TAG, **(kw.get("tags") or {})}
-        sb = hutch.Sandbox.create(*command, **kw)
-        made.append(sb)
-        return sb
-    try:
+    with sandbox_maker(fleet_busybox, RUN_TAG) as make:
         yield make
-    finally:
-        for sb in made:
-            sb.terminate()
 
 
 def test_create_with_limits_exec_streams_and_ends_with_the_block(target, image):
