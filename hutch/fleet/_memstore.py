@@ -41,6 +41,8 @@ POLL = 0.5                 # seconds between a reader's fetches
 RECONCILE = 1.0            # seconds between the writer's looks for nodes without a reader
 LOCK_WAIT = 60.0           # seconds a new writer waits for a dead one's clone lock on the same host
 AT_LEAST_WAIT = 30.0       # seconds a read waits for the commit it asked for
+SETUP_WAIT = 120.0         # seconds a starting writer asks again a remote that does not answer
+PUSH_TRIES = 3             # a write is done again this often when the remote moved on under its push
 SEEN = 20_000              # request ids of the newest commits a writer remembers (a retry older than that writes again)
 BRANCH = "main"
 SLOTS = 64
@@ -168,6 +170,13 @@ def _claim(path: Path, wait: float) -> Any:
             time.sleep(0.2)
 
 
+def _remove_later(paths: list[Path], wait: float = 30.0) -> None:
+    """Remove a dead writer's clones, once what it left running there has had time to end."""
+    time.sleep(wait)
+    for p in paths:
+        shutil.rmtree(p, ignore_errors=True)
+
+
 def _reap(base: Path) -> None:
     """Remove the clones of this host's readers and writer that are gone (their lock is free)."""
     for lock in sorted(base.glob("*.lock")):
@@ -224,11 +233,7 @@ class MemoryWriter:
         self._lock_file = _claim(self.base / "writer.lock", LOCK_WAIT)
         if self._lock_file is None:
             raise MemoryStoreError(f"another writer of memory {name!r} holds {self.base / 'writer.lock'}")
-        self.clone = Clone(self.base / "writer", remote)
-        self.pushed = self.clone.fetch()
-        if self.pushed:
-            self.clone.reset(self.pushed)
-        (self.clone.path / ".hutch" / "journal").unlink(missing_ok=True)   # a dead writer's: the remote is the truth
+        self.clone, self.pushed = self._fresh_clone()
         self.mem = Memory(self.clone.path, author=options.get("author"))
         if self.mem.git.head() != self.pushed:   # a new store: its first commit (.gitignore) goes to the remote
             self.clone.push()
@@ -244,10 +249,41 @@ class MemoryWriter:
         if options.get("readers", True):
             threading.Thread(target=self._reconcile_loop, name="hutch-mem-readers", daemon=True).start()
 
-    def _load_seen(self) -> None:
+    def _fresh_clone(self) -> tuple[Clone, str | None]:
+        """This life's clone, made again from the remote, and the remote's commit. A dead writer's clone is moved
+        aside, never reused: the git processes it started outlive its worker (a push or a fast-import still
+        running there) and a killed one leaves lock files; either would fail this writer's first git command,
+        and a constructor that raises ends the actor for good. Its .hutch/ (the search index, derived from the
+        files and checked against them) is kept. A remote that does not answer is asked again for a while."""
+        path, old = self.base / "writer", None
+        if path.exists():
+            old = self.base / f"writer.old-{os.getpid()}-{time.monotonic_ns()}"
+            path.rename(old)
+        deadline = time.monotonic() + SETUP_WAIT
+        while True:
+            try:
+                clone = Clone(path, self.remote)
+                pushed = clone.fetch()
+                if pushed:
+                    clone.reset(pushed)
+                break
+            except MemoryStoreError:
+                if time.monotonic() >= deadline:
+                    raise
+                shutil.rmtree(path, ignore_errors=True)
+                time.sleep(2.0)
+        if old is not None and (old / ".hutch").is_dir() and not (path / ".hutch").exists():
+            (old / ".hutch").rename(path / ".hutch")
+        olds = sorted(self.base.glob("writer.old-*"))
+        (path / ".hutch" / "journal").unlink(missing_ok=True)   # a dead writer's: the remote is the truth
+        threading.Thread(target=_remove_later, args=(olds,), name="hutch-mem-old-clones", daemon=True).start()
+        return clone, pushed
+
+    def _load_seen(self, since: str | None = None) -> None:
+        """The request ids of the newest SEEN commits (of those after `since` only, if given)."""
         fmt = "%H%x1f%(trailers:key=Hutch-Request,valueonly,separator=%x2c)%x1f" \
               "%(trailers:key=Hutch-Entity,valueonly,separator=%x2c)%x1e"
-        out = self.mem.git.run("log", f"-n{SEEN}", f"--format={fmt}", "HEAD")
+        out = self.mem.git.run("log", f"-n{SEEN}", f"--format={fmt}", f"{since}..HEAD" if since else "HEAD")
         rows = []
         for rec in out.split("\x1e"):
             parts = rec.strip("\n").split("\x1f")
@@ -293,19 +329,26 @@ class MemoryWriter:
         if not isinstance(rid, str) or not re.fullmatch(r"[0-9a-f]{16,64}", rid):
             raise ConfigError("a write's request id is 16-64 hex digits.")
         with self.lock:
-            if rid in self.seen:
-                return {"commit": self.seen[rid][0], "result": self._again(rid, op, args, kwargs), "again": True}
-            before = self.mem.git.head()
-            try:
-                with self.mem._writer.tagged(Request=rid):
-                    result = getattr(self.mem, op)(*args, **kwargs)
-                after = self.mem.git.head()
-                if after != before:
-                    self.clone.push()
-            except BaseException:
-                if self.mem.git.head() != self.pushed:
-                    self._resync(rid)   # not acknowledged; the clone becomes what the remote has
-                raise
+            for attempt in range(PUSH_TRIES):
+                if rid in self.seen:
+                    return {"commit": self.seen[rid][0], "result": self._again(rid, op, args, kwargs), "again": True}
+                before = self.mem.git.head()
+                try:
+                    with self.mem._writer.tagged(Request=rid):
+                        result = getattr(self.mem, op)(*args, **kwargs)
+                    after = self.mem.git.head()
+                    if after != before:
+                        self.clone.push()
+                    break
+                except BaseException as e:
+                    moved = False
+                    if self.mem.git.head() != self.pushed:
+                        moved = self._resync(rid)   # not acknowledged; the clone becomes what the remote has
+                    # the remote moved on under us (an earlier writer's push, still running as its node died,
+                    # landed late): with that commit's request ids known, do this one again on top of it
+                    if moved and isinstance(e, MemoryStoreError) and attempt + 1 < PUSH_TRIES:
+                        continue
+                    raise
             self.pushed = after
             self.writes += 1
             if after != before:
@@ -315,19 +358,26 @@ class MemoryWriter:
                 self.results.popitem(last=False)
             return {"commit": after, "result": self.results[rid], "again": False}
 
-    def _resync(self, rid: str) -> None:
+    def _resync(self, rid: str) -> bool:
         """After a failed push: the clone back to the remote's branch as it is now (a push that failed after the
-        remote took it leaves the commit there: its request id is then remembered, so a retry is not done twice)."""
-        mine = self.mem.git.head()
+        remote took it leaves the commit there: its request id is then remembered, so a retry is not done twice).
+        True if the remote holds commits of another writer that this one had not seen (their ids now known)."""
+        mine, was = self.mem.git.head(), self.pushed
         try:
             origin = self.clone.fetch() or self.pushed
         except Exception:
             origin = self.pushed   # the remote is away: what it had when it last answered
-        if origin:
-            self.clone.reset(origin)
-            self.pushed = origin
-            if mine and mine != origin and self.clone.contains(mine, origin):
-                self._remember(rid, mine, "")
+        if not origin:
+            return False
+        self.clone.reset(origin)
+        self.pushed = origin
+        if mine and mine != origin and self.clone.contains(mine, origin):
+            self._remember(rid, mine, "")
+            return False
+        if origin != was:
+            self._load_seen(since=was)
+            return True
+        return False
 
     def _remember(self, rid: str, sha: str, entity: str) -> None:
         self.seen[rid] = (sha, entity)
@@ -377,6 +427,7 @@ class MemoryWriter:
             if self.mem._search_index is not None:
                 self.mem.index.close()
             shutil.rmtree(self.clone.path, ignore_errors=True)
+            _remove_later(sorted(self.base.glob("writer.old-*")), 0)
             (self.base / "writer.lock").unlink(missing_ok=True)
             self._lock_file.close()
             _reap(self.base)

@@ -232,6 +232,60 @@ def test_a_writes_error_comes_back_as_it_is_and_bad_input_is_refused(cluster):
     assert "two" in git(Path(remote), "show", "main:notes/once.md")
 
 
+# A store whose remote moves on under its writer (another writer's push landing late, as one still running on a
+# node Ray gave up on would), then a writer restart over a clone with git's lock files left in it (a git process
+# killed with its node leaves them): the writes go on, none is done twice.
+STALE = r"""
+import json, os, subprocess, sys
+import ray
+import hutch.fleet as fleet
+from hutch.fleet._memstore import writer_name
+remote, root, other = sys.argv[1:]
+def git(*a, cwd=other):
+    return subprocess.run(["git", "-C", cwd, *a], capture_output=True, text=True, check=True).stdout.strip()
+def foreign(name, rid):
+    git("pull", "-q", "origin", "main")
+    open(os.path.join(other, name), "w").write("not from the writer\n")
+    git("add", name)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", f"foreign {name}\n\nHutch-Request: {rid}")
+    git("push", "-q", "origin", "HEAD:main")
+    return git("rev-parse", "HEAD")
+mem = fleet.memory("stale", remote=remote, root=root, readers=False)
+mem.put("notes", "first", body="one")
+subprocess.run(["git", "clone", "-q", remote, other], check=True, capture_output=True)
+out = {"foreign": foreign("late.txt", "ab" * 16)}
+e = mem.put("notes", "second", body="two")          # its first push is refused: the remote moved on
+out["second"] = mem.commit
+w = ray.get_actor(writer_name("stale"), namespace="hutch")
+out["again"] = ray.get(w.write.remote("ab" * 16, "put", ("notes", "doubled"), {}))["again"]
+clone = mem.status()["clone"]
+out["foreign2"] = foreign("later.txt", "cd" * 16)
+for lock in ("index.lock", "refs/remotes/origin/main.lock", "refs/heads/main.lock"):
+    open(os.path.join(clone, ".git", lock), "w").close()
+ray.kill(w, no_restart=False)                          # Ray starts it again, over that clone
+mem.put("notes", "third", body="three")
+out["third"] = mem.commit
+out["status"] = mem.status()
+fleet.memory_down("stale")
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_a_writer_goes_on_when_the_remote_moved_under_it_and_over_a_dead_writers_locks(cluster):
+    remote = Path(init_remote(cluster.tmp / "stale.git"))
+    root = cluster.tmp / "stale-clones"
+    out = driver(cluster, STALE, str(remote), str(root), str(cluster.tmp / "stale-other"))[-1]
+    log = git(remote, "log", "--format=%H %s", "main").splitlines()
+    subjects = [line.split(" ", 1)[1] for line in log]
+    # every write once, on top of the foreign commits; the request the foreign commit carried was not done again
+    assert [s for s in subjects if s.startswith(("put ", "foreign"))][::-1] == [
+        "put notes/first", "foreign late.txt", "put notes/second", "foreign later.txt", "put notes/third"], subjects
+    assert out["again"] is True
+    assert git(remote, "merge-base", "--is-ancestor", out["foreign"], out["second"]) == ""
+    assert git(remote, "rev-parse", "main").strip() == out["third"] == out["status"]["commit"]
+    assert not root.joinpath("stale").exists(), sorted(str(x) for x in root.rglob("*"))[:20]
+
+
 # One entity rewritten on every commit (body zqvK) while another thread searches a reader for random K: each
 # answer names the commit it was read at, which the test holds against the remote's file at that commit.
 FLIP = r"""
