@@ -41,7 +41,11 @@ def scripted():
 
 
 def main() -> None:
-    mem = hutch.Memory(os.path.join(tempfile.mkdtemp(prefix="hutch-example-"), "memory"))
+    with tempfile.TemporaryDirectory(prefix="hutch-example-") as tmp:   # the example's memory, removed after it
+        demo(hutch.Memory(os.path.join(tmp, "memory")))
+
+
+def demo(mem: hutch.Memory) -> None:
     client = anthropic.Anthropic() if os.environ.get("ANTHROPIC_API_KEY") else None
     fake = scripted()
     with hutch.Sandbox.create(timeout=300) as sb:

@@ -44,7 +44,11 @@ def model():
 
 
 def main() -> None:
-    mem = hutch.Memory(os.path.join(tempfile.mkdtemp(prefix="hutch-example-"), "memory"))
+    with tempfile.TemporaryDirectory(prefix="hutch-example-") as tmp:   # the example's memory, removed after it
+        demo(hutch.Memory(os.path.join(tmp, "memory")))
+
+
+def demo(mem: hutch.Memory) -> None:
     store = HutchStore(mem)
     store.put(("users", "ada"), "style", {"text": "Ada prefers short answers."})
     with HutchToolkit(memory=mem, sandbox_options={"timeout": 300}) as toolkit:

@@ -45,12 +45,13 @@ async def main() -> None:
                               system_prompt="Work in the sandbox; show your numbers.")
         print("agent:", await agent.run(user_msg="Write a small CSV and sum its y column."))
 
-    mem = hutch.Memory(os.path.join(tempfile.mkdtemp(prefix="hutch-example-"), "memory"))
-    mem.put("decisions", "Pricing", body="We chose tiered pricing in November, after the churn review.")
-    mem.put("notes", "Lunch", body="Tacos on Tuesday.")
-    for n in HutchRetriever(mem, k=2).retrieve("what did we decide about prices?"):
-        print(f"retrieved {n.node.metadata['entity_id']} score={n.score:.3f} "
-              f"channels={sorted(n.node.metadata['channels'])}: {n.node.text[:60]}")
+    with tempfile.TemporaryDirectory(prefix="hutch-example-") as tmp:   # the example's memory, removed after it
+        mem = hutch.Memory(os.path.join(tmp, "memory"))
+        mem.put("decisions", "Pricing", body="We chose tiered pricing in November, after the churn review.")
+        mem.put("notes", "Lunch", body="Tacos on Tuesday.")
+        for n in HutchRetriever(mem, k=2).retrieve("what did we decide about prices?"):
+            print(f"retrieved {n.node.metadata['entity_id']} score={n.score:.3f} "
+                  f"channels={sorted(n.node.metadata['channels'])}: {n.node.text[:60]}")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,11 @@ def model(*steps):
 
 
 def main() -> None:
-    mem = hutch.Memory(os.path.join(tempfile.mkdtemp(prefix="hutch-example-"), "memory"))
+    with tempfile.TemporaryDirectory(prefix="hutch-example-") as tmp:   # the example's memory, removed after it
+        demo(hutch.Memory(os.path.join(tmp, "memory")))
+
+
+def demo(mem: hutch.Memory) -> None:
     with HutchTools(memory=mem, sandbox_options={"timeout": 300}) as tools:
         agent = Agent(name="analyst", instructions="Compute in the sandbox, remember results.",
                       tools=tools.agent_tools(), model=model(
