@@ -364,7 +364,7 @@ def wait_for(pred, timeout=5.0, step=0.05):
 
 @contextmanager
 def daemon_in_world(world: "World", subnet: str, mode: str, extra_env: dict | None = None,
-                    default_image: bool = False, args: tuple = ()):
+                    default_image: bool = False, args: tuple = (), run_dir: Path | None = None):
     """The real daemon in the fake host's netns, the SDK pointed at it; yields its run dir. `mode`: "default"
     (sandboxes in user namespaces) or "opt-out" (HUTCH_USERNS=0). Daemons of one test session need subnets of
     their own. `default_image`: build the default image first, here in the real host's network: the daemon in
@@ -376,7 +376,9 @@ def daemon_in_world(world: "World", subnet: str, mode: str, extra_env: dict | No
 
         ensure_image(DEBIAN_SLIM)
 
-    run_dir = Path(tempfile.mkdtemp(prefix="hutch-egress-run-"))
+    own = run_dir is None   # given one (the same daemon started again), the caller removes it
+    if own:
+        run_dir = Path(tempfile.mkdtemp(prefix="hutch-egress-run-"))
     env = {"HUTCH_EGRESS_RESOLVERS": "192.0.2.53", "HUTCH_EGRESS_SUBNET": subnet, **(extra_env or {})}
     if mode == "opt-out":
         env["HUTCH_USERNS"] = "0"
@@ -389,4 +391,5 @@ def daemon_in_world(world: "World", subnet: str, mode: str, extra_env: dict | No
         finally:
             stop_daemon(proc)
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        if own:
+            shutil.rmtree(run_dir, ignore_errors=True)

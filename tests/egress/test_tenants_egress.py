@@ -98,8 +98,9 @@ def test_egress_is_charged_and_its_quota_holds(tenant_world):
 
 
 def test_egress_counts_survive_a_daemon_restart(world):
-    """The day's count is kept in the daemon's state dir (atomically, root's 0600): a restarted daemon still
-    refuses the tenant past its quota, and a file that is not its own (another user may write it) is refused."""
+    """The day's count is kept in the daemon's state dir (atomically, root's 0600, one file per daemon): a
+    restarted daemon still refuses the tenant past its quota, another daemon sharing the state dir does not take
+    it over, and a file that is not its own (another user may write it) is refused."""
     if BUSYBOX is None:
         pytest.skip("busybox-static is not installed (scripts/debian-packages.txt lists it)")
     from hutch.sandbox._host.daemon import tenants as T
@@ -114,9 +115,12 @@ def test_egress_counts_survive_a_daemon_restart(world):
         return httpx.Client(transport=httpx.HTTPTransport(uds=str(run_dir / "hutch.sock")), base_url="http://hutch",
                             headers={"Authorization": f"Bearer {token}"}, timeout=60)
 
+    run = tmp / "run"   # the daemon's run dir, the same at each start: it names the daemon
+    run.mkdir(mode=0o700)
+    args = ("--tenants", str(tf))
     try:
         root = make_busybox_root(tmp / "root", BUSYBOX)
-        with daemon_in_world(world, "198.18.9.0/24", "default", env, args=("--tenants", str(tf))) as run_dir:
+        with daemon_in_world(world, "198.18.9.0/24", "default", env, args=args, run_dir=run) as run_dir:
             with hutch.Sandbox.create(image=hutch.Image.from_directory(root)) as sb:
                 sb.snapshot_filesystem(name="bb-restart")
             with client(run_dir) as http:
@@ -131,19 +135,23 @@ def test_egress_counts_survive_a_daemon_restart(world):
                     http.post(f"/v1/sandboxes/{sid}/terminate")   # its last bytes are charged as it ends
                 before = http.get("/v1/tenant").json()["use"]["egress_bytes_per_day"]
                 assert before >= 300_000
-        saved = state / "tenant-egress.json"
+        (saved,) = (state / "tenant-egress").iterdir()
         st = os.stat(saved)
         assert st.st_uid == 0 and st.st_mode & 0o777 == 0o600
         assert not [p for p in saved.parent.iterdir() if p.name.startswith(".tmp-")]   # nothing half-written left
-        with daemon_in_world(world, "198.18.9.0/24", "default", env, args=("--tenants", str(tf))) as run_dir:
+        # another daemon on the same state dir (its own run dir) counts a day of its own, and leaves this one's
+        with daemon_in_world(world, "198.18.9.0/24", "default", env, args=args) as run_dir:
+            with client(run_dir) as http:
+                assert http.get("/v1/tenant").json()["use"]["egress_bytes_per_day"] == 0
+        with daemon_in_world(world, "198.18.9.0/24", "default", env, args=args, run_dir=run) as run_dir:
             with client(run_dir) as http:
                 assert http.get("/v1/tenant").json()["use"]["egress_bytes_per_day"] == before
                 r = _create(http, "bb-restart")
                 assert r.status_code == 429 and r.json()["quota"] == "egress_bytes_per_day", r.text
         os.chmod(saved, 0o666)   # another user could have written it: not believed, the day starts afresh
-        with daemon_in_world(world, "198.18.9.0/24", "default", env, args=("--tenants", str(tf))) as run_dir:
+        with daemon_in_world(world, "198.18.9.0/24", "default", env, args=args, run_dir=run) as run_dir:
             with client(run_dir) as http:
                 assert http.get("/v1/tenant").json()["use"]["egress_bytes_per_day"] == 0
-            assert "tenant-egress.json is ignored" in (run_dir / "test-daemon.log").read_text()
+            assert f"{saved} is ignored" in (run_dir / "test-daemon.log").read_text()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

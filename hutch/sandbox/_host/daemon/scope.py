@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -41,6 +42,13 @@ def unknown_memsnap(sid: str) -> NotFoundError:
     return NotFoundError(f"no memory snapshot {sid}; list them with hutch.Snapshot.list().")
 
 
+def egress_file() -> Path:
+    """Where this daemon keeps its tenants' egress day: one file per daemon (its run dir names it), so that
+    daemons sharing a state dir (fleet nodes on one host) do not overwrite each other's counts."""
+    key = hashlib.sha256(str(paths.run_dir().absolute()).encode()).hexdigest()[:16]
+    return paths.state_dir() / "tenant-egress" / f"{key}.json"
+
+
 class Tenancy:
     def __init__(self, registry: Registry):
         self.registry = registry
@@ -51,8 +59,9 @@ class Tenancy:
         self._disk: dict[str, tuple[float, int]] = {}
         self.stores = VolumeStores()
         self.stores.start({n: t.quotas.disk for n, t in registry.by_name.items()})
-        self.egress_file = paths.state_dir() / "tenant-egress.json"
-        why = self.accounts.load_egress(self.egress_file)
+        self.egress_file = egress_file()
+        old = paths.state_dir() / "tenant-egress.json"   # where hutch kept them before (one file per state dir)
+        why = self.accounts.load_egress(self.egress_file if self.egress_file.exists() or not old.exists() else old)
         if why is not None:
             print(f"hutch daemon: {self.egress_file} is ignored, every tenant's egress day starts afresh: {why}",
                   file=sys.stderr, flush=True)
