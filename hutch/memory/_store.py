@@ -279,8 +279,11 @@ class Memory:
         dia_id; `channels` says which channels found it, with rank and score.
         A time expression in the query ("in May 2023", "last week", "two days
         ago", "since March") adds the `time` channel; relative ones are read
-        against `as_of` if given, else `now` (an ISO date/date-time; default:
-        the current time), e.g. mem.search("what did we decide last week?",
+        against `as_of` if given, else `now` (an ISO date/date-time), else the
+        newest time among the candidates of the unit's kind, at most the clock:
+        a conversation turn reads them from the newest candidate turn (an
+        ingested conversation's last session), anything else from the newest
+        candidate, e.g. mem.search("what did we decide last week?",
         now="2026-11-20").
         """
         return self.index.search(query, k=k, classes=classes, since=since, until=until, as_of=as_of,

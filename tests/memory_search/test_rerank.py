@@ -88,3 +88,28 @@ def test_relative_words_are_read_from_the_newest_entry_without_now(mem):
     now = datetime.now(timezone.utc).isoformat()
     assert all("time" not in h.channels for h in mem.search(q, k=3, classes=["interactions"], now=now))
     assert "time" in mem.search(q, k=3, classes=["interactions"], now="2023-06-20")[0].channels
+
+
+def test_a_turn_reads_relative_words_from_its_conversation_a_note_from_the_newest_entry(mem):
+    """One rule for the reference time without now=: the newest time among the candidates of a unit's kind. A turn
+    reads "last week" from the newest candidate turn (the conversation's end), anything else from the newest
+    candidate (here a note of today: the clock), so the defaults read a turn's time as classes= naming its class."""
+    from hutch.memory._index import _time
+
+    mem.ingest_conversation(_conversation(), conv_id="c1")
+    clock_week = _time.find("last week", datetime.now(timezone.utc))
+    day = datetime.fromtimestamp(clock_week.start + 86400, timezone.utc).strftime("%Y-%m-%d")
+    note = mem.put("notes", "Harbour inspection", body="The harbour master inspected the moorings.", valid_from=day)
+    mem.put("notes", "Today", body="A note written today: the newest entry of the store.")
+    q = "Where did Tomas sail last week?"
+    hits = mem.search(q, k=10)
+    sailed = next(h for h in hits if h.anchor == "D2:1")
+    assert "time" in sailed.channels  # 12..18 June 2023: the week before the conversation's last session
+    with_class = next(h for h in mem.search(q, k=10, classes=["interactions"]) if h.anchor == "D2:1")
+    assert sailed.channels["time"] == with_class.channels["time"]
+    # the note is read against the newest entry (today): its day is in the clock's last week
+    inspected = next(h for h in mem.search("What was inspected last week?", k=10) if h.entity_id == note.id)
+    assert "time" in inspected.channels
+    # given now=, every unit reads against it: the clock's last week holds no turn
+    assert all("time" not in h.channels for h in mem.search(q, k=10, now=datetime.now(timezone.utc).isoformat())
+               if h.anchor)

@@ -157,21 +157,29 @@ def in_time(q: Reading, t: Trip) -> Channel | None:
     else recorded_at, else created) is; else the share of its event time (a turn's "yesterday", "last year", read
     against its session) inside the span: the chance that what it speaks of fell there, if it was anywhere in its
     event time alike (a turn's "last year" is 1 for a question about that year and 31/365 for one about a month of
-    it). Only when that separates some candidates from the others; not rescaled (`unit_scale`)."""
-    span = q.span
-    if span is None:
+    it). A turn is judged by the question's time as read against the newest candidate turn (`turn_span`), any
+    other unit by it as read against the newest candidate (`span`; see _search.SearchIndex._reference). Only when
+    that separates some candidates from the others; not rescaled (`unit_scale`)."""
+    if q.span is None:
         return None
     s, n = t.snap, t.snap.n
     tr = s.t_rec[:s.ne][s.epos[:n]]
     ef, et = s.ev_from[:n], s.ev_to[:n]
-    with np.errstate(invalid="ignore"):  # NaN (no time) compares False
-        inside = (tr >= span.start) & (tr < span.end)
-        share = np.nan_to_num((np.minimum(et, span.end) - np.maximum(ef, span.start)) / (et - ef), nan=0.0)
-    val = np.where(inside, 1.0, np.clip(share, 0.0, 1.0))
+    val = _in_span(q.span, tr, ef, et)
+    if q.turn_span is not None and q.turn_span is not q.span:
+        val = np.where(s.is_turn[:n], _in_span(q.turn_span, tr, ef, et), val)
     tin = val > 0
     if 0 < (tin & t.mask).sum() < t.mask.sum():
         return Channel("time", val, tin, unit_scale=True)
     return None
+
+
+def _in_span(span, tr: np.ndarray, ef: np.ndarray, et: np.ndarray) -> np.ndarray:
+    """1 where a unit's time is inside `span`, else the share of its event time inside it (0: none)."""
+    with np.errstate(invalid="ignore"):  # NaN (no time) compares False
+        inside = (tr >= span.start) & (tr < span.end)
+        share = np.nan_to_num((np.minimum(et, span.end) - np.maximum(ef, span.start)) / (et - ef), nan=0.0)
+    return np.where(inside, 1.0, np.clip(share, 0.0, 1.0))
 
 
 def category(q: Reading, t: Trip) -> Channel | None:

@@ -27,13 +27,22 @@ class Reading:
     dense_text: str  # what the dense channel embeds: the question without the names it mentions
     span: _time.TimeSpan | None  # the time it names ("last week" read against `ref`)
     ref: float  # what relative time words were read against (epoch seconds)
+    # the same time as it reads for a conversation turn: against `turn_ref`, the newest candidate turn (see
+    # _search.SearchIndex._reference); `span` itself when the two references are the same
+    turn_span: _time.TimeSpan | None = None
+    turn_ref: float | None = None
 
 
-def read(text: str, db: sqlite3.Connection, ref: float) -> Reading:
+def read(text: str, db: sqlite3.Connection, ref: float, turn_ref: float | None = None) -> Reading:
+    """The question read once; relative time words against `ref`, and for conversation turns against `turn_ref`
+    (None: `ref` too)."""
     mentioned, names = mentions(db, text)
+    span = _time.find(text, ref)
+    turn_ref = ref if turn_ref is None else turn_ref
+    turn_span = span if turn_ref == ref or span is None or not span.relative else _time.find(text, turn_ref)
     return Reading(text, tuple(_units.terms(text)), frozenset(mentioned), tuple(names),
                    tuple(_units.phrases(text, names)),
-                   _units.strip_mentions(text, names) if names else text, _time.find(text, ref), ref)
+                   _units.strip_mentions(text, names) if names else text, span, ref, turn_span, turn_ref)
 
 
 def mentions(db: sqlite3.Connection, query: str) -> tuple[set[str], list[str]]:

@@ -293,7 +293,10 @@ class SearchIndex:
         newest time among the candidates (their entity's valid_from, else recorded_at, else created), at most the
         clock. A store that is written as things happen has that time near the clock, so "last week" is last
         week; in a conversation ingested later it is its last session: a question about a conversation is asked
-        from its end (as LoCoMo's are), not from the day it was imported."""
+        from its end (as LoCoMo's are), not from the day it was imported. _search asks it twice: over all the
+        candidates (for every unit that is not a turn) and over the candidate turns alone (for the turns), so a
+        note written today does not move a conversation's "last week" to the clock's (the defaults then read a
+        turn's time as `classes=` naming the turns' class does)."""
         s = self.snap
         key = ("reference", s.gen, len(mask), hash(mask.tobytes()))
         if key not in s.memo:
@@ -343,7 +346,11 @@ class SearchIndex:
         mask = _anchor.turn_side(s, db, self._mask(classes, since_t, until_t, as_of_t))
         if not mask.any():
             return []
-        reading = _query.read(query, db, self._reference(mask) if ref is None else ref)
+        if ref is None:
+            turns = mask & s.is_turn[:s.n]
+            reading = _query.read(query, db, self._reference(mask), self._reference(turns) if turns.any() else None)
+        else:
+            reading = _query.read(query, db, ref)
         trip = _channels.Trip(s, db, mask, self.provider, self.idx.model_known and s.dense_ready(), self._counts,
                               self._sense_vecs)
         channels = _channels.run(reading, trip)
