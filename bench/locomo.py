@@ -169,6 +169,65 @@ def training(pools, qs, idx):
     return X, y.astype(float), g
 
 
+#: The first stage's channel weights searched by rotation: each weight on this grid, in turn, twice over.
+WEIGHT_GRID = (0.0, 0.5, 1.0, 1.5, 2.0)
+
+
+def first_stage(pools: list[dict], w: np.ndarray, idx) -> dict[int, list[str]]:
+    """The anchors of the first stage's top 20 with channel weights `w` (`_rerank.CHANNELS` order; every weight 1 is
+    the shipped fused score: a row of the contributions sums to it), for the questions `idx`."""
+    from hutch.memory._index import _rank
+
+    out = {}
+    for i in idx:
+        d = pools[i]
+        if "contributions" not in d:
+            out[i] = []
+            continue
+        score = d["contributions"] @ w
+        out[i] = [d["anchors_all"][p] for p in _rank.top_k(score, d["mask"], 20)]
+    return out
+
+
+def _objective(ranked: dict[int, list[str]], qs: list[dict]) -> float:
+    """What a choice is made by: the mean of R@5 and R@10 over the questions."""
+    r = score([ranked[i] for i in sorted(ranked)], [qs[i] for i in sorted(ranked)])
+    return (r["all"][5] + r["all"][10]) / 2
+
+
+def choose_weights(pools: list[dict], qs: list[dict], idx) -> np.ndarray:
+    """Channel weights by coordinate search on the questions `idx` (start: every weight 1; a weight moves only when
+    the objective strictly improves, so a tie keeps the shipped 1)."""
+    from hutch.memory._index import _rerank
+
+    w = np.ones(len(_rerank.CHANNELS))
+    best = _objective(first_stage(pools, w, idx), qs)
+    for _ in range(2):
+        for c in range(len(w)):
+            for v in WEIGHT_GRID:
+                if v == w[c]:
+                    continue
+                trial = w.copy()
+                trial[c] = v
+                got = _objective(first_stage(pools, trial, idx), qs)
+                if got > best + 1e-9:
+                    best, w = got, trial
+    return w
+
+
+def weights_rotated(pools: list[dict], qs: list[dict], convs: list[str]) -> tuple[list[list[str]], list]:
+    """Leave one conversation out for the first stage's channel weights: chosen on the other conversations'
+    questions, scored on the held-out one, in turn."""
+    ranked: list[list[str]] = [[] for _ in qs]
+    chosen = []
+    for held in sorted(set(convs)):
+        w = choose_weights(pools, qs, [i for i, c in enumerate(convs) if c != held])
+        chosen.append((held, w))
+        for i, r in first_stage(pools, w, [i for i, c in enumerate(convs) if c == held]).items():
+            ranked[i] = r
+    return ranked, chosen
+
+
 def build(files: list[str], where: str) -> tuple[list[tuple[str, "hutch.Memory"]], dict]:
     """One store per conversation under `where` (a store already there is reused: its index, vectors included,
     is brought up to date, not rebuilt), with the ingest and index times of the stores made here."""
@@ -218,6 +277,8 @@ def ask(stores, fusion: str = "learned", now_rule: str = "rule", reasoner: bool 
                                      ({}, "first_d", "pools_d")):
                 got: dict = {}
                 hits = mem.index.search(q["q"], k=20, fusion="weighted", collect=got, **kw)
+                if got:
+                    got["anchors_all"] = mem.index.snap.anchor[:len(got["mask"])]
                 r[first].append([h.anchor for h in hits])
                 r[pools].append(got or {"X": np.zeros((0, 1)), "anchors": []})
             r["peer"].append(bm25_peer(mem, q["q"], 20))
@@ -320,6 +381,26 @@ def main() -> None:
             rows[f"in-sample, {tag}"] = recall_table(f"second stage, {tag}, in-sample (fitted on all)",
                                                      rerank(pools, full), qs, convs)
         out[label.split(" (")[0]] = rows
+    # The first stage's channel weights (every one 1, not tuned) against weights chosen by rotation.
+    if len(set(convs)) >= 2:
+        print("\nfirst stage: channel weights chosen on two conversations (coordinate search over "
+              f"{WEIGHT_GRID}, by the mean of R@5 and R@10), scored on the third (ROTATED), beside every weight 1 "
+              "(shipped) and weights chosen on all three (in-sample); order " + ", ".join(_rerank.CHANNELS))
+        for label, pools in (("bench settings", pools_b), ("API defaults", pools_d)):
+            print(f"{label}:")
+            ones = first_stage(pools, np.ones(len(_rerank.CHANNELS)), everything)
+            rows = {"every weight 1": recall_table("every weight 1 (shipped)", [ones[i] for i in everything], qs,
+                                                   convs)}
+            rot, chosen = weights_rotated(pools, qs, convs)
+            rows["rotated"] = recall_table("weights chosen on the other two, ROTATED", rot, qs, convs)
+            print("    chosen: " + "; ".join(f"without {h}: " + " ".join(f"{v:g}" for v in w) for h, w in chosen))
+            w_all = choose_weights(pools, qs, everything)
+            mine = first_stage(pools, w_all, everything)
+            rows["in-sample"] = recall_table("weights chosen on all three (in-sample)", [mine[i] for i in everything],
+                                             qs, convs)
+            print("    chosen: " + " ".join(f"{v:g}" for v in w_all))
+            out[f"first stage weights, {label}"] = {**rows, "chosen_rotated": {h: list(w) for h, w in chosen},
+                                                     "chosen_in_sample": list(w_all)}
     if args.fit:
         X1, y1, g1 = training(pools_b, qs, everything)
         X2, y2, g2 = training(pools_d, qs, everything)
