@@ -2,7 +2,7 @@
 
 Checks: malformed or missing front matter, an id or class that disagrees with
 the file's place, bad dates, links that dangle, escape the store or are not
-symlinks, link directories without an entity, entities without any link
+symlinks, link directories without an entity or that are symbolic links, entities without any link
 (orphans, a warning), entities larger than search splits into units (a
 warning; docs/retrieval.md, "Large entities"), bytes that are not UTF-8 in an
 entity's first MiB (a warning: search reads them as U+FFFD), and stray temp files. `.git` and `.hutch` are skipped.
@@ -56,6 +56,11 @@ def check(mem: "Memory") -> CheckReport:
                 continue
             if e.name.endswith(fmt.LINKS_SUFFIX) and e.is_dir(follow_symlinks=False):
                 link_dirs.append((cls, e.name[: -len(fmt.LINKS_SUFFIX)], e.path))
+                continue
+            if e.name.endswith(fmt.LINKS_SUFFIX) and e.is_symlink():
+                add("error", "symlink-links-dir", rel, "is a symbolic link where a links directory belongs: "
+                    "hutch does not follow it (it could lead outside the store), so the links behind it count "
+                    "for nothing.", f"replace it with a real directory of links, or remove it: rm {rel}")
                 continue
             if not e.name.endswith(".md"):
                 continue  # attachments and other files are allowed

@@ -8,6 +8,7 @@ lock, journaled, one commit.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
@@ -21,14 +22,22 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def link_ids(layout: Layout, cls: str, slug: str) -> dict[str, tuple[str, ...]]:
-    """Relation -> the ids the entity `cls/slug` links to on disk (well-formed in-store links only), sorted."""
+    """Relation -> the ids the entity `cls/slug` links to on disk (well-formed in-store links only), sorted.
+
+    The links search indexes and check() counts, no others: a `.links` or relation directory that is a symbolic
+    link is not followed (it could lead outside the store), and a relation or target whose name is not UTF-8 is
+    left out (check() names each)."""
     ldir = layout.links_dir(cls, slug)
+    if not _real_dir(ldir):
+        return {}
     try:
         rels = sorted(os.listdir(ldir))
     except (FileNotFoundError, NotADirectoryError):
         return {}
     out: dict[str, tuple[str, ...]] = {}
     for rel in rels:
+        if not _utf8(rel) or not _real_dir(ldir / rel):
+            continue
         try:
             names = sorted(os.listdir(ldir / rel))
         except (NotADirectoryError, FileNotFoundError):
@@ -36,11 +45,28 @@ def link_ids(layout: Layout, cls: str, slug: str) -> dict[str, tuple[str, ...]]:
         ids = []
         for name in names:
             tid = layout.target_id(ldir / rel / name)
-            if tid is not None:
+            if tid is not None and _utf8(tid):
                 ids.append(tid)
         if ids:
             out[rel] = tuple(ids)
     return out
+
+
+def _real_dir(path: Path) -> bool:
+    """True for a directory that is not a symbolic link."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _utf8(name: str) -> bool:
+    """False for a name that is not UTF-8 (os gives it with surrogates, which no caller can print or store)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class Links:
@@ -70,7 +96,7 @@ class Links:
                     continue
                 for rel in sorted(rels):
                     rdir = Path(e.path) / rel
-                    if not rdir.is_dir() or rdir.is_symlink():
+                    if not _utf8(rel) or not _real_dir(rdir):
                         continue
                     for name in sorted(os.listdir(rdir)):
                         yield src, rel, self.layout.target_id(rdir / name) or "", rdir / name

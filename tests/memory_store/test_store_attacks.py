@@ -289,6 +289,43 @@ def test_a_file_name_that_is_not_utf8_breaks_no_search(seeded):
         mem.put("topics", "Whatever", slug=os.fsdecode(b"new\xfe"))
 
 
+def test_a_relation_directory_whose_name_is_not_utf8_breaks_no_search(seeded):
+    """A relation directory named by hand with bytes that are not UTF-8 made every search raise
+    UnicodeEncodeError (the links directory's fingerprint holds the names). Search answers; the relation is no
+    link anywhere (search, entity.links, neighbors) and check() names it once."""
+    root = os.fsencode(str(seeded.root))
+    rdir = os.path.join(root, b"orgs", b"acme.links", b"kn\xffows")
+    os.makedirs(rdir)
+    os.symlink(b"../../../topics/pricing.md", os.path.join(rdir, b"pricing.md"))
+    mem = hutch.Memory(seeded.root)
+    assert _in_time(lambda: [h.entity_id for h in mem.search("customer churn")])[0] == "orgs/acme"
+    acme = mem.get("orgs/acme")
+    assert dict(acme.link_ids) == {} and dict(acme.links) == {}
+    assert [n for n in mem.neighbors("topics/pricing") if n.id == "orgs/acme"] == []
+    assert [h.entity_id for h in mem.search("tiered pricing", k=1, expand=1)] == ["topics/pricing"]
+    named = [i for i in mem.check().issues if i.code == "bad-relation-name"]
+    assert len(named) == 1 and named[0].path.startswith("orgs/acme.links/kn")
+
+
+def test_a_links_directory_that_is_a_symlink_is_not_followed_and_check_names_it(seeded, outside):
+    """`<slug>.links` as a link to a directory outside the store that holds well-formed relative links: the
+    entity's links, neighbors and search read nothing through it (the index never did), check() reports it."""
+    rdir = outside / "rel"
+    rdir.mkdir()
+    os.symlink("../../../actors/alice-chen.md", rdir / "alice-chen.md")  # resolves into the store from there
+    os.symlink(outside, seeded.root / "topics" / "pricing.links")
+    os.symlink(rdir, seeded.root / "actors" / "alice-chen.links" / "knows")  # a relation directory that is a link
+    mem = hutch.Memory(seeded.root)
+    assert dict(mem.get("topics/pricing").link_ids) == {}
+    assert dict(mem.get("actors/alice-chen").link_ids) == {"works_at": ("orgs/acme",)}
+    assert [(n.relation, n.direction, n.id) for n in mem.neighbors("actors/alice-chen")] == [
+        ("works_at", "out", "orgs/acme")]
+    report = mem.check()
+    assert [i.path for i in report.by_code("symlink-links-dir")] == ["topics/pricing.links"]
+    assert [i.path for i in report.by_code("bad-link-entry")] == ["actors/alice-chen.links/knows"]
+    assert mem.search("tiered pricing")[0].entity_id == "topics/pricing"
+
+
 def test_put_never_writes_through_a_symlinked_class_directory(seeded, outside):
     """put() of a new entity into a class directory that is a link: refused, nothing lands where it points."""
     os.symlink(outside, seeded.root / "evilclass")

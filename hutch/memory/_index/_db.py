@@ -695,7 +695,10 @@ def _linkstamp(path: str) -> str:
         with os.scandir(path) as it:
             for r in it:
                 if r.is_dir(follow_symlinks=False):
-                    parts.append(f"{r.name}:{r.stat(follow_symlinks=False).st_mtime_ns}")
+                    # a name that is not UTF-8 (a relation directory made by hand) in a form SQLite can store:
+                    # it made every search raise UnicodeEncodeError
+                    name = os.fsencode(r.name).decode("utf-8", "backslashreplace")
+                    parts.append(f"{name}:{r.stat(follow_symlinks=False).st_mtime_ns}")
     except OSError:
         pass
     return "|".join(sorted(parts))
