@@ -513,6 +513,40 @@ def test_a_tenant_exports_its_images_but_imports_none(world, tmp_path):
     assert sorted(p.name for p in (w.remote.run_dir / "state" / "layers").iterdir()) == before   # nothing kept
 
 
+def test_a_tenants_exports_spool_one_at_a_time(world):
+    """An export spools its archive on the host's disk before it answers; a tenant's exports go one at a time,
+    so its spools on the host are one image's worth however many requests it opens."""
+    import threading
+
+    w = world
+    sb = _create(w, "a")
+    try:
+        sb.run("sh", "-c", "head -c 24000000 /dev/urandom > /big")   # more than sockets buffer: the answer waits
+        img = sb.snapshot_filesystem(name="to-spool")
+    finally:
+        sb.terminate()
+    url = f"/v1/images/{img.ref.split(':', 1)[1]}/export"
+    layers = w.remote.run_dir / "state" / "layers"
+    spools = lambda: sorted(p.name for p in layers.iterdir() if p.name.startswith(".tmp-export-"))  # noqa: E731
+    second: dict = {}
+
+    def other():
+        second["r"] = w.client(w.tokens["a"]).http.get(url)
+
+    t = threading.Thread(target=other)
+    with w.client(w.tokens["a"]).http.stream("GET", url) as first:
+        assert first.status_code == 200
+        chunks = first.iter_bytes()
+        got = len(next(chunks))
+        t.start()
+        time.sleep(1.0)   # the second request is in; it waits for the first, spooling nothing
+        assert len(spools()) == 1 and "r" not in second, (spools(), second)
+        got += sum(len(c) for c in chunks)
+    t.join(timeout=120)
+    assert second["r"].status_code == 200 and len(second["r"].content) == got > 24_000_000
+    assert spools() == []
+
+
 def test_quota_error_is_a_documented_429(world):
     w = world
     w.as_tenant("c")

@@ -12,6 +12,7 @@ back with its own name.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -57,6 +58,7 @@ class Tenancy:
         self._relayed: dict[str, int] = {}   # sandbox id -> the gateway's count at its last charge
         self._cut: set[str] = set()          # sandboxes whose network was cut for their tenant's egress quota
         self._disk: dict[str, tuple[float, int]] = {}
+        self._exports: dict[str, asyncio.Lock] = {}
         self.stores = VolumeStores()
         self.stores.start({n: t.quotas.disk for n, t in registry.by_name.items()})
         self.egress_file = egress_file()
@@ -65,6 +67,14 @@ class Tenancy:
         if why is not None:
             print(f"hutch daemon: {self.egress_file} is ignored, every tenant's egress day starts afresh: {why}",
                   file=sys.stderr, flush=True)
+
+    def export_lock(self, t: Tenant | None):
+        """One export at a time per tenant. An export spools its archive on the host's disk first (to answer its
+        size, or a clean error, before a byte goes out): one at a time, a tenant's spools stay within one image or
+        snapshot it may use, not as many copies as it opens requests. The operator's are not bounded."""
+        if t is None:
+            return contextlib.nullcontext()
+        return self._exports.setdefault(t.name, asyncio.Lock())
 
     def _write_egress(self, data: bytes) -> None:
         try:

@@ -4,6 +4,7 @@ export/import, volumes and their files. Added to the app by `add_routes`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import tempfile
@@ -167,6 +168,11 @@ class StoreRoutes:
     async def export(self, request):
         key = (await self._find(request))["id"]
         await _run(layers.chain, key)   # 404 before anything is spooled
+        tenancy = self.mgr.tenancy
+        async with (tenancy.export_lock(request.get("tenant")) if tenancy else contextlib.nullcontext()):
+            return await self._export(request, key)
+
+    async def _export(self, request, key):
         layers.private_dir(layers.layers_dir())   # a host that never stored a layer has no store yet
         fd, tmp = tempfile.mkstemp(prefix=".tmp-export-", dir=layers.layers_dir())
         try:
