@@ -77,7 +77,8 @@ def pytest_sessionfinish(session, exitstatus):
 # pyproject.toml's pytest config says so for all. A warning is fixed at its cause; one raised inside a third-party
 # package we cannot change is ignored narrowly, by a filterwarnings mark beside the test that meets it (naming
 # the package). The mark goes first among an item's marks so that those ignores, applied after it, win.
-WARNINGS_ARE_ERRORS = ("mcp", "integrations", "images")
+# "." is the top-level tests/test_*.py.
+WARNINGS_ARE_ERRORS = (".", "mcp", "integrations", "images", "memory_store", "memory_search", "interpreter")
 _TESTS = Path(__file__).resolve().parent
 
 
@@ -87,7 +88,7 @@ def pytest_collection_modifyitems(config, items):
     error = pytest.mark.filterwarnings("error")
     for item in items:
         rel = Path(str(item.path)).resolve().relative_to(_TESTS)
-        if len(rel.parts) > 1 and rel.parts[0] in WARNINGS_ARE_ERRORS:
+        if (rel.parts[0] if len(rel.parts) > 1 else ".") in WARNINGS_ARE_ERRORS:
             item.add_marker(error, append=False)
             item.stash[_STRICT] = True
 
