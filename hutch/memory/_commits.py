@@ -63,16 +63,21 @@ class Committer:
             if sync is not None:
                 sync()
             return self._commit_through_index(paths, message, author, on_parent)
+        from hutch.memory import _gitindex
         from hutch.memory._objects import worktree_entry
 
-        staging = self.stage(paths, wait=False)   # git's index is read and written meanwhile (see stage)
+        # a split index takes added and changed paths without git reading its shared part (_gitindex); else
+        # git's index is read and written meanwhile (see stage)
+        direct = _gitindex.split(objs.git_dir) and not _gitindex.crowded(objs.git_dir)
+        staging = None if direct else self.stage(paths, wait=False)
+        stats: dict = {}
         try:
             parent, base = objs.head()
             changes = {}
             root_fd = os.open(self.git.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 for rel in paths:
-                    entry = worktree_entry(root_fd, rel)
+                    entry = worktree_entry(root_fd, rel, stats)
                     changes[rel] = None if entry is None else (entry[0], objs.write(b"blob", entry[1]))
             finally:
                 os.close(root_fd)
@@ -99,6 +104,14 @@ class Committer:
         subject = message.split("\n", 1)[0]
         moving = self.git.start("update-ref", "-m", f"commit: {subject}", "HEAD", sha, parent or "0" * 40)
         failed = None
+        if direct:
+            try:
+                new = {rel: (stats[rel], _gitindex.git_mode(stats[rel]), change[1])
+                       for rel, change in changes.items() if change is not None}
+                if len(new) < len(changes) or not _gitindex.stage(objs.git_dir, str(self.git.root), new):
+                    staging = self.stage(paths, wait=False)   # a removal, or an index git must write
+            except MemoryStoreError as e:
+                failed = e
         if staging is not None:
             try:
                 staging.wait()
@@ -138,6 +151,12 @@ class Committer:
                          "-c", "index.recordEndOfIndexEntries=true"]
         except OSError:
             pass
+        if self._split:
+            from hutch.memory import _gitindex
+
+            if _gitindex.crowded(os.path.join(self.git.root, ".git")):
+                # the entries staged directly (_gitindex) go into a new shared index now
+                split += ["-c", "splitIndex.maxPercentChange=0"]
         running = self.git.start(*split, "update-index", "--add", "--remove", "-z", "--stdin", input=_nul_list(paths))
         if wait:
             running.wait()
@@ -276,6 +295,12 @@ class BlobStream:
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self._err,
             env=git.env(),
         )
+        try:   # a pipe of 1 MiB, not 64 KiB: the writer runs on while fast-import lags (a loaded machine)
+            import fcntl
+
+            fcntl.fcntl(self._proc.stdin.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+        except OSError:
+            pass
         self.marks: dict[str, int] = {}  # path -> the mark of the bytes last sent for it
         self._next = 1
 

@@ -302,10 +302,11 @@ class Objects:
         return self.write(b"commit", body)
 
 
-def worktree_entry(root_fd: int, rel: str) -> tuple[bytes, bytes] | None:
+def worktree_entry(root_fd: int, rel: str, stats: dict | None = None) -> tuple[bytes, bytes] | None:
     """(mode, blob bytes) of the path `rel` in the work tree as it is now: a regular file (its bytes), a
     symlink (its target); None if it is not there. Every directory on the way is opened O_NOFOLLOW, so a
-    link there (a class or .links directory swapped for one) is refused, never read through."""
+    link there (a class or .links directory swapped for one) is refused, never read through. `stats`, if
+    given, gets `rel`'s lstat taken before its bytes were read (what git's index records)."""
     parts = rel.split("/")
     fds = []
     try:
@@ -323,6 +324,8 @@ def worktree_entry(root_fd: int, rel: str) -> tuple[bytes, bytes] | None:
             st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
             return None
+        if stats is not None:
+            stats[rel] = st
         if stat.S_ISLNK(st.st_mode):
             return LINK, os.fsencode(os.readlink(parts[-1], dir_fd=dfd))
         if not stat.S_ISREG(st.st_mode):
