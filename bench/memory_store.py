@@ -43,6 +43,14 @@ from hutch.memory import _format as fmt  # noqa: E402
 LOCOMO = settings.LOCOMO_DIR.get()
 
 
+def uptime() -> str:
+    """`uptime`'s line (load averages: the machine is shared, so every figure is printed beside it)."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
@@ -129,10 +137,11 @@ def bench_writes(root: Path, n: int, results: dict) -> Path:
     floor = time.perf_counter() - t0
     shutil.rmtree(floor_dir)
     rate, prate, frate = n / ours, pn / fsync_peer, n / floor
-    results["tx"] = (rate, prate, frate, pn)
+    results["tx"] = (rate, prate, frate, pn, uptime())
     print(f"  entity writes/s (incl. links, one sync, the commit): {rate:10,.0f}   "
           f"peer (plain files, an fsync each, {pn:,} files): {prate:10,.0f}   ratio {rate / prate:5.2f}x   "
           f"floor (no fsync, one sync): {frate:10,.0f}   aim >= 2,000/s: {'MET' if rate >= 2000 else 'NOT MET'}")
+    print(f"  {results['tx'][4]}")
     return store
 
 
@@ -165,7 +174,8 @@ def bench_single_commits(root: Path, big: Path, n: int, sizes: list[int], m: int
             plat.append((time.perf_counter() - t) * 1000)
         shutil.rmtree(peer)
         row(f"put, one commit each ({size:,} entities)", lat, plat)
-        results.setdefault("single", []).append((size, lat, plat))
+        results.setdefault("single", []).append((size, lat, plat, uptime()))
+        print(f"  {results['single'][-1][3]}")
         if size == max(sizes):
             ok = statistics.median(lat) <= 30
             print(f"  put p50 {statistics.median(lat):.1f} ms at {size:,} entities   aim <= 30 ms: "
@@ -257,23 +267,25 @@ def markdown(results: dict, n: int, load: tuple[float, float]) -> str:
     out = [f"Machine: {os.cpu_count()} cores; {when}; load average {load[0]:.1f} at the start, {load[1]:.1f} at the "
            "end (other work shares the machine: compare the ratios to the peers run side by side).", ""]
     if "tx" in results:
-        rate, prate, frate, pn = results["tx"]
+        rate, prate, frate, pn, up = results["tx"]
         out += ["| writes in ONE transaction (one commit) | entity writes/s | hutch / peer | aim |",
                 "|---|---|---|---|",
                 f"| hutch: {n:,} puts + {n // 10:,} links, one sync, one commit | {rate:,.0f} | | >= 2,000: "
                 f"{'met' if rate >= 2000 else 'not met'} |",
                 f"| peer: plain files, an fsync each ({pn:,}) | {prate:,.0f} | {rate / prate:.2f}x | |",
-                f"| floor: plain files, no fsync, one `sync` | {frate:,.0f} | {rate / frate:.2f}x | |", ""]
+                f"| floor: plain files, no fsync, one `sync` | {frate:,.0f} | {rate / frate:.2f}x | |", "",
+                f"Right after: `{up}`.", ""]
     if "single" in results:
         out += ["| one commit per write, ms p50 / p99 | hutch `put` | peer: `git add` + `git commit` | hutch / peer "
                 "(p50) | aim |", "|---|---|---|---|---|"]
-        for size, lat, plat in results["single"]:
+        for size, lat, plat, _up in results["single"]:
             p50 = statistics.median(lat)
             aim = f"<= 30: {'met' if p50 <= 30 else 'not met'}" if size >= 100_000 else ""
             out.append(f"| {size:,} entities (n={len(lat)}) | {p50:.1f} / {pct(lat, 99):.1f} | "
                        f"{statistics.median(plat):.1f} / {pct(plat, 99):.1f} | "
                        f"{p50 / statistics.median(plat):.2f} | {aim} |")
-        out.append("")
+        out += ["", "Right after each: " + "; ".join(f"{size:,}: `{up}`" for size, _, _, up in results["single"]) + ".",
+                ""]
     if "get" in results:
         ours, peer = results["get"]
         out += [f"`mem.get` p50 {statistics.median(ours):.3f} ms (open + read + YAML of the same file: "
@@ -294,6 +306,7 @@ def main() -> None:
     sizes = sorted({min(int(x), args.n) for x in args.sizes.split(",")})
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="hutch-bench-mem-"))
     print(f"hutch memory store benchmark ({os.cpu_count()} CPUs; {fmt.__name__}); work dir {root}")
+    print(f"  {uptime()}")
     load0 = os.getloadavg()[0]
     results: dict = {}
     try:
