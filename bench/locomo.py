@@ -251,21 +251,15 @@ def build(files: list[str], where: str) -> tuple[list[tuple[str, "hutch.Memory"]
     return stores, cost
 
 
-def ask(stores, fusion: str = "learned", now_rule: str = "rule", reasoner: bool = True) -> dict:
+def ask(stores, fusion: str = "learned", now_rule: str = "rule") -> dict:
     """Every question of every store, asked as shipped (bench settings and API defaults), as the first stage
     alone with the second stage's pool and features (both settings), and by the BM25 peer."""
     r: dict = {k: [] for k in ("ranked", "peer", "qs", "lat", "convs", "defaults", "first_b", "first_d",
-                               "pools_b", "pools_d", "reasoned")}
+                               "pools_b", "pools_d")}
     for f, mem in stores:
         now = (last_session_time(f) if now_rule == "last-session" else
                datetime.now(timezone.utc).isoformat() if now_rule == "clock" else None)
-        url = settings.REASONER_URL.get()
-        smart = (hutch.Memory(mem.root, reasoner=hutch.OpenAIReasoner(url, settings.REASONER_MODEL.get()))
-                 if reasoner and url else None)
         for q in questions(f):
-            if smart is not None:
-                r["reasoned"].append([h.anchor for h in smart.search(q["q"], k=20, classes=["interactions"],
-                                                                      now=now)])
             t = time.perf_counter()
             hits = mem.search(q["q"], k=20, classes=["interactions"], fusion=fusion, now=now)
             r["lat"].append(1000 * (time.perf_counter() - t))
@@ -284,9 +278,55 @@ def ask(stores, fusion: str = "learned", now_rule: str = "rule", reasoner: bool 
             r["peer"].append(bm25_peer(mem, q["q"], 20))
             r["qs"].append(q)
             r["convs"].append(Path(f).stem)
-        if smart is not None:
-            smart.index.close()
     return r
+
+
+def ask_reasoner(stores, now_rule: str = "rule") -> dict | None:
+    """When $HUTCH_REASONER_URL names an endpoint: every question asked again with the bench's settings through a
+    Memory with `OpenAIReasoner.from_settings()` (ret-reasoner's part; ask() is unchanged); else None."""
+    if settings.REASONER_URL.get() is None:
+        return None
+    import warnings
+
+    out: dict = {"ranked": [], "lat": [], "failed": 0, "errors": []}
+    reasoner = hutch.OpenAIReasoner.from_settings()
+    for f, plain in stores:
+        now = (last_session_time(f) if now_rule == "last-session" else
+               datetime.now(timezone.utc).isoformat() if now_rule == "clock" else None)
+        mem = hutch.Memory(plain.root, reasoner=reasoner)
+        try:
+            for q in questions(f):
+                t = time.perf_counter()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", hutch.ReasonerWarning)
+                    hits = mem.search(q["q"], k=20, classes=["interactions"], now=now)
+                out["lat"].append(1000 * (time.perf_counter() - t))
+                out["ranked"].append([h.anchor for h in hits])
+                if hits and "reasoner" not in hits[0].channels:
+                    out["failed"] += 1
+                    if mem.index.reasoner_error and len(out["errors"]) < 3:
+                        out["errors"].append(mem.index.reasoner_error)
+        finally:
+            mem.index.close()
+    return out
+
+
+def print_reasoner(reasoned: dict | None, ours: dict, qs: list[dict]) -> None:
+    """Recall with and without the reasoner, per category (see ask_reasoner)."""
+    if reasoned is None:
+        print("reasoner: none configured (set HUTCH_REASONER_URL, HUTCH_REASONER_MODEL and OPENAI_API_KEY or "
+              "HUTCH_REASONER_KEY_FILE for an OpenAI-compatible endpoint to report with and without it)")
+        return
+    rz = score(reasoned["ranked"], qs)
+    print(f"with the reasoner ({settings.REASONER_URL.get()}, model {settings.REASONER_MODEL.get()}), bench "
+          f"settings; R@5 / R@10 without -> with:")
+    for c in ["all", *CATS.values()]:
+        print(f"  {c:14s} {ours[c][5]:5.1f} -> {rz[c][5]:5.1f}   {ours[c][10]:5.1f} -> {rz[c][10]:5.1f}")
+    print(f"  query latency with the reasoner: p50 {statistics.median(reasoned['lat']):.0f} ms, p99 "
+          f"{pct(reasoned['lat'], 99):.0f} ms; answered without it (endpoint failed or skipped): "
+          f"{reasoned['failed']} of {len(qs)}")
+    for e in reasoned["errors"]:
+        print(f"  reasoner failure: {e}")
 
 
 def main() -> None:
@@ -314,14 +354,15 @@ def main() -> None:
     try:
         stores, cost = build(files, tmp)
         r = ask(stores, args.fusion, args.now)
+        reasoned = ask_reasoner(stores, args.now)
         for _, mem in stores:
             mem.index.close()
     finally:
         if not args.stores:
             shutil.rmtree(tmp, ignore_errors=True)
     ranked, peer, qs, lat, convs = r["ranked"], r["peer"], r["qs"], r["lat"], r["convs"]
-    defaults, first_b, first_d, pools_b, pools_d, reasoned = (r[k] for k in (
-        "defaults", "first_b", "first_d", "pools_b", "pools_d", "reasoned"))
+    defaults, first_b, first_d, pools_b, pools_d = (r[k] for k in (
+        "defaults", "first_b", "first_d", "pools_b", "pools_d"))
     ingest_s, index_s, n_entities, n_units = cost["ingest_s"], cost["index_s"], cost["entities"], cost["units"]
     if args.pools:
         import pickle
@@ -341,13 +382,7 @@ def main() -> None:
         print(f"{c:14s} " + " ".join(f"{a[k]:7.1f}" for k in KS) + extra + " ".join(f"{b[k]:7.1f}" for k in KS) + extra_b)
     d = score(defaults, qs)
     print(f"the API's defaults (mem.search(q, k=10): no classes, no now): R@5 {d['all'][5]:.1f}, R@10 {d['all'][10]:.1f}")
-    if reasoned:
-        rz = score(reasoned, qs)
-        print(f"with the reasoner ({settings.REASONER_URL.get()}): R@5 {rz['all'][5]:.1f}, R@10 "
-              f"{rz['all'][10]:.1f} (without: {ours['all'][5]:.1f}, {ours['all'][10]:.1f})")
-    else:
-        print("reasoner: none configured (set HUTCH_REASONER_URL, HUTCH_REASONER_MODEL and OPENAI_API_KEY for an "
-              "OpenAI-compatible endpoint to report with and without it)")
+    print_reasoner(reasoned, ours, qs)
     if index_s:
         print(f"index: {n_entities} entities ({n_units} units) ingested in {ingest_s:.2f} s, indexed in {index_s:.2f} "
               f"s = {n_entities / index_s:.0f} entities/s, {n_units / index_s:.0f} units/s")

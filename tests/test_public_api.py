@@ -31,7 +31,7 @@ def test_all_is_complete():
     bound = {n for n, v in vars(hutch).items() if not n.startswith("_") and not isinstance(v, type(hutch))
              and n not in ("annotations", "TYPE_CHECKING")}
     assert bound - set(hutch.__all__) == set(), "bound in hutch but not in __all__"
-    assert set(hutch.__all__) == set(errors.__all__) | {"MalformedEntityWarning"} | set(hutch._LAZY)
+    assert set(hutch.__all__) == set(errors.__all__) | {"MalformedEntityWarning", "ReasonerWarning"} | set(hutch._LAZY)
     assert _type_checking_names() == set(hutch._LAZY), "the TYPE_CHECKING imports and _LAZY must name the same"
     wing_classes = {n for n in hutch.memory.__all__ if isinstance(getattr(hutch.memory, n), type)}
     assert wing_classes - set(hutch.__all__) == set()

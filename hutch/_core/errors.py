@@ -26,6 +26,7 @@
         └── StorePathError        an invalid name or a path escaping the store (also a ConfigError)
 
     MalformedEntityWarning     (a UserWarning, not an error) search left out entity files it cannot read
+    ReasonerWarning            (a UserWarning, not an error) search answered without its failing reasoner
 
 Messages are full sentences that say what went wrong and how to fix it.
 """
@@ -183,6 +184,11 @@ class StorePathError(MemoryStoreError, ConfigError):
 class MalformedEntityWarning(UserWarning):
     """Search left out entity files whose front matter is malformed (named once per process; `check()` says
     what is wrong with each). A warning, not an error: the rest of the store answers."""
+
+
+class ReasonerWarning(UserWarning):
+    """Search's optional reasoner (an LLM endpoint) failed, so search answered as without it: once per outage
+    (`doctor().reasoner_error` keeps the last failure). A warning, not an error: the hits are plain search's."""
 
 
 __all__ = [

@@ -281,6 +281,21 @@ MCP_TOKEN = _setting(
 OPENAI_API_KEY = _setting(
     "OPENAI_API_KEY", "secret", _text, None,
     "The key for an OpenAI-compatible embedder or reasoner when none is given.", "memory", secret=True)
+REASONER_URL = _setting(
+    "HUTCH_REASONER_URL", "URL", _url, None,
+    "The OpenAI-compatible endpoint (base URL, e.g. http://127.0.0.1:8000/v1) of search's optional reasoner: "
+    "`OpenAIReasoner.from_settings()`, `hutch mem search --reasoner`, bench/locomo.py's reasoner rows.", "memory",
+    shown_default="unset (no reasoner)")
+REASONER_MODEL = _setting(
+    "HUTCH_REASONER_MODEL", "text", _text, "gpt-4o-mini",
+    "The reasoner's model name.", "memory")
+REASONER_KEY_FILE = _setting(
+    "HUTCH_REASONER_KEY_FILE", "path", _path, None,
+    "A file (mode 0600) holding the reasoner's API key; read before $OPENAI_API_KEY.", "memory")
+REASONER_TIMEOUT = _setting(
+    "HUTCH_REASONER_TIMEOUT", "seconds", _seconds, 15.0,
+    "`OpenAIReasoner.from_settings()`: what one request to the reasoner may take in all; past it search answers "
+    "without it.", "memory")
 
 FUZZ_EXAMPLES = _setting(
     "HUTCH_FUZZ_EXAMPLES", "count", _positive_int, 100,
@@ -292,12 +307,6 @@ LOCOMO_DIR = _setting(
     "HUTCH_LOCOMO_DIR", "path", _path, Path(__file__).resolve().parents[3] / "shared" / "data" / "locomo-dev",
     "The LoCoMo data set (bench/locomo.py, bench/memory_store.py, the ingest test).", "dev",
     shown_default="shared/data/locomo-dev beside the repository")
-REASONER_URL = _setting(
-    "HUTCH_REASONER_URL", "URL", _url, None,
-    "bench/locomo.py: an OpenAI-compatible endpoint for the reasoner rows (with $OPENAI_API_KEY).", "dev")
-REASONER_MODEL = _setting(
-    "HUTCH_REASONER_MODEL", "text", _text, "gpt-4o-mini",
-    "bench/locomo.py: the reasoner's model.", "dev")
 
 
 def check(group: str | None = None) -> None:

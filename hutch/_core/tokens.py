@@ -33,8 +33,9 @@ def from_env_or_file(env: Setting, file_env: Setting | None = None) -> str | Non
     return None
 
 
-def read_token_file(path: str | os.PathLike, what: str = "--token-file") -> str:
-    """The token in `path` (surrounding whitespace stripped); refused if others than its owner may read it."""
+def read_token_file(path: str | os.PathLike, what: str = "--token-file", *, min_chars: int = MIN_TOKEN_CHARS) -> str:
+    """The token in `path` (surrounding whitespace stripped); refused if others than its owner may read it.
+    `min_chars`: for a key hutch does not make itself (an API key), what its owner chose may be shorter."""
     p = Path(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -53,13 +54,13 @@ def read_token_file(path: str | os.PathLike, what: str = "--token-file") -> str:
         os.close(fd)
     if len(data) > MAX_TOKEN_FILE:
         raise ConfigError(f"{what} {p} is larger than 4 KiB; it must hold just the token.")
-    return check_token(data.decode("utf-8", "replace").strip(), f"{what} {p}")
+    return check_token(data.decode("utf-8", "replace").strip(), f"{what} {p}", min_chars)
 
 
-def check_token(token: str, where: str) -> str:
-    if len(token) < MIN_TOKEN_CHARS or any(c.isspace() or not c.isprintable() for c in token):
-        raise ConfigError(f"the token in {where} must be at least {MIN_TOKEN_CHARS} printable characters "
-                          "without spaces; make one with `openssl rand -hex 32`.")
+def check_token(token: str, where: str, min_chars: int = MIN_TOKEN_CHARS) -> str:
+    if len(token) < min_chars or any(c.isspace() or not c.isprintable() for c in token):
+        raise ConfigError(f"the token in {where} must be at least {min_chars} printable characters "
+                          "without spaces" + ("; make one with `openssl rand -hex 32`." if min_chars > 1 else "."))
     return token
 
 

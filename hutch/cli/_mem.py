@@ -59,8 +59,8 @@ def store_path(ctx: click.Context) -> str:
     return obj.get("store") or "."
 
 
-def open_store(ctx: click.Context, *, create: bool = False):
-    """Open the store for a subcommand (hutch.Memory); a missing store is a clear error."""
+def open_store(ctx: click.Context, *, create: bool = False, reasoner=None):
+    """Open the store for a subcommand (hutch.Memory, with search's `reasoner`); a missing store is a clear error."""
     import hutch
 
     path = store_path(ctx)
@@ -69,7 +69,7 @@ def open_store(ctx: click.Context, *, create: bool = False):
             f"{os.path.abspath(path)} is not a memory store: create one with `hutch mem init {path}`, "
             "or point to one with --store PATH or $HUTCH_MEMORY."
         )
-    return hutch.Memory(path, create=create)
+    return hutch.Memory(path, create=create, reasoner=reasoner)
 
 
 def _echo_json(value) -> None:

@@ -11,7 +11,7 @@ import warnings
 
 import click
 
-from hutch._core.errors import MalformedEntityWarning
+from hutch._core.errors import MalformedEntityWarning, ReasonerWarning
 from hutch.cli._mem import mem, open_store
 
 EXIT_INDEX_STALE = 4
@@ -29,8 +29,11 @@ EXIT_INDEX_STALE = 4
                             "(default: --as-of, else the clock).")
 @click.option("--explain", is_flag=True, help="Show each channel's rank and score for every hit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the hits as JSON.")
+@click.option("--reasoner", is_flag=True, help="Let the LLM endpoint of $HUTCH_REASONER_URL rewrite the query and "
+                                               "re-order the best hits (its key: $HUTCH_REASONER_KEY_FILE or "
+                                               "$OPENAI_API_KEY; docs/retrieval.md says what is sent).")
 @click.pass_context
-def search(ctx, query, k, classes, since, until, as_of, expand, now, explain, as_json) -> None:
+def search(ctx, query, k, classes, since, until, as_of, expand, now, explain, as_json, reasoner) -> None:
     """Search the store by words, meaning, links and time (files changed by hand are indexed first).
 
     \b
@@ -39,14 +42,21 @@ def search(ctx, query, k, classes, since, until, as_of, expand, now, explain, as
       hutch mem search "what did Alice decide about pricing?" --class decisions --since 2026-10-01
       hutch mem search Acme --expand 1
       hutch mem search "what did we ship last week?" --now 2026-11-30
+      HUTCH_REASONER_URL=http://127.0.0.1:8000/v1 hutch mem search "what has Melanie painted?" --reasoner
     """
-    m = open_store(ctx)
+    if reasoner:
+        from hutch.memory._index._reason import OpenAIReasoner
+
+        reasoner = OpenAIReasoner.from_settings()
+    m = open_store(ctx, reasoner=reasoner or None)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", MalformedEntityWarning)
+        warnings.simplefilter("always", ReasonerWarning)
         hits = m.search(query, k=k, classes=list(classes) or None, since=since, until=until, as_of=as_of,
                         expand=expand, now=now)
-    for w in said:  # files search left out (malformed front matter): named on stderr, never listed as hits
-        if issubclass(w.category, MalformedEntityWarning):
+    # files search left out (malformed front matter), a failing reasoner: named on stderr, never listed as hits
+    for w in said:
+        if issubclass(w.category, (MalformedEntityWarning, ReasonerWarning)):
             click.echo(f"hutch: warning: {w.message}", err=True)
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from hutch._core.errors import ConfigError, MalformedEntityWarning, SearchIndexError
+from hutch._core.errors import ConfigError, MalformedEntityWarning, ReasonerWarning, SearchIndexError
 from hutch.memory._index import _anchor, _channels, _lexicon, _query, _rank, _reason, _rerank, _units
 from hutch.memory._index._db import IndexDB, SyncStats, file_digest
 from hutch.memory._index._embed import default_provider
@@ -132,6 +132,14 @@ class IndexReport:
         return out
 
 
+def _passage(h: Hit) -> str:
+    """What the reasoner is shown of a hit (bounded: _reason.passage)."""
+    try:
+        return _reason.passage(h.text, h.speaker, h.entity.valid_from)
+    except Exception:  # the file went away or broke since it was indexed: the reasoner sees it empty
+        return ""
+
+
 class SearchIndex:
     """The search index of one store. `provider` embeds texts (default: the local MiniLM model)."""
 
@@ -139,6 +147,8 @@ class SearchIndex:
         self.store = store
         self.reasoner = reasoner  # optional LLM that rewrites questions and re-ranks the top hits (_reason)
         self.reasoner_error: str | None = None  # its last failure (search then answered without it)
+        self._reasoner_down = False  # it failed and has not answered since (one warning per outage)
+        self._reasoner_retry_at = 0.0  # time.monotonic() before which search leaves it out (its cooldown)
         self.root = Path(store.root)
         self.provider = provider or default_provider()
         self.idx = IndexDB(self.root, self.provider)
@@ -250,26 +260,44 @@ class SearchIndex:
 
     def _reasoned(self, query: str, hits: list[Hit], want: int, args) -> list[Hit]:
         """The question's hits merged with those of the reasoner's rewritten searches (reciprocal rank), the
-        best RERANK re-ordered by it; its failure leaves the question's own hits (reasoner_error says why)."""
-        try:
-            lists = [hits] + [self._search(_units.valid_text(sub)[:_units.MAX_QUERY_CHARS], want, *args)
-                              for sub in self.reasoner.rewrite(query) if sub.strip()]
-            by_key: dict = {}
-            for hs in lists:
-                for h in hs:
-                    by_key.setdefault((h.entity_id, h.anchor), h)
-            cands = [by_key[key] for key in _reason.merge([[(h.entity_id, h.anchor) for h in hs] for hs in lists])]
-            top = cands[:_reason.RERANK]
-            order = _reason.reorder(len(top), self.reasoner.rerank(query, [h.text for h in top]))
-            cands = [top[i] for i in order] + cands[len(top):]
-        except SearchIndexError as e:
-            self.reasoner_error = str(e)
+        best RERANK re-ordered by it. Its failure (any exception, an unusable answer) leaves the question's own
+        hits, warns once per outage and leaves the reasoner out for its `cooldown` seconds (_reason)."""
+        if time.monotonic() < self._reasoner_retry_at:
             return hits
+        try:
+            subs = _reason.queries(self.reasoner.rewrite(query), query)
+        except Exception as e:
+            return self._reasoner_failed(e, hits)
+        lists = [hits] + [self._search(_units.valid_text(sub), want, *args) for sub in subs]
+        by_key: dict = {}
+        for hs in lists:
+            for h in hs:
+                by_key.setdefault((h.entity_id, h.anchor), h)
+        cands = [by_key[key] for key in _reason.merge([[(h.entity_id, h.anchor) for h in hs] for hs in lists])]
+        top = cands[:_reason.RERANK]
+        try:
+            order = _reason.reorder(len(top), self.reasoner.rerank(query, [_passage(h) for h in top]))
+        except Exception as e:
+            return self._reasoner_failed(e, hits)
+        cands = [top[i] for i in order] + cands[len(top):]
         self.reasoner_error = None
+        self._reasoner_down = False
         n = len(cands)
         return [replace(h, score=round((n - i) / n, 6), channels=MappingProxyType(
             {**h.channels, "reasoner": MappingProxyType({"rank": i + 1, "score": round((n - i) / n, 6)})}))
             for i, h in enumerate(cands)]
+
+    def _reasoner_failed(self, e: Exception, hits: list[Hit]) -> list[Hit]:
+        why = str(e) if isinstance(e, SearchIndexError) else f"it raised {type(e).__name__}: {e}"
+        why = why[:500].rstrip(".") + "."
+        self.reasoner_error = why
+        cooldown = getattr(self.reasoner, "cooldown", _reason.COOLDOWN)
+        self._reasoner_retry_at = time.monotonic() + cooldown
+        if not self._reasoner_down:
+            self._reasoner_down = True
+            warnings.warn(f"search answered without its reasoner {self.reasoner!r}: {why} It is left out for "
+                          f"{cooldown:g} s; doctor() keeps its last failure.", ReasonerWarning, stacklevel=4)
+        return hits
 
     def _name_malformed(self) -> None:
         """A warning naming the files search leaves out because their front matter is malformed (a hit's entity
