@@ -12,7 +12,8 @@ descriptors must be back to where they were, and nothing may have appeared outsi
 host's root.
 
 Bounded for CI: HUTCH_FUZZ_EXAMPLES (per operation, default 100) and HUTCH_FUZZ_SECONDS (the whole run,
-default 150) raise it for a longer hunt.
+default 150) raise it for a longer hunt. Every operation gets its share of what is left of the run's seconds,
+and at least MIN_EXAMPLES requests however slow the ones before it were, so no operation goes unfuzzed.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ EXAMPLES = hutch_settings.FUZZ_EXAMPLES.get()
 BUDGET = hutch_settings.FUZZ_SECONDS.get()
 ANSWER_WITHIN = 60.0     # seconds for any answer's head (a hang fails the test; a gVisor create or teardown takes
                          # 20 s and more on a loaded 2-core machine, so this is a hang guard, not a speed target)
-OP_SECONDS = 120.0       # one operation's share: later examples are not sent (pytest's timeout is 300 s a test)
+OP_SECONDS = 120.0       # one operation's share at most: later examples are not sent (pytest's timeout is 300 s)
+MIN_EXAMPLES = 3         # every operation is sent at least this many, however the budget went before it
 BODY_CAP = 4 << 20       # bytes of a body read before the response is closed
 TOKEN = "fuzz-t0ken-of-the-tests"
 ERROR_NAMES = {n for n in dir(errors) if isinstance(getattr(errors, n), type)
@@ -370,30 +372,36 @@ def test_fuzz_operation(label, world, schema):
                          op.as_strategy(generation_mode=GenerationMode.NEGATIVE))
     seen: list[int] = []
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=False,
-              suppress_health_check=list(HealthCheck))
-    @given(data=st.data())
-    def run(data):
-        if time.monotonic() > stop_at:
-            return
-        case = data.draw(strategy)
-        _aim(case, data, world)
-        via = data.draw(st.sampled_from(["unix", "tcp", "tenant"]))
-        auth = data.draw(st.sampled_from(["good"] * 6 + ["missing", "wrong"])) if via == "tcp" else "good"
-        resp, body = _send(case, world, via, auth)
-        seen.append(resp.status_code)
-        _check(case, resp, body, auth)
-        if via == "tenant":
-            theirs = [i for i in (*world["ids"], world["eid"]) if i in resp.request.url.path]
-            assert not (theirs and resp.status_code < 300), (
-                f"a tenant reached the operator's {theirs}: {case.method} {resp.request.url} -> {resp.status_code}")
-        if auth == "good":
-            _conforms(world["doc"]["paths"][path][method.lower()], resp, body)
+    def fuzz(n: int) -> None:
+        # n examples, all sent: an example that returned early by the clock would make hypothesis's replay of
+        # the same choices draw differently (FlakyStrategyDefinition), so the clock picks n instead
+        @settings(max_examples=n, deadline=None, database=None, derandomize=False,
+                  suppress_health_check=list(HealthCheck))
+        @given(data=st.data())
+        def run(data):
+            case = data.draw(strategy)
+            _aim(case, data, world)
+            via = data.draw(st.sampled_from(["unix", "tcp", "tenant"]))
+            auth = data.draw(st.sampled_from(["good"] * 6 + ["missing", "wrong"])) if via == "tcp" else "good"
+            resp, body = _send(case, world, via, auth)
+            seen.append(resp.status_code)
+            _check(case, resp, body, auth)
+            if via == "tenant":
+                theirs = [i for i in (*world["ids"], world["eid"]) if i in resp.request.url.path]
+                assert not (theirs and resp.status_code < 300), (
+                    f"a tenant reached the operator's {theirs}: {case.method} {resp.request.url} -> {resp.status_code}")
+            if auth == "good":
+                _conforms(world["doc"]["paths"][path][method.lower()], resp, body)
 
-    if time.monotonic() > _deadline[0]:
-        pytest.skip(f"the fuzzing budget (HUTCH_FUZZ_SECONDS={BUDGET:g}) is spent")
+        run()
+
     t0 = time.monotonic()
-    stop_at = min(_deadline[0], t0 + OP_SECONDS)
-    run()
+    left = sum(1 for o in OPS if o not in _timings)   # this one and those after it share what is left
+    stop_at = t0 + min(OP_SECONDS, max(0.0, _deadline[0] - t0) / max(1, left))
+    fuzz(min(MIN_EXAMPLES, EXAMPLES))
+    per = (time.monotonic() - t0) / max(1, len(seen))
+    more = min(EXAMPLES - len(seen), int((stop_at - time.monotonic()) / max(per, 1e-3)))
+    if more > 0:
+        fuzz(more)
     _timings[label] = (time.monotonic() - t0, len(seen))
     _statuses.update(seen)
