@@ -87,13 +87,15 @@ def pytest_collection_modifyitems(config, items):
 
     error = pytest.mark.filterwarnings("error")
     for item in items:
-        rel = Path(str(item.path)).resolve().relative_to(_TESTS)
-        if (rel.parts[0] if len(rel.parts) > 1 else ".") in WARNINGS_ARE_ERRORS:
+        if _strict(item):
             item.add_marker(error, append=False)
-            item.stash[_STRICT] = True
 
 
-_STRICT = __import__("pytest").StashKey[bool]()
+def _strict(item) -> bool:
+    rel = Path(str(item.path)).resolve().relative_to(_TESTS)
+    return (rel.parts[0] if len(rel.parts) > 1 else ".") in WARNINGS_ARE_ERRORS
+
+
 _last_strict = [False]
 
 
@@ -101,7 +103,7 @@ def pytest_runtest_setup(item):
     """Entering a strict directory from a lenient one, collect the garbage the lenient tests left first, with
     their warnings shown and not raised: a cycle they leaked (an unclosed pipe of a fleet test, say) is otherwise
     freed by whichever strict test's gc happens to run next, and fails that test for another's leak."""
-    strict = item.stash.get(_STRICT, False)
+    strict = _strict(item)
     if strict and not _last_strict[0]:
         import gc
         import warnings

@@ -276,7 +276,8 @@ class MemoryWriter:
             (old / ".hutch").rename(path / ".hutch")
         olds = sorted(self.base.glob("writer.old-*"))
         (path / ".hutch" / "journal").unlink(missing_ok=True)   # a dead writer's: the remote is the truth
-        threading.Thread(target=_remove_later, args=(olds,), name="hutch-mem-old-clones", daemon=True).start()
+        if olds:
+            threading.Thread(target=_remove_later, args=(olds,), name="hutch-mem-old-clones", daemon=True).start()
         return clone, pushed
 
     def _load_seen(self, since: str | None = None) -> None:

@@ -63,9 +63,10 @@ class Tenancy:
         self.stores.start({n: t.quotas.disk for n, t in registry.by_name.items()})
         self.egress_file = egress_file()
         old = paths.state_dir() / "tenant-egress.json"   # where hutch kept them before (one file per state dir)
-        why = self.accounts.load_egress(self.egress_file if self.egress_file.exists() or not old.exists() else old)
+        source = self.egress_file if self.egress_file.exists() or not old.exists() else old
+        why = self.accounts.load_egress(source)
         if why is not None:
-            print(f"hutch daemon: {self.egress_file} is ignored, every tenant's egress day starts afresh: {why}",
+            print(f"hutch daemon: {source} is ignored, every tenant's egress day starts afresh: {why}",
                   file=sys.stderr, flush=True)
 
     def export_lock(self, t: Tenant | None):
