@@ -694,13 +694,16 @@ class Manager:
             return await self.pause(sb)
         sb.status = "paused"   # before the wait: an exec arriving meanwhile resumes it (after the freeze)
         try:
-            await asyncio.to_thread(self.cgroups.freeze, sb.id)
+            # one write and one read of the freezer's files (~0.5 ms) on the loop; only a freeze that is still
+            # under way (a process in a system call) is waited for in a thread
+            if not self.cgroups.start_freeze(sb.id):
+                await asyncio.to_thread(self.cgroups.freeze, sb.id)
         except BaseException:
             if sb.status == "paused":
                 sb.status = "running"
             raise
         if sb.status != "paused":   # it ended, or a resume came while it froze: undo
-            await asyncio.to_thread(self.cgroups.thaw, sb.id)
+            self.cgroups.thaw(sb.id)
 
     async def resume(self, sb: LiveSandbox) -> None:
         """Let a paused sandbox run again (a no-op for a running one); StateError once it has ended."""
@@ -709,7 +712,7 @@ class Manager:
         if sb.status != "paused":
             raise StateError(f"sandbox {sb.id} is {sb.status}, so it runs nothing more; create a new sandbox.")
         sb.status = "running"
-        await asyncio.to_thread(self.cgroups.thaw, sb.id)
+        self.cgroups.thaw(sb.id)   # one write to the freezer (~0.3 ms): not worth a thread's round trip
         sb.touch()
         self._arm_idle(sb)
 

@@ -246,13 +246,21 @@ class Cgroups:
                 _write(f"{cpud}/cpu.cfs_period_us", CPU_PERIOD_US)
             _write(f"{cpud}/cpu.cfs_quota_us", int(cpu * CPU_PERIOD_US))
 
-    def freeze(self, sid: str) -> None:
-        """Stop every process of the sandbox where it is (memory kept); returns once all are stopped."""
+    def start_freeze(self, sid: str) -> bool:
+        """Ask the freezer to stop every process of the sandbox, and say whether all are stopped already (an idle
+        sandbox's usually are, within the write: then no waiting, in a thread or otherwise, is needed)."""
         if not self.can_freeze:
             raise SandboxError("this host mounts no cgroup freezer (v1 `freezer` controller), so sandboxes cannot "
                                "be paused; mount it under /sys/fs/cgroup/freezer, or boot with cgroup v2.")
         path, value, want = self._freezer(sid, True)
         _write(path, value)
+        return self._freezer_state(sid) == want
+
+    def freeze(self, sid: str) -> None:
+        """Stop every process of the sandbox where it is (memory kept); returns once all are stopped."""
+        if self.start_freeze(sid):
+            return
+        _, _, want = self._freezer(sid, True)
         end = time.monotonic() + FREEZE_TIMEOUT
         delay = 0.0002
         while self._freezer_state(sid) != want:
