@@ -165,23 +165,24 @@ class Tenancy:
                 out.append(i)
         return out
 
-    def own_image(self, t: Tenant, node_id: str) -> None:
-        owners = self.owners.images.setdefault(node_id, [])
-        if t.name not in owners:
-            owners.append(t.name)
-            self.owners.save()
+    async def own_image(self, t: Tenant, node_id: str) -> None:
+        """Record `t` as a holder of the image (in the ownership file every daemon of the state dir shares)."""
+        await asyncio.to_thread(self.owners.own, "images", node_id, t.name)
         self._disk.pop(t.name, None)
 
-    def disown_image(self, t: Tenant, node_id: str) -> bool:
+    async def disown_image(self, t: Tenant, node_id: str) -> bool:
         """Drop `t`'s claim on the image; True if nobody else holds one (so it may be removed)."""
-        owners = self.owners.images.get(node_id, [])
-        if t.name in owners:
-            owners.remove(t.name)
-        if not owners:
-            self.owners.images.pop(node_id, None)
-        self.owners.save()
-        self._disk.pop(t.name, None)
-        return not owners
+        try:
+            return await asyncio.to_thread(self.owners.disown, "images", node_id, t.name)
+        finally:
+            self._disk.pop(t.name, None)
+
+    async def own_memsnap(self, t: Tenant, sid: str) -> None:
+        await asyncio.to_thread(self.owners.own, "memsnaps", sid, t.name)
+
+    async def drop_memsnap(self, sid: str) -> None:
+        if sid in self.owners.memsnaps:
+            await asyncio.to_thread(self.owners.disown, "memsnaps", sid)
 
     # --- memory snapshots ----------------------------------------------------------------------------------
 

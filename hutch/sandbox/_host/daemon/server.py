@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import os
@@ -266,8 +267,16 @@ class Handlers:
             raise
         t = request.get("tenant")
         if t is not None:
-            self.tenancy.owners.own("memsnaps", snap["id"], t.name)
-            self.tenancy.own_image(t, layers.node_id_of(snap["image"]) or snap["image"])
+            async def settle():   # shielded: a client that hangs up must not leave it half-recorded
+                try:
+                    await self.tenancy.own_memsnap(t, snap["id"])
+                    await self.tenancy.own_image(t, layers.node_id_of(snap["image"]) or snap["image"])
+                except BaseException:   # its ownership could not be recorded: keep no snapshot nobody may reach
+                    await asyncio.to_thread(_drop_snapshot_id, snap["id"])
+                    with contextlib.suppress(Exception):
+                        await self.tenancy.drop_memsnap(snap["id"])
+                    raise
+            await asyncio.shield(settle())
         return web.json_response(snap, status=201)
 
     async def fork(self, request):
@@ -331,7 +340,7 @@ class Handlers:
             self.tenancy.check_memsnap(t, sid)
         await asyncio.to_thread(memsnaps.remove, sid)
         if self.tenancy is not None:
-            self.tenancy.owners.drop("memsnaps", sid)
+            await self.tenancy.drop_memsnap(sid)
         return web.Response(status=204)
 
     async def export_memory_snapshot(self, request):
@@ -680,10 +689,14 @@ def _snapshot_spec(sid: str) -> SandboxSpec:
 
 def _drop_snapshot(task: asyncio.Future) -> None:
     if not task.cancelled() and task.exception() is None:
-        try:
-            memsnaps.remove(task.result()["id"])
-        except Exception:  # noqa: BLE001 - gone already
-            pass
+        _drop_snapshot_id(task.result()["id"])
+
+
+def _drop_snapshot_id(sid: str) -> None:
+    try:
+        memsnaps.remove(sid)
+    except Exception:  # noqa: BLE001 - gone already
+        pass
 
 
 def _built_images() -> list[dict]:

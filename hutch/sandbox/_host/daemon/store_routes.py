@@ -90,14 +90,22 @@ class StoreRoutes:
             os.close(fds[0])
         if t is not None:
             ten = self.mgr.tenancy
-            fresh = not ten.owners.images.get(node["id"])
-            ten.own_image(t, node["id"])
-            try:
-                ten.check_disk(t)
-            except QuotaExceededError:   # nothing half-made: the image goes again (unless others hold it)
-                if ten.disown_image(t, node["id"]) and fresh:
-                    await _run(layers.remove, node["id"], self._in_use()[0], force=True)
-                raise
+
+            async def settle():   # shielded: a client that hangs up must not leave it half-recorded
+                fresh = not ten.owners.images.get(node["id"])
+                try:
+                    await ten.own_image(t, node["id"])
+                except BaseException:   # not recorded as its: an image nobody may reach goes again
+                    if fresh:
+                        await _run(layers.remove, node["id"], self._in_use()[0], force=True)
+                    raise
+                try:
+                    ten.check_disk(t)
+                except QuotaExceededError:   # nothing half-made: the image goes again (unless others hold it)
+                    if await ten.disown_image(t, node["id"]) and fresh:
+                        await _run(layers.remove, node["id"], self._in_use()[0], force=True)
+                    raise
+            await asyncio.shield(settle())
             if node.get("name"):
                 node = {**node, "name": name[len(ten.image_name(t, "")):]}
         return web.json_response(node, status=201)
@@ -152,14 +160,15 @@ class StoreRoutes:
             removed = await _run(layers.remove, request.match_info["key"], nodes, force=force)
             return web.json_response({"removed": removed})
         node = await self._find(request, own=True)
-        if not self.mgr.tenancy.disown_image(t, node["id"]):   # another tenant holds the same image
-            return web.json_response({"removed": [node["ref"]]})
-        try:
-            removed = await _run(layers.remove, node["id"], nodes, force=force)
-        except BaseException:
-            self.mgr.tenancy.own_image(t, node["id"])
-            raise
-        return web.json_response({"removed": removed})
+        async def settle():   # shielded: a client that hangs up must not leave it half-removed
+            if not await self.mgr.tenancy.disown_image(t, node["id"]):   # another tenant holds the same image
+                return [node["ref"]]
+            try:
+                return await _run(layers.remove, node["id"], nodes, force=force)
+            except BaseException:
+                await self.mgr.tenancy.own_image(t, node["id"])
+                raise
+        return web.json_response({"removed": await asyncio.shield(settle())})
 
     async def prune(self, request):
         nodes, layer_ids = self._in_use()

@@ -30,24 +30,28 @@ creates, so one tenant's burst queues behind its own requests, not in front of o
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import json
 import os
 import re
 import secrets
 import stat
+import sys
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from hutch._core.atomic import atomic_write
-from hutch._core.errors import ConfigError, QuotaExceededError
+from hutch._core.errors import ConfigError, DaemonError, QuotaExceededError
 from hutch.sandbox._spec import parse_size
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
 #: Largest tenants file read.
 MAX_FILE = 4 << 20
+#: Largest ownership file (state_dir()/tenant-owners.json) read or written: some 100,000 records.
+MAX_OWNERS = 16 << 20
 #: Creates run at once (the rest wait, shared fairly between tenants: Accounts.slot): more than two per core
 #: adds latency, not throughput (a create is CPU work of the daemon, its zygote and the init).
 SLOTS = max(4, 2 * (os.cpu_count() or 1))
@@ -594,32 +598,182 @@ def over_quota(tenant: Tenant, quota: str, limit, used, what: str, asked=1) -> Q
 
 
 class Owners:
-    """Which tenant made which image node and memory snapshot (state_dir()/tenant-owners.json, root's, 0600)."""
+    """Which tenants hold which image node, and which tenant made which memory snapshot: the file
+    state_dir()/tenant-owners.json, {"images": {NODE_ID: [TENANT, ...]}, "memory_snapshots": {SID: TENANT}}.
+
+    Every daemon that uses the state dir (fleet nodes on one host) shares it, so a change is a read-modify-write
+    under an exclusive lock (flock on tenant-owners.json.lock): the file is read again under the lock, changed,
+    and replaced by an atomic rename, so no daemon's record is lost to another's write. Reads take the file as
+    it stands (a rename is atomic: the old whole file or the new one), again whenever its inode, size or times
+    change. The file is root's (the daemon's user's) and 0600, and untrusted when read: one that is larger
+    than MAX_OWNERS, not the daemon's, or not a file of ownership records is refused with an error naming it
+    and the fix, and left as it is (nothing is written over it)."""
 
     def __init__(self, path: Path):
-        self.path = path
-        try:
-            d = json.loads(path.read_text())
-            self.images: dict[str, str] = dict(d.get("images", {}))
-            self.memsnaps: dict[str, str] = dict(d.get("memory_snapshots", {}))
-        except (OSError, ValueError, AttributeError):
-            self.images, self.memsnaps = {}, {}
+        self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self._state: tuple = (None, {}, {})   # (the file's stamp, images, memory snapshots), replaced whole
+        self._state = (self._stamp(),) + self._read()   # a bad file at start: the operator's error, raised
+        self.refused: str | None = None   # why the file, changed since, is refused (its last good view in force)
 
-    def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write(self.path, json.dumps({"images": self.images, "memory_snapshots": self.memsnaps}).encode(),
-                     mode=0o600)
+    # the tables as the file last had them (images: node id -> tenants; memsnaps: snapshot id -> tenant)
+    @property
+    def images(self) -> dict[str, list[str]]:
+        self.refresh()
+        return self._state[1]
+
+    @property
+    def memsnaps(self) -> dict[str, str]:
+        self.refresh()
+        return self._state[2]
+
+    def _stamp(self):
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def refresh(self) -> None:
+        stamp = self._stamp()
+        if stamp == self._state[0]:
+            return
+        try:
+            self._state = (stamp,) + self._read()
+            self.refused = None
+        except ConfigError as e:   # another writer left it bad: keep the last good view; writes are refused
+            if self.refused != str(e):
+                print(f"hutch daemon: {e}", file=sys.stderr, flush=True)
+            self.refused = str(e)
+            self._state = (stamp,) + self._state[1:]
+
+    def _read(self) -> tuple[dict, dict]:
+        """The tables of the file (empty if there is none); ConfigError naming the fix if it is refused."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return {}, {}
+        except OSError as e:
+            raise self._bad(f"cannot be read ({e.strerror})") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise self._bad("is not a regular file")
+            if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                raise self._bad(f"is not the daemon's private file (owner uid {st.st_uid}, mode "
+                                f"{stat.S_IMODE(st.st_mode):04o}; it must be uid {os.geteuid()}'s, 0600)")
+            chunks, n = [], 0
+            while n <= MAX_OWNERS:
+                b = os.read(fd, MAX_OWNERS + 1 - n)
+                if not b:
+                    break
+                chunks.append(b)
+                n += len(b)
+        finally:
+            os.close(fd)
+        if n > MAX_OWNERS:
+            raise self._bad(f"is larger than {MAX_OWNERS} bytes")
+        try:
+            doc = json.loads(b"".join(chunks).decode("utf-8"))
+            if not isinstance(doc, dict) or set(doc) - {"images", "memory_snapshots"}:
+                raise ValueError('not an object of "images" and "memory_snapshots"')
+            images, memsnaps = doc.get("images", {}), doc.get("memory_snapshots", {})
+            if not isinstance(images, dict) or not isinstance(memsnaps, dict):
+                raise ValueError('"images" and "memory_snapshots" must be objects')
+            out_i: dict[str, list[str]] = {}
+            for k, v in images.items():
+                v = [v] if isinstance(v, str) else v   # one tenant per image, as the first files had it
+                if not isinstance(v, list) or not _owner_key(k) or not all(_owner_name(n) for n in v):
+                    raise ValueError(f"image {k[:80]!r}: not a node id and a list of tenant names")
+                if v:
+                    out_i[k] = list(dict.fromkeys(v))
+            for k, v in memsnaps.items():
+                if not _owner_key(k) or not _owner_name(v):
+                    raise ValueError(f"memory snapshot {k[:80]!r}: not a snapshot id and a tenant name")
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            raise self._bad(f"is not a file of ownership records ({str(e)[:200]})") from None
+        return out_i, dict(memsnaps)
+
+    def _bad(self, why: str) -> ConfigError:
+        return ConfigError(
+            f"the tenants' ownership file {self.path} {why}; it is left as it is and nothing is written over it. "
+            f"Restore it from a backup (or fix it: {{\"images\": {{NODE_ID: [TENANT, ...]}}, \"memory_snapshots\": "
+            f"{{SID: TENANT}}}}, chmod 600, chown root), or move it away to start with no ownership records (the "
+            f"tenants then see none of the images and memory snapshots they made).")
+
+    def update(self, change):
+        """Apply `change(images, memsnaps)` (it edits the dicts in place; its result is returned) to the file as
+        it is now, under the lock, and write it back atomically (blocking: call it from a thread)."""
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lfd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            st = os.fstat(lfd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise ConfigError(f"the tenants' ownership lock {self.lock_path} is not a file of the daemon's "
+                                  f"user; remove it (`rm {self.lock_path}`).")
+            fcntl.flock(lfd, fcntl.LOCK_EX)
+            try:
+                images, memsnaps = self._read()   # as the file is now, with every other daemon's records
+            except ConfigError as e:   # not the caller's doing: the daemon's (503), and the file stays as it is
+                raise DaemonError(str(e)) from None
+            result = change(images, memsnaps)
+            images = {k: v for k, v in images.items() if v}
+            data = json.dumps({"images": images, "memory_snapshots": memsnaps}, separators=(",", ":")).encode()
+            if len(data) > MAX_OWNERS:
+                raise DaemonError(f"the tenants' ownership file {self.path} would be larger than {MAX_OWNERS} bytes; "
+                                  "remove images or memory snapshots no longer needed.")
+            atomic_write(self.path, data, mode=0o600)
+            self._state = (self._stamp(), images, memsnaps)   # still ours: others write under the lock
+            self.refused = None
+            return result
+        finally:
+            os.close(lfd)   # and with it the lock
 
     def own(self, table: str, key: str, tenant: str) -> None:
-        getattr(self, table)[key] = tenant
-        self.save()
+        """Record that `tenant` holds `key` of `table` ("images": one of its holders; "memsnaps": its maker)."""
+        def change(images, memsnaps):
+            if table == "images":
+                holders = images.setdefault(key, [])
+                if tenant not in holders:
+                    holders.append(tenant)
+            else:
+                memsnaps[key] = tenant
+        self.update(change)
+
+    def disown(self, table: str, key: str, tenant: str | None = None) -> bool:
+        """Drop `tenant`'s claim on `key` (None: every claim); True if nobody holds it now."""
+        def change(images, memsnaps):
+            if table == "images":
+                holders = images.get(key, [])
+                if tenant is None:
+                    holders.clear()
+                elif tenant in holders:
+                    holders.remove(tenant)
+                if not holders:
+                    images.pop(key, None)
+                return not holders
+            if tenant is None or memsnaps.get(key) == tenant:
+                memsnaps.pop(key, None)
+            return key not in memsnaps
+        return self.update(change)
 
     def drop(self, table: str, key: str) -> None:
-        if getattr(self, table).pop(key, None) is not None:
-            self.save()
+        """Forget `key` of `table` (it is gone), if any record names it."""
+        if key in getattr(self, table):
+            self.disown(table, key)
 
     def of(self, table: str, tenant: str) -> set[str]:
-        return {k for k, v in getattr(self, table).items() if v == tenant}
+        if table == "images":
+            return {k for k, v in self.images.items() if tenant in v}
+        return {k for k, v in self.memsnaps.items() if v == tenant}
+
+
+def _owner_key(k) -> bool:
+    return isinstance(k, str) and 0 < len(k) <= 200
+
+
+def _owner_name(n) -> bool:
+    return isinstance(n, str) and NAME_RE.match(n) is not None
 
 
 # --- the audit log --------------------------------------------------------------------------------------------
