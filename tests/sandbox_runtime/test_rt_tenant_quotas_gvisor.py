@@ -1,0 +1,215 @@
+"""Quotas charge memory-snapshot restores and forks as they charge creates (runtime="gvisor", where they exist):
+every copy is a live sandbox with its CPU and memory limits, so a tenant at its sandboxes, cpu or memory quota
+gets a 429 QuotaExceededError naming that quota from a restore and from a fork, with nothing half-made (no
+sandbox, cgroup, process, mount, runsc file, memory snapshot, named netns or link left); a restore and a fork
+racing for the last place cannot both have it (docs/tenants.md)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hutch.sandbox._host.daemon import tenants as T
+
+from rt_support import Daemon
+
+pytestmark = pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc is not installed (scripts/setup.sh)")
+
+SHARED = "bb-gv-shared"
+MB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, busybox_root):
+    base = tmp_path_factory.mktemp("gvquota")
+    tf = base / "etc" / "tenants.json"
+    token = T.add(tf, "q", T.Quotas(sandboxes=2, memory=300 * MB), images=[SHARED])
+    d = Daemon(base / "run", env={"HUTCH_STATE_DIR": str(base / "state"), "HUTCH_WARM_POOL": "0"},
+               serve_kw={"tenants": str(tf)})
+    d.state_dir, d.tenants_file = base / "state", tf
+    op = ten = None
+    try:
+        d.start()
+        op = httpx.Client(transport=httpx.HTTPTransport(uds=str(d.sock)), base_url="http://hutch", timeout=120)
+        ten = httpx.Client(transport=httpx.HTTPTransport(uds=str(d.sock)), base_url="http://hutch", timeout=120,
+                           headers={"Authorization": f"Bearer {token}"})
+        # the operator shares an image (a tenant may not use a host directory)
+        r = op.post("/v1/sandboxes", json={"spec": {"image": f"dir:{busybox_root}", "detach": True, "timeout": 120}})
+        assert r.status_code == 201, r.text
+        src = r.json()["id"]
+        r = op.post(f"/v1/sandboxes/{src}/snapshot", json={"name": SHARED})
+        assert r.status_code == 201, r.text
+        op.post(f"/v1/sandboxes/{src}/terminate")
+        yield d, op, ten
+    finally:
+        try:
+            if op is not None:
+                for s in op.get("/v1/sandboxes").json()["sandboxes"]:
+                    op.post(f"/v1/sandboxes/{s['id']}/terminate")
+        finally:
+            for c in (op, ten):
+                if c is not None:
+                    c.close()
+            d.stop()
+            d.cleanup_cgroups()
+
+
+def _state(d: Daemon, op: httpx.Client) -> dict:
+    """What a half-made sandbox would leave, as the host and the daemon see it."""
+    cg = Path("/sys/fs/cgroup")
+    cgroups = {str(p) for p in cg.glob(f"*/{d.cgroup_parent}/*") if p.is_dir() and p.name != "_zygote"}
+    cgroups |= {str(p) for p in cg.glob(f"{d.cgroup_parent}/*") if p.is_dir() and p.name != "_zygote"}
+    procs = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                text = Path(f"/proc/{pid}/cgroup").read_text()
+            except OSError:
+                continue
+            if f"/{d.cgroup_parent}/" in text and "/_zygote" not in text:
+                procs.add(pid)
+    run = str(d.run_dir)
+    mounts = {ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines() if run in ln.split()[4]}
+    gvdir = d.run_dir / "gvisor"
+    store = d.state_dir / "memory-snapshots"
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return {"sandboxes": sorted(s["id"] for s in op.get("/v1/sandboxes").json()["sandboxes"]),
+            "cgroups": cgroups, "processes": procs, "mounts": mounts,
+            "runsc files": {str(p) for p in gvdir.rglob("*")} if gvdir.exists() else set(),
+            "memory snapshots": {p.name for p in store.iterdir()} if store.exists() else set(),
+            "netns": {ln.split()[0] for ln in netns.splitlines() if ln.strip()},
+            "links": {ln.split(":")[1].strip().split("@")[0] for ln in links.splitlines()}}
+
+
+def _same(before: dict, after: dict) -> None:
+    for k in before:
+        if k == "processes":   # the source's processes come and go (its shell's children): only the sandboxes'
+            continue
+        assert after[k] == before[k], (k, sorted(set(after[k]) ^ set(before[k]))[:10])
+
+
+def _refused(r: httpx.Response, quota: str) -> dict:
+    assert r.status_code == 429, r.text
+    body = r.json()
+    assert body["error"] == "QuotaExceededError" and body["quota"] == quota, body
+    assert f"over its {quota} quota" in body["message"] and f"--quota {quota}=" in body["message"], body
+    return body
+
+
+def _create(ten, **limits) -> str:
+    r = ten.post("/v1/sandboxes", json={"spec": {"image": SHARED, "runtime": "gvisor", "detach": True,
+                                                 "timeout": 300, "limits": limits,
+                                                 "command": ["sh", "-c", "exec sleep 1000"]}})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def _use(ten) -> dict:
+    return ten.get("/v1/tenant").json()["use"]
+
+
+def _set(d: Daemon, ten, *pairs: str) -> None:
+    """Change tenant q's quotas in the tenants file; the daemon rereads it at the next request."""
+    time.sleep(0.01)   # a new mtime, whatever the filesystem's clock granularity
+    T.set_(d.tenants_file, "q", pairs)
+    want = T.read_file(d.tenants_file)["q"].quotas.to_dict()
+    deadline = time.monotonic() + 10
+    while ten.get("/v1/tenant").json()["quotas"] != want:
+        assert time.monotonic() < deadline, "the daemon did not take the changed tenants file"
+        time.sleep(0.05)
+
+
+def test_restore_and_fork_are_charged_to_the_live_sandbox_cpu_and_memory_quotas(world):
+    d, op, ten = world
+    src = _create(ten, memory=128 * MB, cpu=0.5)
+    made = [src]
+    try:
+        r = ten.post(f"/v1/sandboxes/{src}/snapshot-memory")
+        assert r.status_code == 201, r.text
+        snap = r.json()["id"]
+
+        # sandboxes=2, one live: a fork of two is refused whole; a fork of one takes the last place
+        before = _state(d, op)
+        body = _refused(ten.post(f"/v1/sandboxes/{src}/fork", json={"n": 2, "detach": True}), "sandboxes")
+        assert body["limit"] == 2 and body["used"] == 1
+        _same(before, _state(d, op))
+        r = ten.post(f"/v1/sandboxes/{src}/fork", json={"n": 1, "detach": True})
+        assert r.status_code == 201, r.text
+        kid = r.json()["sandboxes"][0]["id"]
+        made.append(kid)
+        assert _use(ten)["sandboxes"] == 2 and _use(ten)["memory"] == 256 * MB and _use(ten)["cpu"] == 1.0
+
+        # at the quota: a restore and a fork are both refused, naming it, and leave nothing
+        before = _state(d, op)
+        body = _refused(ten.post(f"/v1/memory-snapshots/{snap}/restore", json={"detach": True}), "sandboxes")
+        assert body["limit"] == 2 and body["used"] == 2
+        _refused(ten.post(f"/v1/sandboxes/{kid}/fork", json={"n": 1, "detach": True}), "sandboxes")
+        _refused(ten.post(f"/v1/sandboxes/{src}/fork", json={}), "sandboxes")
+        _same(before, _state(d, op))
+        assert _use(ten)["sandboxes"] == 2
+
+        # memory: 300M, 256M live; another copy of 128M is over it
+        _set(d, ten, "sandboxes=none")
+        before = _state(d, op)
+        body = _refused(ten.post(f"/v1/memory-snapshots/{snap}/restore", json={"detach": True}), "memory")
+        assert body["limit"] == 300 * MB and body["used"] == 256 * MB
+        _refused(ten.post(f"/v1/sandboxes/{src}/fork", json={"n": 1, "detach": True}), "memory")
+        _same(before, _state(d, op))
+
+        # cpu: 1.2, 1.0 live; another copy of 0.5 is over it
+        _set(d, ten, "memory=none", "cpu=1.2")
+        before = _state(d, op)
+        body = _refused(ten.post(f"/v1/memory-snapshots/{snap}/restore", json={"detach": True}), "cpu")
+        assert body["limit"] == 1.2 and body["used"] == 1.0
+        _refused(ten.post(f"/v1/sandboxes/{kid}/fork", json={"n": 1, "detach": True}), "cpu")
+        _same(before, _state(d, op))
+
+        # below the quotas again (the copy ends): a restore is admitted, and counted
+        assert ten.post(f"/v1/sandboxes/{kid}/terminate").status_code == 200
+        r = ten.post(f"/v1/memory-snapshots/{snap}/restore", json={"detach": True})
+        assert r.status_code == 201, r.text
+        made.append(r.json()["id"])
+        assert _use(ten)["sandboxes"] == 2 and _use(ten)["cpu"] == 1.0
+        assert ten.delete(f"/v1/memory-snapshots/{snap}").status_code == 204
+    finally:
+        for s in made:
+            ten.post(f"/v1/sandboxes/{s}/terminate")
+        _set(d, ten, "sandboxes=2", "memory=300M", "cpu=none")
+
+
+def test_a_restore_and_a_fork_racing_for_the_last_place_cannot_both_have_it(world):
+    d, op, ten = world
+    src = _create(ten, memory=64 * MB, cpu=0.25)
+    made = [src]
+    try:
+        r = ten.post(f"/v1/sandboxes/{src}/snapshot-memory")
+        assert r.status_code == 201, r.text
+        snap = r.json()["id"]
+        before = _state(d, op)
+        with cf.ThreadPoolExecutor(4) as ex:
+            calls = [lambda: ten.post(f"/v1/memory-snapshots/{snap}/restore", json={"detach": True}),
+                     lambda: ten.post(f"/v1/sandboxes/{src}/fork", json={"n": 1, "detach": True})] * 2
+            got = list(ex.map(lambda f: f(), calls))
+        ok = [g for g in got if g.status_code == 201]
+        for g in ok:
+            body = g.json()
+            made.extend([s["id"] for s in body["sandboxes"]] if "sandboxes" in body else [body["id"]])
+        assert len(ok) == 1 and len(made) == 2, [(g.status_code, g.text[:200]) for g in got]
+        for g in got:
+            if g.status_code != 201:
+                _refused(g, "sandboxes")
+        after = _state(d, op)
+        assert after["sandboxes"] == sorted(before["sandboxes"] + [made[1]])
+        assert _use(ten)["sandboxes"] == 2
+        assert ten.delete(f"/v1/memory-snapshots/{snap}").status_code == 204
+    finally:
+        for s in made:
+            ten.post(f"/v1/sandboxes/{s}/terminate")
