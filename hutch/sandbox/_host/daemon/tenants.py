@@ -801,7 +801,11 @@ class AuditLog:
         self._open()
 
     def _open(self) -> None:
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:   # a symlink (never followed), a directory, ...
+            raise ConfigError(f"--audit-log {self.path} cannot be opened ({e.strerror}); it must be a regular file "
+                              "of root's (not a symlink) or not exist yet.") from None
         st = os.fstat(self.fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != 0:
             os.close(self.fd)
