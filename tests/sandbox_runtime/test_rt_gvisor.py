@@ -74,6 +74,71 @@ def test_an_exec_timeout_kills_the_command_inside(api, image):
     assert out.strip() == "0", "the timed-out command still runs inside"
 
 
+def test_pid_1_reaps_the_orphans_commands_leave(api, image):
+    """An exec's background process outlives its shell and is reparented to pid 1, which must wait for it (a
+    bare `sleep` as pid 1 left every such orphan a zombie for the sandbox's life)."""
+    sid = gv(api, image)["id"]
+    for _ in range(3):
+        out, err, res = api.sh(sid, "sleep 0.3 </dev/null >/dev/null 2>&1 & echo $!")
+        assert res["returncode"] == 0, err
+    orphan = out.strip()
+    out, _, _ = api.sh(sid, f"cat /proc/{orphan}/stat 2>/dev/null | cut -d' ' -f4")
+    assert out.strip() in ("1", ""), out   # reparented to pid 1 (or already gone)
+    deadline = time.monotonic() + 20   # a hang guard: each orphan ends after 0.3 s
+    while True:
+        out, _, _ = api.sh(sid, "ps -o stat,pid,args | grep -v grep | grep -c '^Z' || true")
+        if out.strip() == "0":
+            break
+        assert time.monotonic() < deadline, api.sh(sid, "ps -o stat,pid,ppid,args")[0]
+        time.sleep(0.2)
+
+
+def test_the_files_api_refuses_what_the_sentry_serves(api, image):
+    """/dev, /proc, /sys and a tmpfs mount of a gVisor sandbox are its kernel's, not in its root on the host:
+    a file call there is a ConfigError (400) as a native sandbox's on a device or /proc file, directly or
+    through a link, and never reads or writes the directory hidden below (a command sees what it wrote)."""
+    sid = gv(api, image, mounts=[{"kind": "tmpfs", "target": "/scratch", "size": 4 * 1024**2}])["id"]
+    out, err, res = api.sh(sid, "echo mine > /scratch/f && echo shm > /dev/shm/f && ln -s /dev/zero /home/user/z "
+                                "&& ln -s ../../scratch /home/user/s")
+    assert res["returncode"] == 0, err
+    base = f"/v1/sandboxes/{sid}/files"
+    for path in ("/dev/zero", "/dev/shm/f", "/proc/1/status", "/sys/kernel", "/scratch/f", "/home/user/z",
+                 "/home/user/s/f", "/dev"):
+        for method, op in (("get", "read"), ("get", "list"), ("put", "write"), ("post", "mkdir")):
+            if path == "/home/user/z" and op in ("write", "mkdir"):
+                continue   # a write replaces the link itself (natively too), a mkdir finds it there
+            r = getattr(api.http, method)(f"{base}/{op}", params={"path": path}, **({"content": b"x"} if
+                                                                                     method == "put" else {}))
+            assert r.status_code == 400 and r.json()["error"] == "ConfigError", (path, op, r.text)
+    r = api.http.get(f"{base}/stat", params={"path": "/home/user/z"})   # the link itself is the root's
+    assert r.status_code == 200 and r.json()["type"] == "symlink", r.text
+    out, _, _ = api.sh(sid, "cat /scratch/f /dev/shm/f; ls /scratch")
+    assert out == "mine\nshm\nf\n", out
+
+
+def test_an_exec_program_is_looked_up_inside_the_root(api, image):
+    """Before runsc exec starts it, an exec's program and workdir are looked up in the sandbox's root (the
+    native 404 naming what is missing); a link resolves inside the root, never to the host's file of that path
+    (the host has /usr/bin/python3, the image does not); what is under a sentry's directory is runsc's to find."""
+    assert os.path.exists("/usr/bin/python3")
+    sid = gv(api, image)["id"]
+    out, err, res = api.sh(sid, "ln -s /usr/bin/python3 /home/user/py && ln -s ../../../../../../usr/bin/python3 /home/user/e"
+                                " && printf '#!/bin/sh\\necho linked\\n' > /home/user/hi.sh && chmod +x /home/user/hi.sh"
+                                " && ln -s /home/user/hi.sh /home/user/hi && printf '#!/bin/sh\\necho shm-ran\\n' > /dev/shm/x "
+                                "&& chmod +x /dev/shm/x")
+    assert res["returncode"] == 0, err
+    for argv, env in ((["/home/user/py", "-c", "1"], {}), (["/home/user/e"], {}), (["py"], {"PATH": "/home/user"}),
+                      (["no-such-program"], {})):
+        r = api.http.post(f"/v1/sandboxes/{sid}/exec", json={"argv": argv, "env": env})
+        assert r.status_code == 404 and r.json()["error"] == "NotFoundError", (argv, r.text)
+        assert repr(argv[0]) in r.json()["message"] and "not found" in r.json()["message"], r.text
+    r = api.http.post(f"/v1/sandboxes/{sid}/exec", json={"argv": ["true"], "workdir": "/home/user/py"})
+    assert r.status_code == 404 and "working directory" in r.json()["message"], r.text
+    assert api.exec(sid, "/home/user/hi")[0] == b"linked\n"
+    assert api.exec(sid, "hi", env={"PATH": "/nowhere:/home/user"})[0] == b"linked\n"
+    assert api.exec(sid, "/dev/shm/x")[0] == b"shm-ran\n"
+
+
 def test_command_exit_ends_the_sandbox_with_its_code(api, daemon, image):
     sid = gv(api, image, command=["sh", "-c", "exit 3"])["id"]
     info = api.http.post(f"/v1/sandboxes/{sid}/wait", params={"timeout": 20}).json()   # answers once it is gone

@@ -13,6 +13,7 @@ import pytest
 
 import test_rt_api as rt_api
 import test_rt_lifecycle as rt_lifecycle
+import test_rt_pause as rt_pause
 from rt_support import Api
 
 pytestmark = pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc is not installed (scripts/setup.sh)")
@@ -28,18 +29,10 @@ REUSED = {
     ],
     rt_api: ["test_files_roundtrip", "test_recursive_remove_never_follows_symlinks", "test_bad_input_gets_hutch_errors",
              "test_env_workdir_and_hostname"],
+    rt_pause: ["test_an_exec_resumes_a_paused_sandbox", "test_a_kill_or_terminate_of_a_paused_sandbox_ends_its_command"],
 }
 #: gVisor gaps these tests found (issue 19), each a strict xfail: fixed, the test passes and the xfail must go
-GAPS = {
-    "test_exec_timeout_kills_only_that_command": "a timed-out or killed exec is signalled by `runsc kill --pid`: "
-        "its process only, not its process group (natively, the init kills the group), so `sleep 30 &` survives",
-    "test_stdin_and_kill": "an exec killed by SIGTERM reports returncode 0, not -15: runsc exec's exit status of "
-        "a signalled command is lost",
-    "test_files_roundtrip": "/dev of a gVisor sandbox is the sentry's tmpfs, unseen by the files server (host "
-        "side): reading /dev/zero is a 404, natively a 400 (never streams a device)",
-    "test_bad_input_gets_hutch_errors": "an exec of a program the image lacks starts (runsc exec is the process) "
-        "and fails inside: 200 with an exit code, natively a 404 naming it",
-}
+GAPS: dict[str, str] = {}
 
 
 def _gap(f, reason):

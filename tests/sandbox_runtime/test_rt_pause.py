@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import time
 
-from rt_support import host_state, wait_gone
+import httpx
+
+from rt_support import host_state, split_frames, wait_gone
 
 COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.01; done"
 
@@ -78,6 +80,29 @@ def test_terminating_a_paused_sandbox_leaves_nothing(api, daemon, image):
     assert api.terminate(sid)["status"] == "terminated"
     assert time.monotonic() - t0 < 5
     assert wait_gone(state, 5) == []
+
+
+def test_a_kill_or_terminate_of_a_paused_sandbox_ends_its_command(api, image):
+    """A frozen command takes no signal (SIGKILL included, on cgroup v1) and a frozen gVisor sentry answers no
+    runsc call: a kill of a paused sandbox's command resumes the sandbox, as every call acting in it does, and
+    the command ends with the signal; a terminate of a paused one ends it and its command."""
+    sid = api.create(image)["id"]
+    http = httpx.Client(transport=httpx.HTTPTransport(uds=str(api.sock)), base_url="http://hutch", timeout=30)
+    try:
+        with http.stream("POST", f"/v1/sandboxes/{sid}/exec", json={"argv": ["sleep", "60"]}) as r:
+            eid = r.headers["X-Hutch-Exec-Id"]
+            assert api.http.post(f"/v1/sandboxes/{sid}/pause").json()["status"] == "paused"
+            assert api.http.post(f"/v1/sandboxes/{sid}/exec/{eid}/kill", json={"signal": 15}).status_code == 204
+            _, _, res = split_frames(r.read())   # the client's timeout (30 s) is the hang guard
+        assert res == {"returncode": -15, "reason": "killed"}
+        assert api.info(sid)["status"] == "running"
+        with http.stream("POST", f"/v1/sandboxes/{sid}/exec", json={"argv": ["sleep", "60"]}) as r:
+            api.http.post(f"/v1/sandboxes/{sid}/pause")
+            assert api.terminate(sid)["status"] == "terminated"
+            _, _, res = split_frames(r.read())
+        assert res["reason"] == "sandbox_ended", res
+    finally:
+        http.close()
 
 
 def test_pause_of_an_ended_sandbox_is_a_state_error(api, image):

@@ -135,11 +135,13 @@ class Execs:
         return ex
 
     async def kill(self, sb: LiveSandbox, ex: Exec, sig: int, reason: str = "killed", wait: bool = False) -> None:
-        """Signal the command (its process group; a terminal's whole session for SIGKILL). `wait`: until the init
-        has sent the signals."""
+        """Signal the command (its process group; a terminal's whole session for SIGKILL), resuming a paused
+        sandbox first, as every call that acts in it does. `wait`: until the init has sent the signals."""
         if ex.exited.done() or sb.channel is None or sb.channel.closed:
             return
         ex.reason = ex.reason or reason
+        if sb.status == "paused":   # frozen, it would take the signal only once resumed (and runsc hangs on it)
+            await self.resume(sb)
         msg = {"op": "kill", "eid": ex.eid, "signal": int(sig)}
         if ex.pty is not None and sig == signal.SIGKILL:   # ending a terminal's command ends its session's jobs
             msg["session"] = True

@@ -32,7 +32,10 @@ from hutch.sandbox._spec import SandboxSpec
 if TYPE_CHECKING:  # pragma: no cover
     from hutch.sandbox._host.daemon.manager import LiveSandbox, Manager
 
-SLEEP_FOREVER = [runsc.BUSYBOX_AT, "sleep", "2147483647"]   # pid 1 of a sandbox without a command
+#: pid 1 of a sandbox without a command: a shell waiting on a sleep that never ends, so that every orphan the
+#: sandbox's commands leave (reparented to pid 1) is reaped, as a native init reaps them: ash's `wait` takes
+#: any child (waitpid(-1)) while its own job runs
+PID1 = [runsc.BUSYBOX_AT, "sh", "-c", f"while :; do {runsc.BUSYBOX_AT} sleep 2147483647 & wait; done"]
 DELETE_TIMEOUT = 10.0
 MAX_FORK = 16   # copies one fork call may make
 
@@ -49,6 +52,15 @@ def check_supported(spec) -> None:
             raise UnsupportedError(f"a gVisor sandbox takes Mount.tmpfs, Mount.bind and Mount.volume, not the {m.kind} "
                                    f"at {m.target} (a memory view is a FUSE mount of the host's, which gVisor's gofer "
                                    'does not serve); use runtime="native" for memory mounts.')
+
+
+def sentry_dirs(spec, root_tmp: bool) -> list[str]:
+    """What a gVisor sandbox's kernel serves from its own memory, unseen in its root on the host: /dev (/dev/shm
+    with it), /proc, /sys, its tmpfs mounts, and /tmp where runsc mounts one (the image's /tmp not a directory)."""
+    dirs = ["/dev", "/proc", "/sys"] + [m.target.rstrip("/") for m in spec.mounts if m.kind == "tmpfs"]
+    if not root_tmp and not any(m.target.rstrip("/") == "/tmp" for m in spec.mounts):
+        dirs.append("/tmp")
+    return dirs
 
 
 class Gvisor:
@@ -100,7 +112,7 @@ class Gvisor:
         here, from the same spec."""
         spec, image = sb.spec, sb.image
         return runsc.bundle_config(
-            args=list(spec.command) or SLEEP_FOREVER, env=exec_env(spec, image, sb.hostname, sb.egress_env),
+            args=list(spec.command) or PID1, env=exec_env(spec, image, sb.hostname, sb.egress_env),
             cwd=spec.workdir if spec.command else "/", root=str(gv.merged), hostname=sb.hostname,
             netns=f"/proc/{gv.keeper.pid}/ns/net", cgroups_path=f"/{self.mgr.cgroups.parent}/{sb.id}",
             memory=spec.limits.memory, cpu=spec.limits.cpu, pids=spec.limits.pids, uid_base=sb.uid_base,
@@ -133,7 +145,7 @@ class Gvisor:
             if ns >= 0:
                 os.close(ns)
         await start_keeper(gv, mgr.cgroups.procs_files(sb.id), sb.uid_base, lambda msg: self._keeper_event(sb, msg),
-                           self.spares)
+                           self.spares, masks=sentry_dirs(spec, gv.root_tmp))
         sb.init_pid = gv.files_pid   # its netns is the sandbox's, its root (/proc/<pid>/root) the sandbox's root
         if mgr.network is not None:
             await mgr.network.attach(sb.id, gv.files_pid, spec.network, plain=True)

@@ -14,7 +14,8 @@ in the sandbox's cgroups (so what it holds is the sandbox's). It
   capability left), serving the same file calls as a native init (init.Init), so `..` and absolute
   symlinks resolve inside the sandbox's root and nothing is written as host root.
 
-Protocol (initwire over SEQPACKET): the daemon sends {"op": "config", "cgroup_procs", "root", "uid_base"};
+Protocol (initwire over SEQPACKET): the daemon sends {"op": "config", "cgroup_procs", "root", "uid_base",
+"masks"};
 the keeper answers {"op": "ready", "files_pid"} with the files server's socket; then {"op": "run", "argv",
 "rid"} with three fds (stdin, stdout, stderr) runs a runsc command and answers {"op": "ran", "rid",
 "status"} when it exits; every other child's exit is an event {"op": "reaped", "pid", "status"}. EOF on
@@ -27,6 +28,7 @@ import os
 import select
 import signal
 import socket
+import stat
 
 from hutch.sandbox._host.native import init, initwire
 from hutch.sandbox._host.native import linux as L
@@ -56,7 +58,7 @@ class Keeper:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
-            self._files(theirs, msg["root"], int(msg["uid_base"]))
+            self._files(theirs, msg["root"], int(msg["uid_base"]), [str(m) for m in msg.get("masks", ())])
         theirs.close()
         self.files_pid = pid
         initwire.send(self.sock, {"op": "ready", "files_pid": pid}, [ours.fileno()])
@@ -109,7 +111,7 @@ class Keeper:
             else:
                 initwire.send(self.sock, {"op": "reaped", "pid": pid, "status": status})
 
-    def _files(self, sock: socket.socket, root: str, uid: int) -> None:
+    def _files(self, sock: socket.socket, root: str, uid: int, masks: list[str]) -> None:
         """The files server: chroot into the sandbox's root, become its root's host id, serve init's file calls."""
         code = 1
         try:
@@ -125,10 +127,94 @@ class Keeper:
             os.setresuid(uid, uid, uid)   # a non-zero uid: every capability is gone (chroot cannot be left)
             L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
             L.prctl(L.PR_SET_DUMPABLE, 0)
-            init.Init(sock, {}).serve()
+            Files(sock, masks).serve()
             code = 0
         finally:
             os._exit(code)
+
+
+def _under(path: str, masks) -> str | None:
+    """The mask (a directory the sentry serves: /dev, /proc, /sys, a tmpfs) `path` is in, else None."""
+    for m in masks:
+        if path == m or path.startswith(m.rstrip("/") + "/"):
+            return m
+    return None
+
+
+def _real(path: str, follow: bool) -> str:
+    """Where `path` leads in this chroot (the sandbox's root: `..` and absolute links stay inside it), its last
+    name followed or not; a missing tail is kept as written."""
+    head, name = os.path.split(path.rstrip("/") or "/")
+    if follow or not name:
+        return os.path.realpath(path)
+    return os.path.join(os.path.realpath(head or "/"), name)
+
+
+#: the file calls of init.Init, and whether each follows the last name of its path
+_FOLLOWS = {"read": True, "list": True, "mkdir": True, "write_open": False, "write_commit": False, "stat": False,
+            "remove": False}
+
+
+class Files(init.Init):
+    """init.Init's file calls on the sandbox's root as the host holds it, where a gVisor sandbox's /dev, /proc,
+    /sys and tmpfs mounts are not (the sentry serves them from its own memory): a call on one of those is
+    refused as a native sandbox refuses a device or a /proc file (ConfigError), never answered from the hidden
+    directory below. And `which`: whether an exec's program and working directory exist, looked up here (links
+    resolve inside the root) before `runsc exec` starts it, so a missing one is the caller's NotFoundError."""
+
+    def __init__(self, sock: socket.socket, masks: list[str]):
+        super().__init__(sock, {})
+        self.masks = masks
+
+    def refusal(self, msg: dict, follow: bool) -> dict | None:
+        m = _under(_real(msg["path"], follow), self.masks)
+        if m is None:
+            return None
+        return {"rid": msg.get("rid"), "ok": False, "error": "ConfigError", "message":
+                f"{msg['path']}: it is under {m}, which the sandbox's gVisor kernel keeps in its own memory, out "
+                "of the files API's reach; run('cat', path) reads it (and a command writes it)."}
+
+    def op_which(self, msg, fds):
+        """{"argv0", "cwd", "path" (the command's PATH)}: ok, or NotFoundError as a native init says it. What
+        is under a mask (not seen from here) is left to runsc."""
+        rid, argv0, cwd = msg["rid"], msg["argv0"], msg["cwd"]
+        if _under(_real(cwd, True), self.masks) is None:
+            try:
+                os.close(init._open(cwd, os.O_PATH | os.O_DIRECTORY))
+            except OSError as e:
+                return {"rid": rid, "ok": False, "error": "NotFoundError", "message":
+                        f"working directory {cwd!r}: {os.strerror(e.errno or 0)}; create it or pass another workdir."}
+        cands = [argv0] if "/" in argv0 else [os.path.join(d or ".", argv0) for d in msg["path"].split(":")]
+        for cand in cands:
+            real = _real(os.path.join(cwd, cand), True)
+            if _under(real, self.masks) is not None:
+                return {"rid": rid, "ok": True}
+            try:
+                fd = init._open(os.path.join(cwd, cand), os.O_PATH)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_mode & 0o111:
+                return {"rid": rid, "ok": True}
+        return {"rid": rid, "ok": False, "error": "NotFoundError", "message":
+                f"program {argv0!r} was not found in the sandbox; check the name or install it in the image."}
+
+
+def _checked(op: str, follow: bool):
+    base = getattr(init.Init, "op_" + op)
+
+    def call(self: Files, msg, fds):
+        refused = self.refusal(msg, follow)
+        return refused if refused is not None else base(self, msg, fds)
+    call.__name__ = "op_" + op
+    return call
+
+
+for _op, _follow in _FOLLOWS.items():
+    setattr(Files, "op_" + _op, _checked(_op, _follow))
 
 
 def main(fd: int, parent_pid: int) -> None:

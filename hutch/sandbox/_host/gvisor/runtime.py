@@ -37,6 +37,8 @@ from hutch.sandbox._host.native.runtime import Channel
 
 START_TIMEOUT = 20.0   # seconds for a keeper to report ready and runsc to start the sandbox
 ROOTS = "/run/hutch-gvisor"
+#: runsc exec's PATH for a command whose env has none (its error names this list)
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass
@@ -342,9 +344,9 @@ def _end_spare(s: Spare) -> None:
 
 
 async def start_keeper(gv: GvSandbox, cgroup_procs: list[str], uid_base: int,
-                       on_event: Callable[[dict], None], spares: "Spares | None" = None) -> None:
+                       on_event: Callable[[dict], None], spares: "Spares | None" = None, masks=()) -> None:
     """Give the sandbox a keeper (a spare one, or a new one) and start its files server; returns once both
-    run."""
+    run. `masks`: the directories the sentry serves itself (keeper.Files refuses file calls there)."""
     spare = spares.take() if spares is not None else spawn_keeper()
     gv.keeper, ours = spare.proc, spare.sock
     loop = asyncio.get_running_loop()
@@ -371,7 +373,8 @@ async def start_keeper(gv: GvSandbox, cgroup_procs: list[str], uid_base: int,
             on_event(msg)
 
     gv.ctl = Channel(ours, event)
-    await gv.ctl.notify({"op": "config", "cgroup_procs": cgroup_procs, "root": str(gv.merged), "uid_base": uid_base})
+    await gv.ctl.notify({"op": "config", "cgroup_procs": cgroup_procs, "root": str(gv.merged), "uid_base": uid_base,
+                         "masks": list(masks)})
     msg, fds = await asyncio.wait_for(ready, START_TIMEOUT)
     gv.files_pid = msg["files_pid"]
     gv.files = Channel(socket.socket(fileno=fds[0]), lambda m, f: [os.close(x) for x in f])
@@ -436,6 +439,8 @@ class GvisorChannel:
         self.join = join                   # puts a host pid into the sandbox's memory and cpu cgroups
         self.closed = False
         self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.starting: set[str] = set()          # execs on their way to runsc exec (a kill for one waits)
+        self.pending: dict[str, list[int]] = {}  # signals for those
         self.tasks: set[asyncio.Task] = set()
 
     def drain(self) -> None:
@@ -474,10 +479,16 @@ class GvisorChannel:
         """`runsc exec` of the command. One arriving while a memory snapshot is taken waits for it (a runsc exec
         of a paused or checkpointing sandbox is not defined; and its pipes, the host's, must not be in it): it
         starts holding the lock, so a snapshot after it sees it running (Execs.busy) and refuses."""
-        async with self.gv.lock:
-            if self.closed:
-                return {"ok": False, "error": "StateError", "message": "the sandbox has ended; create a new sandbox."}
-            return await self._start_exec(msg, fds)
+        self.starting.add(msg["eid"])
+        try:
+            async with self.gv.lock:
+                if self.closed:
+                    return {"ok": False, "error": "StateError", "message": "the sandbox has ended; create a new "
+                                                                          "sandbox."}
+                return await self._start_exec(msg, fds)
+        finally:
+            self.starting.discard(msg["eid"])
+            self.pending.pop(msg["eid"], None)
 
     async def _start_exec(self, msg: dict, fds: list[int]) -> dict:
         eid = msg["eid"]
@@ -490,6 +501,12 @@ class GvisorChannel:
         if any("\0" in a for a in args) or any(not k or "=" in k for k in msg["env"]):
             return {"ok": False, "error": "ConfigError", "message": "argv, env and workdir may not hold NUL bytes, "
                                                                     "nor an env name '=' or be empty; fix the command."}
+        # the program and the workdir looked up in the root first (keeper.Files.op_which): runsc exec would start
+        # and fail inside, a 200 with an exit code where a native init says NotFoundError
+        reply, _ = await self.gv.files.request({"op": "which", "argv0": msg["argv"][0], "cwd": msg["cwd"],
+                                                "path": msg["env"].get("PATH") or DEFAULT_PATH})
+        if not reply["ok"]:
+            return reply
         passed = iter(fds)
         stdio = [next(passed) if want else subprocess.DEVNULL for want in msg["streams"]]
         try:
@@ -499,10 +516,15 @@ class GvisorChannel:
             return {"ok": False, "error": "SandboxError", "message": f"runsc exec could not start: {e}"}
         self.join(proc.pid)
         self.procs[eid] = proc
-        task = asyncio.get_running_loop().create_task(self._wait(eid, proc, pidfile))
+        self._task(self._wait(eid, proc, pidfile))
+        for sig in self.pending.pop(eid, ()):   # kills that came while it started
+            self._task(self._signal(eid, sig))
+        return {"ok": True, "pid": proc.pid}
+
+    def _task(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-        return {"ok": True, "pid": proc.pid}
 
     async def _wait(self, eid: str, proc, pidfile: Path) -> None:
         code = await proc.wait()
@@ -515,15 +537,36 @@ class GvisorChannel:
         self.on_event({"op": "exec_exit", "eid": eid, "status": status}, [])
 
     def _kill(self, msg: dict) -> None:
-        pidfile = self.gv.dir / f"exec-{msg['eid']}.pid"
+        eid, sig = msg["eid"], int(msg["signal"])
+        if eid in self.procs:
+            self._task(self._signal(eid, sig))
+        elif eid in self.starting and len(self.pending.get(eid, ())) < 8:
+            self.pending.setdefault(eid, []).append(sig)
+
+    async def _signal(self, eid: str, sig: int) -> None:
+        """Signal exec `eid`'s process group inside, as a native init does (killpg): gVisor makes each exec'd
+        command the leader of a session of its own, so `kill -SIG -PID` from a helper exec reaches what it started
+        (`sleep 30 &` too); then `runsc kill --pid` for the command itself, should it have left its group or the
+        helper could not start (the sandbox at its pids limit). Its pid is known once runsc exec has written it:
+        a kill that comes sooner waits for it."""
+        pidfile = self.gv.dir / f"exec-{eid}.pid"
+        while True:
+            proc = self.procs.get(eid)
+            if proc is None or proc.returncode is not None or self.closed:
+                return
+            try:
+                pid = int(pidfile.read_text().strip())
+                break
+            except (OSError, ValueError):
+                await asyncio.sleep(0.005)
+        gv = self.gv
         try:
-            pid = int(pidfile.read_text().strip())
-        except (OSError, ValueError):
-            return   # not started yet, or ended
-        task = asyncio.get_running_loop().create_task(
-            self.calls.call(self.gv, "kill", f"--pid={pid}", self.gv.id, str(int(msg["signal"])), check=False))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+            code, _ = await self.calls.call(gv, "exec", "--cap=CAP_KILL", "--", gv.id, runsc.BUSYBOX_AT, "kill",
+                                            f"-{sig}", "--", f"-{pid}", check=False)
+            if code:
+                await self.calls.call(gv, "kill", f"--pid={pid}", gv.id, str(sig), check=False)
+        except SandboxError:   # runsc did not answer (the sandbox is ending): its teardown kills everything
+            pass
 
 
 def kill_all(cgroups, sid: str, keep: int) -> None:
