@@ -224,6 +224,10 @@ class FleetMemory:
     def get(self, ref: Any):
         return self._read("get", (_ref(ref),))
 
+    def head(self, ref: Any, max_bytes: int = 1 << 20):
+        """Memory.head: the entity as the first `max_bytes` of its file read (what a search hit shows)."""
+        return self._read("head", (_ref(ref), max_bytes))
+
     def exists(self, ref: Any) -> bool:
         return self._read("exists", (_ref(ref),))
 

@@ -48,7 +48,7 @@ BRANCH = "main"
 SLOTS = 64
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
 WRITES = ("put", "update", "supersede", "link", "unlink", "forget", "ingest_text", "ingest_conversation")
-READS = ("get", "exists", "ls", "classes", "search", "history", "neighbors", "backlinks")
+READS = ("get", "head", "exists", "ls", "classes", "search", "history", "neighbors", "backlinks")
 #: what every git command that talks to the remote adds: no program-running transport; the remote flushes
 _REMOTE_CONFIG = ("-c", "protocol.ext.allow=never", "-c", "protocol.fd.allow=never", "-c", "core.fsync=committed",
                   "-c", "core.fsyncMethod=fsync")

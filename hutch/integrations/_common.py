@@ -370,7 +370,6 @@ class Toolbox:
 
 def hit_dict(h) -> dict[str, Any]:
     """One search hit as a model reads it."""
-    e = h.entity
-    return {"id": h.entity_id, "title": e.title, "score": round(float(h.score), 4),
+    return {"id": h.entity_id, "title": h.title, "score": round(float(h.score), 4),
             "channels": {c: dict(v) for c, v in h.channels.items()}, "anchor": h.anchor,
             "snippet": h.text.strip()[:500]}

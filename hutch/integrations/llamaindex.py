@@ -102,7 +102,7 @@ class HutchRetriever(BaseRetriever):
         out = []
         for h in self.memory.search(query_bundle.query_str, k=self.k, classes=self.classes):
             d = hit_dict(h)
-            e = h.entity
+            e = h.head  # the start of the file (what the hit's text is from), never all of a huge one
             meta = {"entity_id": h.entity_id, "title": d["title"], "class": e.cls, "anchor": h.anchor,
                     "source": e.source, "channels": d["channels"], "speaker": h.speaker}
             node = TextNode(id_=h.entity_id + (f"#{h.anchor}" if h.anchor else ""), text=h.text.strip(),

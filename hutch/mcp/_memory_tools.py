@@ -52,9 +52,8 @@ def register(server, mem) -> None:
                           now=now)
         out = []
         for h in hits:
-            e = h.entity
-            snippet = h.text.strip()
-            out.append({"id": h.entity_id, "title": e.title, "score": round(float(h.score), 4),
+            snippet = h.text.strip()  # h.text and h.title read the head of the file: a hit never costs its size
+            out.append({"id": h.entity_id, "title": h.title, "score": round(float(h.score), 4),
                         "channels": {c: dict(v) for c, v in h.channels.items()}, "anchor": h.anchor,
                         "speaker": h.speaker, "snippet": snippet[:500]})
         return {"query": text, "hits": out}

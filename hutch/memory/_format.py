@@ -437,11 +437,19 @@ def section_span(body: str, anchor: str, levels: tuple[int, ...] = (2, 3)) -> tu
 def sections(body: str) -> dict[str, str]:
     """Anchor -> section text (without its heading) for every level-2/3 heading of the body."""
     out: dict[str, str] = {}
-    for _, level, text, _ in headings(body):
+    # the headings once (one section_span per heading re-read them all: 514 turns in 1 MiB took 6 s, a 200 MB
+    # conversation did not end); a section ends at the next heading of its level or above, found from the end
+    hs = headings(body)
+    ends = [len(body)] * len(hs)
+    nxt = {1: len(body), 2: len(body), 3: len(body)}  # the offset of the next heading of level <= key
+    for n in range(len(hs) - 1, -1, -1):
+        off, level, _, _ = hs[n]
+        ends[n] = nxt[min(level, 3)]
+        for lv in range(level, 4):
+            nxt[lv] = off
+    for (_, level, text, content), end in zip(hs, ends):
         if level in (2, 3) and text not in out:
-            span = section_span(body, text)
-            if span:
-                out[text] = body[span[1]:span[2]].strip("\r\n")
+            out[text] = body[content:end].strip("\r\n")
     return out
 
 

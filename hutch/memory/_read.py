@@ -31,8 +31,18 @@ class Reader:
         cls, slug, path = self.layout.entity(entity_id)
         return self.read(f"{cls}/{slug}", path)
 
+    def head(self, entity_id: str, limit: int) -> tuple[Entity, bool]:
+        """(the entity as its file's first `limit` bytes read, cut at white space as the index cuts its units;
+        True if that is the whole file): what a search hit shows never costs more than `limit` bytes, whatever
+        the file's size."""
+        cls, slug, path = self.layout.entity(entity_id)
+        return self._read(f"{cls}/{slug}", path, limit)
+
     def read(self, entity_id: str, path: Path) -> Entity:
         """The entity `entity_id` from its file `path`, exactly as it is."""
+        return self._read(entity_id, path, None)[0]
+
+    def _read(self, entity_id: str, path: Path, limit: int | None) -> tuple[Entity, bool]:
         try:
             # O_NONBLOCK: a FIFO planted as an entity file would otherwise block the open forever
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -53,11 +63,16 @@ class Reader:
                 "inside the store. Remove it, or move it out of the store."
             )
         with os.fdopen(fd, "rb") as f:
-            raw = f.read()
+            raw = f.read() if limit is None else f.read(limit + 1)
+        whole = limit is None or len(raw) <= limit
+        if not whole:
+            from hutch.memory._index._units import cut  # (the index's package loads numpy: only when needed)
+
+            raw = raw[:cut(raw, limit)]
         text = raw.decode("utf-8", errors="surrogateescape")
         meta, body = fmt.parse(text, str(path))
         cls, slug = entity_id.split("/")
-        return Entity(entity_id, meta, body, text, path, self.links.ids(cls, slug), self.store)
+        return Entity(entity_id, meta, body, text, path, self.links.ids(cls, slug), self.store), whole
 
     def exists(self, entity_id: str) -> bool:
         _, _, path = self.layout.entity(entity_id)

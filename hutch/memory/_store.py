@@ -96,6 +96,14 @@ class Memory:
         """The entity `ref` ('class/slug' or an Entity), read from its file exactly as it is."""
         return self._reader.get(_id_of(ref))
 
+    def head(self, ref: Any, max_bytes: int = 1 << 20) -> Entity:
+        """The entity `ref` as the first `max_bytes` of its file read (cut at white space, as search cuts what it
+        splits into units): all of it when the file is no larger, else its front matter and the start of its body,
+        at a cost of `max_bytes` whatever the file's size. Search hits show this (`Hit.text`, `.title`, `.speaker`)."""
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ConfigError(f"max_bytes={max_bytes!r}: give a positive number of bytes, e.g. 1 << 20.")
+        return self._reader.head(_id_of(ref), max_bytes)[0]
+
     def exists(self, ref: Any) -> bool:
         """True if the entity's file exists."""
         return self._reader.exists(_id_of(ref))

@@ -193,3 +193,48 @@ def test_an_index_of_schema_4_is_upgraded_in_place_keeping_its_vectors(store_dir
             if db.execute("select count(*) from pending").fetchone()[0] else True
     finally:
         m2.index.close()
+
+
+_HITS = textwrap.dedent("""
+    import resource, sys, hutch
+    def peak():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    m = hutch.Memory(sys.argv[1], create=False)
+    m.search("warm up the model and the index")
+    before = peak()
+    shown = [(h.entity_id, h.anchor, h.title, h.speaker, len(h.text), h.text[:40]) for h in m.search(sys.argv[2], k=5)]
+    print(before, peak())
+    print(repr(shown))
+""")
+
+
+def test_a_hit_on_a_huge_file_reads_only_its_head(store_dir):
+    """Hit.text, .title and .speaker read the file's first MiB (where every unit is), not all 200 MB of it: they
+    read the whole file and split all of it into sections, which took its size several times over."""
+    mem = hutch.Memory(store_dir)
+    mem.put("notes", "seed", body="customer churn in the spring")
+    rnd = random.Random(7)
+    with open(store_dir / "notes" / "huge.md", "w") as f:
+        f.write("---\ntitle: The huge talk\n---\n")
+        for i in range(1, 6):  # a few long turns in the head
+            said = "the pelican harmonica recital" if i == 3 else "weather and tea"
+            f.write(f"### D1:{i} · {'Melanie' if i == 3 else 'Caroline'}\n\n{said}. {_words(rnd, 100_000)}\n\n")
+        words = _words(rnd, 4 * MiB)
+        while f.tell() < 200 * MiB:  # then 200 MB of lines without headings, and one more turn at the very end
+            f.write(words)
+        f.write("\n### D9:1 · Zed\n\nthe last word\n")
+    del words
+    assert mem.reindex().ok
+    p = subprocess.run([sys.executable, "-c", _HITS, str(store_dir), "pelican harmonica"], capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    peaks, shown = p.stdout.splitlines()[-2:]
+    before, after = map(int, peaks.split())
+    shown = eval(shown)
+    assert shown[0][:4] == ("notes/huge", "D1:3", "The huge talk", "Melanie")
+    assert shown[0][5].startswith("the pelican harmonica recital") and shown[0][4] < MiB
+    assert after - before < 100, f"the hits' text took the process from {before} to {after} MiB (the file: 200 MiB)"
+    e = mem.head("notes/huge")
+    assert e.title == "The huge talk" and "D1:5 · Caroline" in e.sections and len(e.text) <= MiB
+    assert not any(k.startswith("D9:1") for k in e.sections)  # past the head
+    assert mem.get("notes/huge").section("D9:1") == "the last word"  # the entity itself is all of it

@@ -35,6 +35,10 @@ def _is_damage(e: sqlite3.DatabaseError) -> bool:
     return not (isinstance(e, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg))
 
 
+#: What a hit reads of its file for `head` / `text` / `title` / `speaker`: the part the index splits into units.
+HEAD_BYTES = _units.UNIT_BYTES
+
+
 @dataclass(frozen=True)
 class Hit:
     """One search result: an entity (and for a conversation turn, the turn's anchor), its fused score,
@@ -49,14 +53,28 @@ class Hit:
 
     @cached_property
     def entity(self):
-        """The entity, read from its file (hutch.Entity)."""
+        """The entity, read from its file (hutch.Entity): all of the file, however large (`head`, `text`,
+        `title` and `speaker` read at most its first MiB)."""
         return self._store.get(self.entity_id)
+
+    @cached_property
+    def head(self):
+        """The entity as its file's first MiB reads (hutch.Entity; the whole entity when the file is no larger):
+        the part search splits into units, so every turn a hit can be anchored at is in it. A hit on a 200 MB
+        file costs a MiB of reading here, not 200 MB."""
+        return self._store.head(self.entity_id, HEAD_BYTES)
+
+    @property
+    def title(self) -> str:
+        """The entity's title (its slug if it has none), read from the head of its file."""
+        return _units.valid_text(self.head.title)
 
     @property
     def text(self) -> str:
-        """The hit's text: the turn for an anchored hit, else the entity's body (bytes that are not UTF-8 read as
-        U+FFFD, as the index reads them; `entity.text` keeps them as they are)."""
-        e = self.entity
+        """The hit's text: the turn for an anchored hit, else the entity's body, from the head of its file (the
+        first MiB; `entity.body` is all of it). Bytes that are not UTF-8 read as U+FFFD, as the index reads
+        them; `entity.text` keeps them as they are."""
+        e = self.head
         if self.anchor:
             return _units.valid_text(e.section(self.anchor) or "")
         return _units.valid_text(e.body)
@@ -66,7 +84,7 @@ class Hit:
         """Who said an anchored turn (the name in its heading, `### D3:12 · Caroline`); None for other hits."""
         if not self.anchor:
             return None
-        for heading in self.entity.sections:
+        for heading in self.head.sections:
             at, _, who = heading.partition(" · ")
             if at.strip() == self.anchor:
                 return _units.valid_text(who.strip()) or None
@@ -135,7 +153,7 @@ class IndexReport:
 def _passage(h: Hit) -> str:
     """What the reasoner is shown of a hit (bounded: _reason.passage)."""
     try:
-        return _reason.passage(h.text, h.speaker, h.entity.valid_from)
+        return _reason.passage(h.text, h.speaker, h.head.valid_from)
     except Exception:  # the file went away or broke since it was indexed: the reasoner sees it empty
         return ""
 
