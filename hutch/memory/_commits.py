@@ -140,6 +140,10 @@ class Committer:
         rewritten) and records offsets, so that reading it can be spread over threads."""
         if not paths:
             return None
+        from hutch.memory import _gitindex
+
+        # the index.lock a hutch writer killed while it held it left behind (only that one: never another git's)
+        _gitindex.recover_lock(os.path.join(self.git.root, ".git"))
         split = []
         try:
             if self._split is None:   # split already (by this store's earlier writers, or by hand)?
@@ -152,8 +156,6 @@ class Committer:
         except OSError:
             pass
         if self._split:
-            from hutch.memory import _gitindex
-
             if _gitindex.crowded(os.path.join(self.git.root, ".git")):
                 # the entries staged directly (_gitindex) go into a new shared index now
                 split += ["-c", "splitIndex.maxPercentChange=0"]
@@ -274,6 +276,10 @@ class Committer:
 
     def unstage(self, paths: list[str]) -> None:
         if paths and self.git.has_head():
+            from hutch.memory import _gitindex
+
+            # a dead writer's recovery: the index.lock it may have left would fail the reset (check=False)
+            _gitindex.recover_lock(os.path.join(self.git.root, ".git"))
             data = _nul_list(paths)
             self.git.run("reset", "-q", "--pathspec-from-file=-", "--pathspec-file-nul", input=data, check=False)
 

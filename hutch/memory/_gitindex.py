@@ -17,10 +17,16 @@ clean", git's racy-git rule) is checked against the file and smudged (size 0: gi
 file changed. Anything else — a removal, an index that is not split, index version 4, an extension git
 requires that is not `link`, a `.git/index` grown past _MAX_BYTES — is left to git (`stage()`
 returns False); a split part grown past _MAX_BYTES is folded by git into a new shared index (`crowded`).
+
+A writer killed while it holds index.lock (SIGKILL in the millisecond between taking it and renaming it over
+the index) left the lock behind, and every later write failed with "File exists" until someone removed it by
+hand. The lock is now the file this module recorded under a flock of its own (`_replace_index`), so the next
+writer knows it for a dead writer's and removes it (`recover_lock`); the lock of any other git is left alone.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import stat
@@ -32,7 +38,11 @@ from hutch.memory._objects import object_id
 #: A `.git/index` larger than this (about 2,500 entries) is left to git, told to write a new shared index.
 _MAX_BYTES = 256 << 10
 _KEEP_EXT = (b"link", b"REUC")     # carried as they are; other optional extensions are dropped
-_ENTRY = struct.Struct(">10I20sH")  # ctime s/ns, mtime s/ns, dev, ino, mode, uid, gid, size, sha, flags
+_ENTRY = struct.Struct(">10I20sH")
+#: In .git: the flock a writer holds while it holds index.lock, and the identity of that lock (_replace_index)
+OWNER_FILE = "hutch-index-lock.owner"
+#: In .git: the new index before it is linked as index.lock
+TEMP_FILE = "hutch-index.new"  # ctime s/ns, mtime s/ns, dev, ino, mode, uid, gid, size, sha, flags
 
 
 class _NotHere(Exception):
@@ -185,27 +195,124 @@ def stage(git_dir: str, root: str, new: dict[str, tuple[os.stat_result, int, str
     out += [e for sig, e in exts if sig in _KEEP_EXT]
     data = b"".join(out)
     data += hashlib.sha1(data).digest()
+    _replace_index(git_dir, data)
+    return True
+
+
+def _replace_index(git_dir: str, data: bytes) -> None:
+    """Write `data` as `.git/index` under git's index.lock, recorded so that a lock this process leaves when it
+    is killed (between taking it and renaming it over the index) is known for its own by the next writer.
+
+    The bytes go to a temp file first; its identity (device, inode, size, mtime, the checksum it ends with) is
+    written into OWNER_FILE, whose flock this process holds, and only then is it linked as index.lock (link
+    fails if the name exists, as O_EXCL would). The lock left by a killed writer is removed by the next one
+    (`recover_lock`): the flock is free (its holder is dead) and the lock is the very file recorded."""
+    index = os.path.join(git_dir, "index")
     lock = index + ".lock"
+    tmp = os.path.join(git_dir, TEMP_FILE)
+    owner = _owner(git_dir, wait=True)
     try:
-        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    except FileExistsError:
-        raise MemoryStoreError(
-            f"Unable to create '{lock}': File exists: another git process seems to be running in this "
-            f"repository; if none is, remove the file (rm {lock}) and write again.") from None
-    try:
+        _clear_stale(git_dir, owner)   # the lock a killed writer left, as its record names it
+        try:
+            os.unlink(tmp)   # a killed writer's, not linked yet (or no longer)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
+            st = os.fstat(fd)
         finally:
             os.close(fd)
-        os.replace(lock, index)
-    except BaseException:
+        _record(owner, f"{st.st_dev} {st.st_ino} {st.st_size} {st.st_mtime_ns} {data[-20:].hex()} {os.getpid()}")
         try:
-            os.unlink(lock)
-        except FileNotFoundError:
-            pass
+            try:
+                os.link(tmp, lock, follow_symlinks=False)
+            except FileExistsError:
+                raise MemoryStoreError(
+                    f"Unable to create '{lock}': File exists: another git process seems to be running in this "
+                    f"repository; if none is, remove the file (rm {lock}) and write again.") from None
+            os.unlink(tmp)
+            try:
+                os.replace(lock, index)
+            except BaseException:
+                os.unlink(lock)
+                raise
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            _record(owner, "")
+    finally:
+        os.close(owner)   # releases the flock
+
+
+def _owner(git_dir: str, *, wait: bool) -> int | None:
+    """OWNER_FILE, open and flocked (None if another process holds it and `wait` is False)."""
+    fd = os.open(os.path.join(git_dir, OWNER_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
         raise
+    return fd
+
+
+def _record(fd: int, line: str) -> None:
+    data = line.encode()
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+
+
+def _clear_stale(git_dir: str, owner: int) -> bool:
+    """With OWNER_FILE's flock held: remove `.git/index.lock` if it is the lock a killed hutch writer left (the very
+    file recorded in OWNER_FILE); True if the name is free now. A lock of any other process is never touched."""
+    lock = os.path.join(git_dir, "index.lock")
+    rec = os.pread(owner, 4096, 0).decode("ascii", "replace").split()
+    try:
+        st = os.lstat(lock)
+    except FileNotFoundError:
+        return True
+    if len(rec) < 5 or not stat.S_ISREG(st.st_mode) or \
+            rec[:4] != [str(st.st_dev), str(st.st_ino), str(st.st_size), str(st.st_mtime_ns)]:
+        return False
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        tail = os.pread(fd, 20, max(0, st.st_size - 20))
+        same = (os.fstat(fd).st_ino == st.st_ino) and tail.hex() == rec[4]
+    finally:
+        os.close(fd)
+    if not same:
+        return False
+    os.unlink(lock)
+    _record(owner, "")
+    return True
+
+
+def recover_lock(git_dir: str) -> bool:
+    """Remove the `.git/index.lock` a hutch writer left when it was killed while it held it (SIGKILL in the
+    millisecond between taking the lock and renaming it over the index: every later write failed with "File
+    exists"). Only that file, and only when no live process holds OWNER_FILE's flock: a lock another git holds
+    is left alone. True if there is no index.lock now."""
+    if not os.path.lexists(os.path.join(git_dir, "index.lock")):
+        return True
+    owner = _owner(git_dir, wait=False)
+    if owner is None:
+        return False   # a live hutch writer holds it: its lock is its own
+    try:
+        return _clear_stale(git_dir, owner)
+    finally:
+        os.close(owner)
+
+
     return True
 
 

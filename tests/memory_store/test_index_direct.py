@@ -3,6 +3,8 @@
 
 import os
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -125,3 +127,67 @@ def test_removals_go_through_git_and_a_crowded_index_is_folded(split_mem, store_
     # (how small git leaves the split part after the fold varies from run to run, 0.4-2.8 KB here: not asserted)
     assert git(store_dir, "status", "--porcelain", "--untracked-files=all") == "" and staged_is_head(store_dir)
     assert git(store_dir, "fsck", "--strict", "--no-dangling") == ""
+
+
+# A writer that stops (SIGSTOP) or dies (SIGKILL) holding index.lock: between taking it and renaming it over the
+# index, where a kill left the lock behind and every later write of the store failed with "File exists".
+_HOLDER = """
+import os, signal, sys, hutch
+real = os.replace
+def replace(src, dst, *a, **kw):
+    if str(dst).endswith(os.path.join(".git", "index")) and str(src).endswith("index.lock"):
+        print("holding", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return real(src, dst, *a, **kw)
+os.replace = replace
+hutch.Memory(sys.argv[1]).put("notes", "Killed", body="the writer dies holding index.lock")
+"""
+
+
+def test_a_writer_killed_holding_index_lock_leaves_nothing_the_next_writer_cannot_recover(split_mem, store_dir):
+    mem = split_mem
+    git_dir = str(store_dir / ".git")
+    lock = store_dir / ".git" / "index.lock"
+    child = subprocess.Popen([sys.executable, "-c", _HOLDER, str(store_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "holding\n"
+        os.waitpid(child.pid, os.WUNTRACED)   # stopped, holding the lock
+        assert lock.exists()
+        assert _gitindex.recover_lock(git_dir) is False and lock.exists()   # its holder lives: left alone
+        child.kill()
+        assert child.wait(30) == -9
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)
+        child.stdout.close()
+    assert lock.exists()   # what a SIGKILL in that millisecond leaves
+    mem.put("notes", "After", body="the next writer")   # recovers: the lock was the dead writer's own
+    assert not lock.exists()
+    assert git(store_dir, "status", "--porcelain", "--untracked-files=all") == ""
+    assert staged_is_head(store_dir) and git(store_dir, "fsck", "--strict", "--no-dangling") == ""
+    assert mem.get("notes/after").body.strip() == "the next writer" and mem.check().ok
+
+
+def test_a_live_gits_index_lock_is_never_removed(split_mem, store_dir):
+    """A real git holding index.lock (update-index waits for its paths on stdin): the put fails naming the lock
+    and commits nothing, the lock stays; once git is done, the put goes through."""
+    mem = split_mem
+    lock = store_dir / ".git" / "index.lock"
+    head = git(store_dir, "rev-parse", "HEAD")
+    g = subprocess.Popen(["git", "-C", str(store_dir), "update-index", "--add", "--stdin"], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60   # a hang guard, not a timing assert
+        while not lock.exists() and g.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lock.exists() and g.poll() is None
+        with pytest.raises(hutch.MemoryStoreError, match="index.lock"):
+            mem.put("notes", "Blocked")
+        assert _gitindex.recover_lock(str(store_dir / ".git")) is False
+        assert lock.exists() and g.poll() is None and git(store_dir, "rev-parse", "HEAD") == head
+    finally:
+        g.stdin.close()
+        assert g.wait(30) == 0
+    assert not lock.exists()
+    mem.put("notes", "Blocked")
+    assert git(store_dir, "status", "--porcelain", "--untracked-files=all") == "" and staged_is_head(store_dir)
