@@ -1,6 +1,6 @@
 """Load test of the daemon: many concurrent clients creating, execing and terminating sandboxes.
 
-    .venv/bin/python bench/load.py [--cycles 1000] [--clients 50] [--procs 5] [--quick] [--write docs/benchmarks.md]
+    .venv/bin/python bench/load.py [--cycles 1000] [--clients 50] [--procs 5] [--rounds 4] [--quick] [--write docs/benchmarks.md]
 
 `--procs` client processes (one per future tenant: issue 17) of `--clients / --procs` threads each run
 `--cycles` cycles in all through the public SDK: `Sandbox.create`, `run("true")`, `terminate()`. Reported:
@@ -10,8 +10,11 @@ leftovers (sandboxes listed, mounts and cgroups of the daemon's) at the end and 
   - hutch over TCP with TLS and a bearer token (the remote clients of a platform);
   - hutch over the Unix socket (the same load without TLS: what the transport costs);
   - bwrap, 50 concurrent workers each running `bwrap ... true` on its own overlay of the same root per
-    cycle (create, exec and terminate in one process: the floor of a sandbox without an API or a daemon).
-The daemon is a private one (its own run directory, certificate and token), started and stopped here.
+    cycle (create, exec and terminate in one process: the floor of a sandbox without an API or a daemon);
+  - hutch over TCP with TLS on a daemon with `--procs` tenants, each client process one of them with its own
+    token (tenants on vs off, side by side: both daemons run at once, and the three hutch loads are taken in
+    turn, `--rounds` rounds, so a shared machine's shifting load falls on each alike).
+The daemons are private ones (their own run directories, certificates and tokens), started and stopped here.
 
     .venv/bin/python bench/load.py --tenants 5 [--phase-seconds 40] [--burst 24] [--steady 1] [--write ...]
 
@@ -119,12 +122,12 @@ def worker(cycles: int, threads: int, image: str, tag: str, seconds: float = 0.0
     return {"lat": lat, "errors": dict(errors), "span": (start, time.time()), "cpu": ru.ru_utime + ru.ru_stime}
 
 
-def run_clients(env: dict, cycles: int, clients: int, procs: int, image: str, tag: str) -> dict:
-    """Start `procs` client processes at once; merge what they measured."""
+def run_clients(env, cycles: int, clients: int, procs: int, image: str, tag: str) -> dict:
+    """Start `procs` client processes at once (process i with `env(i)`); merge what they measured."""
     per = [cycles // procs + (i < cycles % procs) for i in range(procs)]
     threads = max(1, clients // procs)
     ps = [subprocess.Popen([sys.executable, __file__, "--worker", str(n), "--threads", str(threads), "--image", image,
-                            "--tag", tag], env=env, stdout=subprocess.PIPE, text=True) for n in per]
+                            "--tag", tag], env=env(i), stdout=subprocess.PIPE, text=True) for i, n in enumerate(per)]
     outs = [json.loads(p.communicate()[0]) for p in ps]
     wall = max(o["span"][1] for o in outs) - min(o["span"][0] for o in outs)   # the load, not the imports
     lat = {op: [x for o in outs for x in o["lat"][op]] for op in OPS}
@@ -386,6 +389,7 @@ def main():
     ap.add_argument("--cycles", type=int, default=1000)
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--procs", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=4, help="the hutch runs taken in turn, this many rounds")
     ap.add_argument("--image", default="debian-slim", help="hutch image ref (bwrap runs on its root too)")
     ap.add_argument("--quick", action="store_true", help="200 cycles (a smoke test of the benchmark)")
     ap.add_argument("--write", metavar="MD", help="also write the results as Markdown to this file")
@@ -412,20 +416,42 @@ def main():
     root = resolve_image(a.image).lowerdirs[-1]
     load0 = os.getloadavg()[0]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    with tempfile.TemporaryDirectory(prefix="hutch-load-") as tmp:
-        d = PrivateDaemon(Path(tmp))
-        results, left = {}, {}
+    results, left, after_stop = {}, {}, []
+    # the same load on a daemon without tenants (TCP, the Unix socket) and on one with a tenant per client process
+    # (its own token over TCP: scoping, quota accounts, fair create slots); both daemons up at once and the three
+    # taken in turn, `--rounds` rounds of cycles/rounds each, the order reversed every other round, so that a
+    # load that shifts on a shared machine falls on each alike
+    tenants_name = f"hutch, TCP + TLS, {a.procs} tenants"
+    with tempfile.TemporaryDirectory(prefix="hutch-load-") as tmp0, tempfile.TemporaryDirectory(prefix="hutch-load-") as tmp1:
+        plain = PrivateDaemon(Path(tmp0))
+        ten = None
         try:
-            for name, env in (("hutch, TCP + TLS", d.tcp_env), ("hutch, Unix socket", d.unix_env)):
-                tag = secrets.token_hex(4)
-                print(f"{name}: {a.cycles} cycles, {a.clients} clients in {a.procs} processes ...", file=sys.stderr)
-                cpu0 = tree_cpu(d.proc.pid)
-                results[name] = run_clients(env, a.cycles, a.clients, a.procs, a.image, tag)
-                results[name]["daemon_cpu"] = tree_cpu(d.proc.pid) - cpu0
-                left[name] = leftovers(d, tag)
+            ten = PrivateDaemon(Path(tmp1), tenants=a.procs)
+            order = [("hutch, TCP + TLS", plain, lambda i: plain.tcp_env), ("hutch, Unix socket", plain, lambda i: plain.unix_env),
+                     (tenants_name, ten, ten.tenant_env)]
+            rounds = max(1, a.rounds)
+            for r in range(rounds):
+                n = a.cycles // rounds + (r < a.cycles % rounds)
+                for name, d, env in (order if r % 2 == 0 else order[::-1]):
+                    tag = secrets.token_hex(4)
+                    print(f"{name}, round {r + 1}/{rounds}: {n} cycles, {a.clients} clients in {a.procs} processes ...",
+                          file=sys.stderr)
+                    cpu0 = tree_cpu(d.proc.pid)
+                    got = run_clients(env, n, a.clients, a.procs, a.image, tag)
+                    got["daemon_cpu"] = tree_cpu(d.proc.pid) - cpu0
+                    acc = results.setdefault(name, {"lat": {op: [] for op in OPS}, "errors": {}, "wall": 0.0, "ok": 0,
+                                                    "client_cpu": 0.0, "daemon_cpu": 0.0})
+                    for op in OPS:
+                        acc["lat"][op] += got["lat"][op]
+                    acc["errors"] = dict(Counter(acc["errors"]) + Counter(got["errors"]))
+                    for k in ("wall", "ok", "client_cpu", "daemon_cpu"):
+                        acc[k] += got[k]
+                    left.setdefault(name, []).extend(leftovers(d, tag))
         finally:
-            d.stop()
-        after_stop = [f"mount {m}" for m in resources(d.run_dir)[0]] + [f"cgroup {c}" for c in resources(d.run_dir)[1]]
+            for d in (plain, ten):
+                if d is not None:
+                    d.stop()
+                    after_stop += [f"mount {m}" for m in resources(d.run_dir)[0]] + [f"cgroup {c}" for c in resources(d.run_dir)[1]]
     print(f"bwrap: {a.cycles} cycles, {a.clients} workers ...", file=sys.stderr)
     results["bwrap"] = bwrap_load(root, a.cycles, a.clients)
     left["bwrap"] = []
@@ -437,9 +463,12 @@ def main():
         f"{load0:.1f} at the start, {load1:.1f} at the end (other work shares the machine: compare the ratios).",
         f"{a.cycles} cycles of create -> `run(\"true\")` -> terminate, from {a.clients} concurrent clients "
         f"({a.procs} processes of {max(1, a.clients // a.procs)} threads; the peer: {a.clients} workers). "
-        "p50 / p99 in ms.",
+        f"p50 / p99 in ms. The {a.procs} tenants row: a daemon with `--tenants`, each client process a tenant with "
+        "its own token (no quotas set: what scoping, accounting and the fair create slots cost); the rows above "
+        f"it: a daemon without tenants, the operator's token; both daemons up at once, the three hutch rows taken "
+        f"in turn in {max(1, a.rounds)} rounds (order reversed every other round), then bwrap.",
         "",
-        "| | cycles/s | create | exec | terminate | whole cycle | errors | leftovers |",
+        "| | cycles/s (= creates/s) | create | exec | terminate | whole cycle | errors | leftovers |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
@@ -455,6 +484,11 @@ def main():
         lines += ["", f"hutch over TCP / bwrap, whole cycle: p50 {statistics.median(h) / statistics.median(b):.2f}, "
                       f"p99 {pct(h, 99) / pct(b, 99):.2f}; throughput "
                       f"{(hutch_tcp['ok'] / hutch_tcp['wall']) / (results['bwrap']['ok'] / results['bwrap']['wall']):.2f}x."]
+    tc, oc = results[tenants_name]["lat"]["create"], hutch_tcp["lat"]["create"]
+    if tc and oc:
+        lines += [f"Tenants on / off (TCP + TLS), create: p50 {statistics.median(tc) / statistics.median(oc):.2f}, "
+                  f"p99 {pct(tc, 99) / pct(oc, 99):.2f}; throughput "
+                  f"{(results[tenants_name]['ok'] / results[tenants_name]['wall']) / (hutch_tcp['ok'] / hutch_tcp['wall']):.2f}x."]
     for name, r in results.items():
         if r["errors"]:
             lines.append(f"Errors ({name}): " + "; ".join(f"{k} x{n}" for k, n in r["errors"].items()))
