@@ -289,8 +289,10 @@ class Memory:
         ago", "since March") adds the `time` channel; relative ones are read
         against `as_of` if given, else `now` (an ISO date/date-time), else the
         newest time among the candidates of the unit's kind, at most the clock:
-        a conversation turn reads them from the newest candidate turn (an
-        ingested conversation's last session), anything else from the newest
+        a conversation turn reads them from the newest candidate turn of its
+        conversation (an ingested conversation's last session; sessions with
+        the same speakers are one conversation, so each conversation in a
+        store reads from its own end), anything else from the newest
         candidate, e.g. mem.search("what did we decide last week?",
         now="2026-11-20").
         """

@@ -113,3 +113,39 @@ def test_a_turn_reads_relative_words_from_its_conversation_a_note_from_the_newes
     # given now=, every unit reads against it: the clock's last week holds no turn
     assert all("time" not in h.channels for h in mem.search(q, k=10, now=datetime.now(timezone.utc).isoformat())
                if h.anchor)
+
+
+def _second_conversation():
+    """Other people, a later end (5 March 2024): its "last week" is 26 February .. 3 March 2024."""
+    return {
+        "speaker_a": "Ines", "speaker_b": "Bruno",
+        "session_1_date_time": "9:00 am on 12 January, 2024",
+        "session_1": [{"speaker": "Ines", "dia_id": "D1:1", "text": "Did the kiln arrive at the studio?"},
+                      {"speaker": "Bruno", "dia_id": "D1:2", "text": "It did, the pottery class starts soon."}],
+        "session_2_date_time": "6:30 pm on 5 March, 2024",
+        "session_2": [{"speaker": "Bruno", "dia_id": "D2:1", "text": "We sailed along the coast last Saturday."},
+                      {"speaker": "Ines", "dia_id": "D2:2", "text": "You and your boats."}],
+        "qa": [],
+    }
+
+
+def test_each_conversation_reads_relative_words_from_its_own_end(mem):
+    """Two conversations in one store, of other people, ending 20 June 2023 and 5 March 2024: without now=,
+    "last week" about each is the week before its own last session (one reference for the store read the first
+    conversation's "last week" as 26 February .. 3 March 2024, where it has nothing). The sessions of one
+    conversation (the same speakers) share its end: a session's own date is not its reference."""
+    mem.ingest_conversation(_conversation(), conv_id="c1")
+    mem.ingest_conversation(_second_conversation(), conv_id="c2")
+    q = "Where did they sail last week?"
+    for hits in (mem.search(q, k=10), mem.search(q, k=10, classes=["interactions"])):
+        by = {(h.entity_id.split("/")[-1].split("-session")[0], h.anchor): h for h in hits}
+        assert "time" in by["c1", "D2:1"].channels  # 12..18 June 2023 holds "last Saturday" said on 20 June
+        assert "time" in by["c2", "D2:1"].channels  # 26 February .. 3 March 2024 holds its "last Saturday"
+        assert by["c1", "D2:1"].channels["time"] == by["c2", "D2:1"].channels["time"]
+    # D1:3's "yesterday" (7 May 2023) is in the week before its own session (8 May), not before c1's end
+    adopted = next(h for h in mem.search("Who adopted a puppy last week?", k=10) if h.anchor == "D1:3"
+                   and "c1" in h.entity_id)
+    assert "time" not in adopted.channels
+    # now= is one reference for every unit: 20 June 2023's last week is c1's only
+    hits = mem.search(q, k=10, now="2023-06-20")
+    assert [h.entity_id.split("/")[-1][:2] for h in hits if "time" in h.channels] == ["c1"]

@@ -73,3 +73,34 @@ def _pairs(snap: _rank.Snapshot, db) -> tuple[np.ndarray, np.ndarray]:
         snap.memo.clear()
     snap.memo[key] = got
     return got
+
+
+def conversations(snap: _rank.Snapshot) -> np.ndarray:
+    """(units,) which conversation each turn is of (0, 1, ...; -1 for a unit that is not a turn): the entities
+    with turns (sessions) whose turns have the same speakers are one conversation, so a store holding several
+    ingested conversations reads each one's relative time words from its own end (_search.SearchIndex.
+    _turn_references). From the store's structure only (speakers, not ids or classes); kept per index
+    generation."""
+    key = ("conversations", snap.gen, snap.n, len(snap.upos), snap.ne)
+    got = snap.memo.get(key)
+    if got is not None:
+        return got
+    n = snap.n
+    out = np.full(n, -1, np.int64)
+    idx = np.flatnonzero(snap.alive[:n] & snap.is_turn[:n])
+    if len(idx):
+        ent, spk = snap.epos[:n][idx], snap.speaker[:n][idx]
+        base = int(spk.max()) + 2
+        pairs = np.unique(ent * base + (spk + 1))  # (entity, speaker) once each, sorted by entity
+        speakers: dict[int, list[int]] = {}
+        for e, sp in zip((pairs // base).tolist(), (pairs % base).tolist()):
+            speakers.setdefault(e, []).append(sp)
+        number: dict[tuple[int, ...], int] = {}
+        of = {e: number.setdefault(tuple(v), len(number)) for e, v in speakers.items()}
+        lut = np.full(snap.ne, -1, np.int64)
+        lut[list(of)] = list(of.values())
+        out[idx] = lut[ent]
+    if len(snap.memo) >= 256:
+        snap.memo.clear()
+    snap.memo[key] = out
+    return out

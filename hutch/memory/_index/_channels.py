@@ -157,8 +157,9 @@ def in_time(q: Reading, t: Trip) -> Channel | None:
     else recorded_at, else created) is; else the share of its event time (a turn's "yesterday", "last year", read
     against its session) inside the span: the chance that what it speaks of fell there, if it was anywhere in its
     event time alike (a turn's "last year" is 1 for a question about that year and 31/365 for one about a month of
-    it). A turn is judged by the question's time as read against the newest candidate turn (`turn_span`), any
-    other unit by it as read against the newest candidate (`span`; see _search.SearchIndex._reference). Only when
+    it). A turn is judged by the question's time as read against the newest candidate turn of its conversation
+    (`turn_spans`; one conversation: `turn_span`), any other unit by it as read against the newest candidate
+    (`span`; see _search.SearchIndex._reference and _turn_references). Only when
     that separates some candidates from the others; not rescaled (`unit_scale`)."""
     if q.span is None:
         return None
@@ -168,6 +169,9 @@ def in_time(q: Reading, t: Trip) -> Channel | None:
     val = _in_span(q.span, tr, ef, et)
     if q.turn_span is not None and q.turn_span is not q.span:
         val = np.where(s.is_turn[:n], _in_span(q.turn_span, tr, ef, et), val)
+    for where, span in q.turn_spans:  # several conversations: each one's turns as read against its own end
+        if span is not None:
+            val[where] = _in_span(span, tr[where], ef[where], et[where])
     tin = val > 0
     if 0 < (tin & t.mask).sum() < t.mask.sum():
         return Channel("time", val, tin, unit_scale=True)

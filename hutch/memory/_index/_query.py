@@ -31,18 +31,42 @@ class Reading:
     # _search.SearchIndex._reference); `span` itself when the two references are the same
     turn_span: _time.TimeSpan | None = None
     turn_ref: float | None = None
+    # in a store of several conversations, a relative time as each conversation reads it, against its own end:
+    # ((its turns' positions, the span), ...), newest conversation first; empty for one conversation (turn_span)
+    turn_spans: tuple = ()
 
 
-def read(text: str, db: sqlite3.Connection, ref: float, turn_ref: float | None = None) -> Reading:
+#: At most this many conversations' ends (distinct days) are each a reference of their own; the turns of the
+#: older ones read relative words as the newest conversation does (`turn_span`). Each costs a parse (~0.1 ms).
+MAX_REFERENCES = 64
+
+
+def read(text: str, db: sqlite3.Connection, ref: float, turn_ref: float | None = None,
+         conversations=None) -> Reading:
     """The question read once; relative time words against `ref`, and for conversation turns against `turn_ref`
-    (None: `ref` too)."""
+    (None: `ref` too), or, when `conversations` (a callable giving [(turn positions, reference)], newest first;
+    see _search.SearchIndex._turn_references) names more than one, each conversation's turns against its own."""
     mentioned, names = mentions(db, text)
     span = _time.find(text, ref)
     turn_ref = ref if turn_ref is None else turn_ref
     turn_span = span if turn_ref == ref or span is None or not span.relative else _time.find(text, turn_ref)
+    turn_spans: tuple = ()
+    if conversations is not None and span is not None and span.relative:
+        groups = conversations()
+        if len(groups) > 1:
+            by_day: dict[int, _time.TimeSpan | None] = {}
+            got = []
+            for where, r in groups:
+                day = int(r // 86400)
+                if day not in by_day:
+                    if len(by_day) >= MAX_REFERENCES:
+                        break
+                    by_day[day] = _time.find(text, r)
+                got.append((where, by_day[day]))
+            turn_spans = tuple(got)
     return Reading(text, tuple(_units.terms(text)), frozenset(mentioned), tuple(names),
                    tuple(_units.phrases(text, names)),
-                   _units.strip_mentions(text, names) if names else text, span, ref, turn_span, turn_ref)
+                   _units.strip_mentions(text, names) if names else text, span, ref, turn_span, turn_ref, turn_spans)
 
 
 def mentions(db: sqlite3.Connection, query: str) -> tuple[set[str], list[str]]:

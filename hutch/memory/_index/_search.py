@@ -354,6 +354,33 @@ class SearchIndex:
             s.memo[key] = newest
         return min(time.time(), s.memo[key])
 
+    def _turn_references(self, turns: np.ndarray) -> list[tuple[np.ndarray, float]]:
+        """Per conversation that has candidate turns (`_anchor.conversations`: the sessions with the same
+        speakers), newest first: (the positions of its turns, what they read relative time words against: the
+        newest time among its candidate turns, at most the clock). One conversation's end is not another's: in a
+        store holding several, "last week" about each is the week before its own last session. Asked only when
+        the question has a relative time word (_query.read)."""
+        s = self.snap
+        key = ("turn-references", s.gen, len(turns), hash(turns.tobytes()))
+        got = s.memo.get(key)
+        if got is None:
+            conv = _anchor.conversations(s)[:len(turns)]
+            with np.errstate(invalid="ignore"):
+                tr = s.t_rec[:s.ne][s.epos[:len(turns)]]
+            cand = turns & (conv >= 0) & ~np.isnan(tr)
+            newest = np.full(int(conv.max()) + 1 if len(conv) else 0, -np.inf)
+            np.maximum.at(newest, conv[cand], tr[cand])
+            # every conversation's turn positions, from one sort
+            by = np.argsort(conv, kind="stable")
+            cut = np.searchsorted(conv[by], np.arange(len(newest) + 1))
+            got = [(by[cut[c]:cut[c + 1]], float(newest[c])) for c in np.argsort(-newest, kind="stable").tolist()
+                   if np.isfinite(newest[c])]
+            if len(s.memo) >= 256:
+                s.memo.clear()
+            s.memo[key] = got
+        clock = time.time()
+        return [(where, min(clock, t)) for where, t in got]
+
     def _mask(self, classes, since_t, until_t, as_of_t) -> np.ndarray:
         s = self.snap
         n = s.n
@@ -394,7 +421,8 @@ class SearchIndex:
             return []
         if ref is None:
             turns = mask & s.is_turn[:s.n]
-            reading = _query.read(query, db, self._reference(mask), self._reference(turns) if turns.any() else None)
+            reading = _query.read(query, db, self._reference(mask), self._reference(turns) if turns.any() else None,
+                                  (lambda: self._turn_references(turns)) if turns.any() else None)
         else:
             reading = _query.read(query, db, ref)
         trip = _channels.Trip(s, db, mask, self.provider, self.idx.model_known and s.dense_ready(), self._counts,
