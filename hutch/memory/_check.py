@@ -5,12 +5,16 @@ the file's place, bad dates, links that dangle, escape the store or are not
 symlinks, link directories without an entity or that are symbolic links, entities without any link
 (orphans, a warning), entities larger than search splits into units (a
 warning; docs/retrieval.md, "Large entities"), bytes that are not UTF-8 in an
-entity's first MiB (a warning: search reads them as U+FFFD), and stray temp files. `.git` and `.hutch` are skipped.
+entity's first MiB (a warning: search reads them as U+FFFD), stray temp files, and what stands where an entity
+file, a links directory or a link belongs but is something else (a directory, a FIFO, a device, a file that
+cannot be read: search leaves each out; one of them must never make check() raise or block). `.git` and
+`.hutch` are skipped.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from typing import TYPE_CHECKING
 
 from hutch._core.atomic import TEMP_PREFIX
@@ -47,8 +51,11 @@ def check(mem: "Memory") -> CheckReport:
             add("warning", "bad-class-name", cls + "/", "is not a valid class name (a-z, 0-9, '_', '-'); "
                 "hutch does not read entities in it.", f"rename the directory, e.g. mv {cls} {fmt.slugify(cls)}")
             continue
-        with os.scandir(top.path) as it:
-            entries = sorted(it, key=lambda e: e.name)
+        try:
+            with os.scandir(top.path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # gone since the listing
         for e in entries:
             rel = f"{cls}/{e.name}"
             if e.name.startswith(TEMP_PREFIX):
@@ -62,6 +69,11 @@ def check(mem: "Memory") -> CheckReport:
                     "hutch does not follow it (it could lead outside the store), so the links behind it count "
                     "for nothing.", f"replace it with a real directory of links, or remove it: rm {rel}")
                 continue
+            if e.name.endswith(fmt.LINKS_SUFFIX):
+                add("error", "links-not-dir", rel, f"is {_kind(e.path)} where a links directory belongs: the "
+                    f"links of {cls}/{e.name[:-len(fmt.LINKS_SUFFIX)]} count for nothing.",
+                    f"remove it (rm {rel}) and link with `hutch mem link`")
+                continue
             if not e.name.endswith(".md"):
                 continue  # attachments and other files are allowed
             if e.is_symlink():
@@ -69,14 +81,32 @@ def check(mem: "Memory") -> CheckReport:
                     f"replace it with a regular file or remove it: rm {rel}")
                 continue
             if not e.is_file(follow_symlinks=False):
+                kind = _kind(e.path)
+                if kind:  # (gone since the listing: nothing to say)
+                    add("error", "not-a-file", rel, f"is {kind}, not an entity file: hutch reads no entity from it "
+                        "(search, ls and the FUSE view leave it out).",
+                        f"remove it, or move it out of the store: rm {'-r ' if 'directory' in kind else ''}{rel}")
                 continue
             slug = e.name[:-3]
             entity_id = f"{cls}/{slug}"
+            try:
+                # never through a link, never blocking on a FIFO (either may replace the file since the listing);
+                # the front matter is in the head: never the whole of a big file
+                fd = os.open(e.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # removed since the listing
+            except OSError as err:
+                add("error", "unreadable", rel, f"cannot be read ({err.strerror}).",
+                    f"make it a readable regular file, or remove it: rm {rel}")
+                continue
             entities.add(entity_id)
             try:
-                with open(e.path, "rb") as f:  # the front matter is in the head: never the whole of a big file
+                with os.fdopen(fd, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    if not stat.S_ISREG(st.st_mode):
+                        raise IsADirectoryError(0, "not a regular file")
                     head = f.read(_units.UNIT_BYTES + 1)
-                    size = os.fstat(f.fileno()).st_size
+                    size = st.st_size
                 if size > _units.UNIT_BYTES:
                     head = head[:_units.cut(head, _units.UNIT_BYTES)]
                     mib = _units.UNIT_BYTES >> 20
@@ -96,6 +126,11 @@ def check(mem: "Memory") -> CheckReport:
                 add("error", "bad-front-matter", rel, str(err).removeprefix(rel + " "),
                     f"edit {rel} so it starts with '---', valid YAML 'key: value' lines and a closing '---'")
                 continue
+            except OSError as err:  # replaced by something else meanwhile, or an I/O error
+                entities.discard(entity_id)
+                add("error", "unreadable", rel, f"cannot be read ({err.strerror}).",
+                    f"make it a readable regular file, or remove it: rm {rel}")
+                continue
             _check_meta(add, rel, entity_id, cls, meta)
 
     for cls, slug, path in link_dirs:
@@ -104,7 +139,7 @@ def check(mem: "Memory") -> CheckReport:
         if src not in entities:
             add("warning", "orphan-links-dir", rel_dir, f"holds links of {src}, which does not exist.",
                 f"remove it (rm -r {rel_dir}) or restore {src}.md")
-        for rname in sorted(os.listdir(path)):
+        for rname in sorted(_listdir(path)):
             rpath = os.path.join(path, rname)
             if not os.path.isdir(rpath) or os.path.islink(rpath):
                 add("error", "bad-link-entry", f"{rel_dir}/{rname}", "is not a relation directory.",
@@ -113,12 +148,15 @@ def check(mem: "Memory") -> CheckReport:
             if not fmt.is_name(rname):
                 add("warning", "bad-relation-name", f"{rel_dir}/{rname}", "is not a valid relation name.",
                     "rename it with a-z, 0-9, '_', '-' only")
-            for lname in sorted(os.listdir(rpath)):
+            for lname in sorted(_listdir(rpath)):
                 lrel = f"{rel_dir}/{rname}/{lname}"
                 lpath = os.path.join(rpath, lname)
                 if not os.path.islink(lpath):
-                    add("error", "not-a-symlink", lrel, "is a regular file where a link (symlink) belongs.",
-                        f"remove it (rm {lrel}) and link with `hutch mem link`")
+                    kind = _kind(lpath)
+                    if kind:
+                        add("error", "not-a-symlink", lrel, f"is {kind} where a link (symlink) belongs.",
+                            f"remove it (rm {'-r ' if 'directory' in kind else ''}{lrel}) and link with "
+                            "`hutch mem link`")
                     continue
                 n_links += 1
                 tid = mem.link_target(lrel)
@@ -138,6 +176,28 @@ def check(mem: "Memory") -> CheckReport:
         add("warning", "orphan", f"{entity_id}.md", "has no links in or out.",
             f"link it to something (hutch mem link {entity_id} <relation> <class/slug>) or ignore this warning")
     return CheckReport(len(entities), n_links, tuple(issues))
+
+
+def _kind(path: str) -> str:
+    """What is at `path`, in words ('a directory', 'a FIFO', ...); '' if nothing is there now."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return ""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISLNK, "a symbolic link"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _listdir(path: str) -> list[str]:
+    """The names in a directory; none if it went away (or stopped being a directory) since it was listed."""
+    try:
+        return os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _check_meta(add, rel: str, entity_id: str, cls: str, meta: dict) -> None:

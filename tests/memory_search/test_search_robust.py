@@ -109,3 +109,92 @@ def test_bytes_that_are_not_utf8_in_a_file_or_the_query(mem, store_dir):
     r = subprocess.run([sys.executable, "-m", "hutch", "mem", "--store", str(store_dir), "check"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "notes/latin.md: has bytes that are not UTF-8" in r.stdout
+
+
+def test_odd_things_where_files_belong_break_nothing_and_check_names_each(mem, store_dir):
+    """A FIFO, a socket, a device or a directory named like an entity, a `.links` that is a file, links that loop,
+    dangle or are not links: search, doctor, reindex and check() answer (a FIFO once made check() block, a file
+    gone between listing and reading made it raise), and check() names each path once, saying what it is."""
+    import socket
+    import stat
+
+    a = mem.put("notes", "Garden plan", body="Tomatoes and beans in the walrus garden.")
+    b = mem.put("notes", "Other", body="A walrus note.")
+    mem.link(a, "see", b)
+    notes, see = store_dir / "notes", store_dir / "notes" / "garden-plan.links" / "see"
+    os.mkfifo(notes / "fifo.md")
+    (notes / "dir.md").mkdir()
+    os.mknod(notes / "null.md", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(notes / "sock.md"))
+    (notes / "other.links").write_text("not a directory\n")
+    os.symlink("loop-b.md", see / "loop-a.md")
+    os.symlink("loop-a.md", see / "loop-b.md")
+    os.symlink("../../../notes/nothere.md", see / "nothere.md")
+    (see / "sub.md").mkdir()
+    os.mkfifo(see / "pipe.md")
+    try:
+        hits = mem.search("walrus garden", expand=1)
+        assert {h.entity_id for h in hits} == {"notes/garden-plan", "notes/other"} and all(h.text for h in hits)
+        assert mem.reindex().ok and mem.doctor().ok and mem.ls("notes") == ["notes/garden-plan", "notes/other"]
+        assert [n.id for n in mem.neighbors(a) if n.direction == "out"].count("notes/other") == 1
+        issues = {(i.path, i.code): i.message for i in mem.check().issues if i.code != "orphan"}
+        want = {("notes/fifo.md", "not-a-file"): "is a FIFO", ("notes/dir.md", "not-a-file"): "is a directory",
+                ("notes/null.md", "not-a-file"): "is a character device", ("notes/sock.md", "not-a-file"): "is a socket",
+                ("notes/other.links", "links-not-dir"): "is a regular file",
+                ("notes/garden-plan.links/see/loop-a.md", "link-escapes"): "points to 'loop-b.md'",
+                ("notes/garden-plan.links/see/loop-b.md", "link-escapes"): "points to 'loop-a.md'",
+                ("notes/garden-plan.links/see/nothere.md", "dangling-link"): "notes/nothere",
+                ("notes/garden-plan.links/see/sub.md", "not-a-symlink"): "is a directory",
+                ("notes/garden-plan.links/see/pipe.md", "not-a-symlink"): "is a FIFO"}
+        assert set(issues) == set(want), sorted(set(issues) ^ set(want))
+        for key, said in want.items():
+            assert said in issues[key], (key, issues[key])
+        r = subprocess.run([sys.executable, "-m", "hutch", "mem", "--store", str(store_dir), "check"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 3 and "Traceback" not in r.stderr and "notes/fifo.md: is a FIFO" in r.stdout
+    finally:
+        sock.close()
+
+
+_REWRITER = """
+import os, sys, time
+path, stop = sys.argv[1], sys.argv[2]
+i = 0
+while not os.path.exists(stop):
+    i += 1
+    body = ("---\\ntitle: Churning\\n---\\n" + f"version {i} " + "zebra " * (i % 5000)).encode()
+    with open(path, "r+b") as f:          # in place, as an editor that does not rename would
+        f.truncate(0)
+        f.write(body[: len(body) // 2]); f.flush()   # half written when a reader may look
+        f.write(body[len(body) // 2:])
+    if i % 3 == 0:
+        with open(path, "ab") as f:
+            f.write(b" appended" * 1000)
+final = b"---\\ntitle: Churning\\n---\\nthe final quokka text\\n"
+with open(path, "r+b") as f:
+    f.truncate(0); f.write(final)
+print(i, flush=True)
+"""
+
+
+def test_a_file_rewritten_while_it_is_indexed(mem, store_dir, tmp_path):
+    """A process rewrites a file in place (truncated, half written, appended to) while search, doctor and check
+    read the store: none raises, and once it stops the index holds the file's last text."""
+    mem.put("notes", "Steady", body="the zebra garden is steady")
+    path = mem.put("notes", "Churning", body="first").path
+    stop = tmp_path / "stop"
+    w = subprocess.Popen([sys.executable, "-c", _REWRITER, str(path), str(stop)], stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(30):
+            hits, _ = _searched(mem, "zebra garden")  # a read of the file half written may find it malformed
+            assert hits[0].entity_id in ("notes/steady", "notes/churning")
+            mem.doctor()
+            mem.check()
+    finally:
+        stop.touch()
+        out = w.communicate(timeout=120)[0]
+    assert w.returncode == 0 and int(out) > 0
+    hits = mem.search("quokka")
+    assert hits[0].entity_id == "notes/churning" and "the final quokka text" in hits[0].text
+    assert mem.doctor().ok and mem.check().ok

@@ -471,9 +471,10 @@ class IndexDB:
         except OSError:  # deleted (or replaced) between scan and read: the next pass sees what it is
             return
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
                 return
-            digest = file_digest(f)
+            digest = file_digest(f, st.st_size)
             old = self._files.get(entity_id)
             if old is not None and old[3] == digest:
                 self.db.execute("update files set mtime_ns=?, size=? where eid=?", (mtime, size, old[0]))
@@ -482,7 +483,15 @@ class IndexDB:
             f.seek(0)  # the same open file: a rename over it meanwhile changes nothing of what is read
             head, carry = read_head(f)
             self._index_file(entity_id, path, mtime, size, digest, head, old, stats, removed, added)
-            self._add_chunks(self._files[entity_id][0], f, carry, len(head))
+            eid = self._files[entity_id][0]
+            self._add_chunks(eid, f, carry, len(head))
+            now = os.fstat(f.fileno())
+            if (now.st_mtime_ns, now.st_size) != (mtime, size) or (st.st_mtime_ns, st.st_size) != (mtime, size):
+                # written to while it was read (or since the scan): what is indexed may be neither the old nor
+                # the new text, and may match the digest of neither; the next pass reads it again
+                self.db.execute("update files set mtime_ns=-1, hash='' where eid=?", (eid,))
+                e = self._files[entity_id]
+                self._files[entity_id] = (e[0], -1, e[2], "", e[4])
 
     def _index_file(self, entity_id, path, mtime, size, digest, head: bytes, old, stats, removed, added) -> None:
         text = _text(head)
@@ -646,11 +655,17 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def file_digest(f) -> str:
-    """sha256 of an open file from where it is, read in blocks (a file of any size costs a block of memory)."""
+def file_digest(f, size: int) -> str:
+    """sha256 of the `size` bytes of an open file from where it is (fewer if it ends first), read in blocks: a file
+    of any size costs a block of memory, and one that a writer keeps growing while it is read ends at `size`
+    (read to its end, it could keep the reader, and the index's write lock, forever)."""
     h = hashlib.sha256()
-    for block in iter(lambda: f.read(1 << 20), b""):
+    while size > 0:
+        block = f.read(min(1 << 20, size))
+        if not block:
+            break
         h.update(block)
+        size -= len(block)
     return h.hexdigest()
 
 

@@ -8,7 +8,9 @@ the query's reading (_query), the channels (_channels) and fusion (_rank), then 
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -534,9 +536,11 @@ class SearchIndex:
                 missing.append(entity_id)
                 continue
             if (row[0], row[1]) != (mtime, size):
-                try:
-                    with open(path, "rb") as f:
-                        digest = file_digest(f)
+                try:  # never through a link, never blocking on a FIFO (either may replace the file since the scan)
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                    with os.fdopen(fd, "rb") as f:
+                        st = os.fstat(f.fileno())
+                        digest = file_digest(f, st.st_size) if stat.S_ISREG(st.st_mode) else None
                 except OSError:
                     digest = None
                 if digest != row[2]:
