@@ -78,7 +78,8 @@ def pytest_sessionfinish(session, exitstatus):
 # package we cannot change is ignored narrowly, by a filterwarnings mark beside the test that meets it (naming
 # the package). The mark goes first among an item's marks so that those ignores, applied after it, win.
 # "." is the top-level tests/test_*.py.
-WARNINGS_ARE_ERRORS = (".", "mcp", "integrations", "images", "memory_store", "memory_search", "interpreter", "fuse")
+WARNINGS_ARE_ERRORS = (".", "mcp", "integrations", "images", "memory_store", "memory_search", "interpreter", "fuse",
+                       "egress")
 _TESTS = Path(__file__).resolve().parent
 
 

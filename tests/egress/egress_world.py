@@ -150,7 +150,10 @@ class GatewayThread:
         self.thread = threading.Thread(target=self._run, daemon=True, name="egress-test-gw")
         self.thread.start()
         self.ready.wait(30)
-        if self.error:
+        if self.error:   # the loop too (its self-pipe, a socket pair, was left to the gc: ResourceWarning)
+            self.thread.join(10)
+            if not self.thread.is_alive():
+                self.loop.close()
             raise self.error
 
     def _run(self):

@@ -139,6 +139,8 @@ def test_a_policy_change_applies_to_open_connections_and_keeps_the_minute(sandbo
     finally:
         p.kill()
         p.wait()
+        p.stdin.close()
+        p.stdout.close()
     # and a new connection finds the minute still spent
     r = sb.run("python3", "-c", ECHO_PY, "5", timeout=30)
     assert not r.stdout.endswith("ok\n"), r.stdout

@@ -300,6 +300,8 @@ def lenient_server(world):
     finally:
         p.kill()
         p.wait(5)
+        p.stdin.close()
+        p.stdout.close()
 
 
 def test_framing_a_lenient_server_reads_differently_cannot_smuggle_a_request(sandbox, world, lenient_server):
@@ -806,7 +808,8 @@ def test_set_network_none_through_the_sdk_cuts_a_running_download(real_daemon, w
         t0 = time.monotonic()
         sb.set_network(Network.none())
         code = p.wait()
-        assert code != 0 and time.monotonic() - t0 < 10, (code, time.monotonic() - t0)
+        # well before the command's own 30 s timeout: the policy change ended it (a margin for load)
+        assert code != 0 and time.monotonic() - t0 < 25, (code, time.monotonic() - t0)
         assert any("policy change" in d["reason"] for d in sb.network_log()), sb.network_log()
     finally:
         sb.terminate()

@@ -158,6 +158,8 @@ except OSError as e:
     finally:
         p.kill()
         p.wait()
+        p.stdin.close()
+        p.stdout.close()
     assert any(d.verdict == "deny" and "credential" in d.reason and "changed" in d.reason for d in sb.log())
 
 

@@ -81,6 +81,7 @@ class Twin:
             stop_daemon(self.proc)
         self.holder.kill()
         self.holder.wait()
+        self.holder.stdout.close()
 
 
 def cgroup_dirs(instance: str) -> list[Path]:

@@ -319,11 +319,15 @@ class Gateway:
 
     def _listen_socket(self, kind: int, host: str, port: int) -> socket.socket:
         s = socket.socket(socket.AF_INET, kind)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # the gateway address lives on hv* links, which come and go with sandboxes
-        s.setsockopt(socket.SOL_IP, 15, 1)   # IP_FREEBIND
-        s.bind((host, port))
-        s.setblocking(False)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            # the gateway address lives on hv* links, which come and go with sandboxes
+            s.setsockopt(socket.SOL_IP, 15, 1)   # IP_FREEBIND
+            s.bind((host, port))
+            s.setblocking(False)
+        except BaseException:   # a port in use (the caller tries the next): not left to the garbage collector
+            s.close()
+            raise
         return s
 
     # --- sandboxes ---------------------------------------------------------
