@@ -52,7 +52,7 @@ def blocked_writer_then_kill(sb, unread_max: int = 12 * MB) -> None:
     p.kill()
     t0 = time.monotonic()
     assert p.wait() == -9 and p.reason == "killed"
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 60   # a hang guard, not a speed target
 
 def _free_port() -> int:
     with socket.socket() as s:

@@ -52,14 +52,23 @@ class World:
     def __init__(self, d: Path, remote, tokens: dict, tenants_file: Path, audit: Path):
         self.d, self.remote, self.tokens, self.tenants_file, self.audit = d, remote, tokens, tenants_file, audit
         self.sock = remote.run_dir / "run" / "hutch.sock"
+        self._clients: list = []   # closed with the world (their pooled TLS connections were left to the gc)
 
     def client(self, token: str | None):
         """A raw HTTP client: as a tenant (its token, over TCP), or None: the operator (the Unix socket)."""
         from hutch.sandbox._client import Client, Endpoint
 
         if token is None:
-            return Client(Endpoint(url="", socket_path=str(self.sock)))
-        return Client(Endpoint(url=self.remote.url, token=token))
+            c = Client(Endpoint(url="", socket_path=str(self.sock)))
+        else:
+            c = Client(Endpoint(url=self.remote.url, token=token))
+        self._clients.append(c)
+        return c
+
+    def close_clients(self) -> None:
+        for c in self._clients:
+            c.http.close()
+        self._clients.clear()
 
     def as_tenant(self, name: str | None):
         """Point the SDK of this process at the daemon as tenant `name` (None: the operator)."""
@@ -97,6 +106,7 @@ def world(busybox_root):
             for sb in hutch.Sandbox.list():
                 sb.terminate()
         finally:
+            w.close_clients()
             stop_remote(remote)
             restore_env(saved)
             shutil.rmtree(d, ignore_errors=True)

@@ -234,6 +234,7 @@ def _debootstrap(rootfs: Path, progress: ProgressFn) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stdout.close()   # (it was left to the garbage collector: ResourceWarning, a fd per build)
     if rc != 0:
         raise ImageError(
             f"debootstrap of the default image failed with exit code {rc}; its last output: {' | '.join(tail)}. "
