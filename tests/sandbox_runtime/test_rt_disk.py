@@ -178,12 +178,10 @@ def test_many_layers_go_at_once(dapi, ddaemon, image):
     sids = [dapi.create(image)["id"] for _ in range(30)]
     for sid in sids[:5]:
         dapi.sh(sid, "dd if=/dev/zero of=/f bs=1M count=20 2>/dev/null; mkdir -p /d && touch /d/a /d/b")
-    t0 = time.monotonic()
     with cf.ThreadPoolExecutor(10) as pool:
         list(pool.map(dapi.terminate, sids))
-    assert _layers_gone(ddaemon, sids)
-    took = time.monotonic() - t0
-    assert took < 10, took
+    # a hang guard; how fast sandboxes go is bench/sandbox.py's ("terminate until every resource is gone")
+    assert _layers_gone(ddaemon, sids, within=60)
 
 
 def test_the_store_grows_for_a_larger_disk_and_refuses_what_the_host_cannot_hold(dapi, ddaemon, image):

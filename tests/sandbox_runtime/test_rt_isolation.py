@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -161,7 +162,7 @@ def test_files_api_cannot_escape_through_symlinks_or_dotdot(api, image):
     r = api.http.get(f"/v1/sandboxes/{sid}/files/read", params={"path": "/tmp/shadowlink"})
     assert r.content == b"root:sandbox-shadow:0:0:99999:7:::\n"  # the image's, never the host's
     if os.path.exists("/etc/shadow"):
-        assert r.content != open("/etc/shadow", "rb").read()
+        assert r.content != Path("/etc/shadow").read_bytes()
     r = api.http.get(f"/v1/sandboxes/{sid}/files/read", params={"path": "/../../../etc/marker"})
     assert r.content == b"sandbox image\n"
     r = api.http.get(f"/v1/sandboxes/{sid}/files/read", params={"path": "/tmp/up/marker"})

