@@ -55,7 +55,8 @@ def zygote_of(d: Daemon) -> int:
 
 
 def health(d: Daemon) -> httpx.Response:
-    return httpx.Client(transport=httpx.HTTPTransport(uds=str(d.sock))).get("http://hutch/v1/health", timeout=5)
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(d.sock))) as c:   # closed: not left to the gc
+        return c.get("http://hutch/v1/health", timeout=5)
 
 
 def wait_for(pred, within: float, step: float = 0.02):

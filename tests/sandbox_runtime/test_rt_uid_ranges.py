@@ -38,6 +38,7 @@ def test_a_daemon_with_another_run_dir_gets_other_ranges(tmp_path):
         ours.close()
         other.stdin.close()
         other.wait(10)
+        other.stdout.close()
 
 
 def test_read_locks_of_a_local_user_block_nothing():
@@ -66,3 +67,4 @@ def test_read_locks_of_a_local_user_block_nothing():
         ours.close()
         squatter.stdin.close()
         squatter.wait(10)
+        squatter.stdout.close()
