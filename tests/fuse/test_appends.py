@@ -81,3 +81,55 @@ def test_an_api_commit_between_open_and_close_is_kept(mounted):
     e = mem.get("actors/alice-chen")
     assert e.facts == ["prefers weekly reports", "writes through the API", "likes tea", "reads a lot"]
     assert mem.history("actors/alice-chen")[0].source == f"fuse:{mounted.path}"
+
+
+_APPENDER = """
+import os, random, sys
+path, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rnd = random.Random(who)
+fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+for i in range(n):
+    # one write() each, of sizes from a byte to past the kernel's 128 KiB FUSE write (one syscall, several requests)
+    size = rnd.choice([1, 7, 100, 4095, 4097, 65536, 131073, 300000])
+    os.write(fd, f"{who} {i} {size} ".encode() + b"x" * size + b"\\n")
+    if rnd.random() < 0.3:   # now and then a new descriptor (a close commits what this one appended)
+        os.close(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+os.close(fd)
+"""
+
+
+def _records(data: bytes) -> Counter:
+    """Each `who i size xxx...` record, checked whole (no record cut or interleaved with another)."""
+    out = Counter()
+    for line in data.split(b"\n"):
+        if line[:1] in (b"p", b"q", b"r", b"s") and line[1:2] == b" ":
+            who, i, size, xs = line.split(b" ", 3)
+            assert xs == b"x" * int(size), f"record {who} {i} is cut or mixed with another"
+            out[(who.decode(), int(i))] += 1
+    return out
+
+
+def test_appends_of_different_sizes_from_separate_processes_land_exactly_once(mounted):
+    """Four processes, each its own O_APPEND descriptors, one write() per record of 1 byte to 300 KB."""
+    path = mounted.p("topics", "sizes.md")
+    procs = [subprocess.Popen([sys.executable, "-c", _APPENDER, path, who, "12"]) for who in "pqrs"]
+    for p in procs:
+        assert p.wait(300) == 0
+    on_disk = (mounted.mem.root / "topics" / "sizes.md").read_bytes()
+    assert _records(on_disk) == Counter({(who, i): 1 for who in "pqrs" for i in range(12)})
+    assert mounted.mem.git.show("HEAD", "topics/sizes.md").encode() == on_disk
+    assert mounted.mem.check().ok
+
+
+def test_shell_appends_from_separate_processes_land_exactly_once(mounted):
+    """`>>` from a new process for every line (printf from coreutils, not a shell builtin), 3 at a time."""
+    mounted.mem.put("topics", "Procs", body="start\n")
+    path = mounted.p("topics", "procs.md")
+    for batch in range(10):
+        procs = [subprocess.Popen(["sh", "-c", f'exec /usr/bin/printf "w{s} line {batch}\\n" >> "$0"', path])
+                 for s in range(3)]
+        for p in procs:
+            assert p.wait(60) == 0
+    want = Counter(f"w{s} line {b}" for s in range(3) for b in range(10))
+    assert _lines((mounted.mem.root / "topics" / "procs.md").read_text()) == want
