@@ -320,8 +320,9 @@ class Spares:
         self.fill()
         return spare
 
-    def fill(self) -> None:
-        while not self.closed and len(self.ready) < self.size:
+    def fill(self, at_least: int = 0) -> None:
+        """Start spares up to the pool's size, or `at_least` of them (a fork about to restore that many)."""
+        while not self.closed and len(self.ready) < max(self.size, at_least):
             try:
                 self.ready.append(spawn_keeper())
             except OSError as e:   # out of processes or memory: the next take starts one itself
