@@ -213,3 +213,41 @@ def test_a_restore_and_a_fork_racing_for_the_last_place_cannot_both_have_it(worl
     finally:
         for s in made:
             ten.post(f"/v1/sandboxes/{s}/terminate")
+
+
+def test_a_tenants_fork_and_restore_show_its_spec_as_it_named_things(world):
+    """A copy runs the source's spec as the daemon rewrote it for the tenant (its volume stored as
+    `t.<tenant>.<name>`, its image by id); the tenant sees it as it named them, as for the source, so that the
+    spec it reads back creates the same sandbox again."""
+    d, op, ten = world
+    r = ten.post("/v1/volumes", json={"name": "vq", "create": True})
+    assert r.status_code in (200, 201), r.text
+    r = ten.post("/v1/sandboxes", json={"spec": {
+        "image": SHARED, "runtime": "gvisor", "detach": True, "timeout": 300, "limits": {"memory": 64 * MB},
+        "command": ["sh", "-c", "exec sleep 1000"], "mounts": [{"kind": "volume", "source": "vq", "target": "/v"}]}})
+    assert r.status_code == 201, r.text
+    src = r.json()
+    made = [src["id"]]
+    try:
+        assert src["spec"]["image"] == SHARED and src["spec"]["mounts"][0]["source"] == "vq"
+        r = ten.post(f"/v1/sandboxes/{src['id']}/fork", json={"n": 1, "detach": True})
+        assert r.status_code == 201, r.text
+        kid = r.json()["sandboxes"][0]
+        made.append(kid["id"])
+        snap = ten.post(f"/v1/sandboxes/{src['id']}/snapshot-memory")
+        assert snap.status_code == 201, snap.text
+        ten.post(f"/v1/sandboxes/{kid['id']}/terminate")
+        r = ten.post(f"/v1/memory-snapshots/{snap.json()['id']}/restore", json={"detach": True})
+        assert r.status_code == 201, r.text
+        back = r.json()
+        made.append(back["id"])
+        for copy in (kid, back, ten.get(f"/v1/sandboxes/{kid['id']}").json()):
+            mounts = copy["spec"]["mounts"]
+            assert [m["source"] for m in mounts] == ["vq"], copy["spec"]
+            assert "t.q." not in str(copy["spec"]), copy["spec"]
+        assert kid["spec"]["image"] == SHARED
+        assert ten.delete(f"/v1/memory-snapshots/{snap.json()['id']}").status_code == 204
+    finally:
+        for s in made:
+            ten.post(f"/v1/sandboxes/{s}/terminate")
+        ten.delete("/v1/volumes/vq")

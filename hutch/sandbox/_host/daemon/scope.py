@@ -230,6 +230,18 @@ class Tenancy:
             mounts.append(m)
         return dataclasses.replace(spec, mounts=tuple(mounts), image=self.image_ref(t, spec.image))
 
+    def shown_spec(self, t: Tenant, spec, like=None) -> dict:
+        """`spec` (as the daemon runs it for `t`: a fork's or a restore's) as `t` gave it: its volumes by its own
+        names; with `like` (a fork's source's shown spec), the source's image as it named it (a fork runs the
+        source's image, which the daemon names by its id)."""
+        d = spec.to_dict()
+        p = t.volume("")
+        d["mounts"] = [{**m, "source": m["source"][len(p):]} if m.get("kind") == "volume" and
+                       str(m.get("source", "")).startswith(p) else m for m in d["mounts"]]
+        if like is not None and "image" in like:
+            d["image"] = like["image"]
+        return d
+
     # --- egress ------------------------------------------------------------------------------------------
 
     def charge_egress(self, mgr, sb) -> None:

@@ -291,8 +291,11 @@ class Handlers:
         else:
             async def make():
                 got = await self.mgr.capped(n, lambda: self.mgr.gvisor.fork(sb, n, detach=detach))
+                owner = self.tenancy.registry.get(sb.tenant) if sb.tenant is not None else None
                 for k in got:
                     k.tenant = sb.tenant
+                    if owner is not None and k.spec is not None:   # shown as its tenant named things
+                        k.shown_spec = self.tenancy.shown_spec(owner, k.spec, sb.shown_spec)
                 return got
             kids = await self.tenancy.admit(self.mgr, t, n if isinstance(n, int) and not isinstance(n, bool) else 1,
                                             sb.spec.limits.cpu, sb.spec.limits.memory, make)
@@ -315,6 +318,8 @@ class Handlers:
             async def make():
                 got = await self.mgr.capped(1, lambda: self.mgr.gvisor.restore(sid, detach=detach, tags=tags))
                 got.tenant = t.name if t is not None else None
+                if t is not None and got.spec is not None:   # shown as its tenant named things
+                    got.shown_spec = self.tenancy.shown_spec(t, got.spec)
                 return got
             sb = await self.tenancy.admit(self.mgr, t, 1, spec.limits.cpu, spec.limits.memory, make)
         return web.json_response(sb.info(), status=201)
