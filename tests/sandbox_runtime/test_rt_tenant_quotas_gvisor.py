@@ -1,7 +1,8 @@
 """Quotas charge memory-snapshot restores and forks as they charge creates (runtime="gvisor", where they exist):
 every copy is a live sandbox with its CPU and memory limits, so a tenant at its sandboxes, cpu or memory quota
 gets a 429 QuotaExceededError naming that quota from a restore and from a fork, with nothing half-made (no
-sandbox, cgroup, process, mount, runsc file, memory snapshot, named netns or link left); a restore and a fork
+sandbox, cgroup, process (which alone hold a sandbox's namespaces: its network is none, so it has no link or
+named netns), mount, runsc file or memory snapshot left); a restore and a fork
 racing for the last place cannot both have it (docs/tenants.md)."""
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -66,33 +66,29 @@ def _state(d: Daemon, op: httpx.Client) -> dict:
     cg = Path("/sys/fs/cgroup")
     cgroups = {str(p) for p in cg.glob(f"*/{d.cgroup_parent}/*") if p.is_dir() and p.name != "_zygote"}
     cgroups |= {str(p) for p in cg.glob(f"{d.cgroup_parent}/*") if p.is_dir() and p.name != "_zygote"}
-    procs = set()
+    procs = set()   # the sandboxes (cgroup leaves) that hold processes: a sandbox's namespaces live only in them
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 text = Path(f"/proc/{pid}/cgroup").read_text()
             except OSError:
                 continue
-            if f"/{d.cgroup_parent}/" in text and "/_zygote" not in text:
-                procs.add(pid)
+            for ln in text.splitlines():
+                _, _, where = ln.partition(f"/{d.cgroup_parent}/")
+                if where and not where.startswith("_zygote"):
+                    procs.add(where.split("/")[0])
     run = str(d.run_dir)
     mounts = {ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines() if run in ln.split()[4]}
     gvdir = d.run_dir / "gvisor"
     store = d.state_dir / "memory-snapshots"
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     return {"sandboxes": sorted(s["id"] for s in op.get("/v1/sandboxes").json()["sandboxes"]),
             "cgroups": cgroups, "processes": procs, "mounts": mounts,
             "runsc files": {str(p) for p in gvdir.rglob("*")} if gvdir.exists() else set(),
-            "memory snapshots": {p.name for p in store.iterdir()} if store.exists() else set(),
-            "netns": {ln.split()[0] for ln in netns.splitlines() if ln.strip()},
-            "links": {ln.split(":")[1].strip().split("@")[0] for ln in links.splitlines()}}
+            "memory snapshots": {p.name for p in store.iterdir()} if store.exists() else set()}
 
 
 def _same(before: dict, after: dict) -> None:
     for k in before:
-        if k == "processes":   # the source's processes come and go (its shell's children): only the sandboxes'
-            continue
         assert after[k] == before[k], (k, sorted(set(after[k]) ^ set(before[k]))[:10])
 
 
