@@ -79,7 +79,7 @@ def pytest_sessionfinish(session, exitstatus):
 # the package). The mark goes first among an item's marks so that those ignores, applied after it, win.
 # "." is the top-level tests/test_*.py.
 WARNINGS_ARE_ERRORS = (".", "mcp", "integrations", "images", "memory_store", "memory_search", "interpreter", "fuse",
-                       "egress", "sandbox_runtime")
+                       "egress", "sandbox_runtime", "sandbox_sdk")
 _TESTS = Path(__file__).resolve().parent
 
 

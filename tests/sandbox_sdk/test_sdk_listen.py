@@ -203,6 +203,10 @@ def test_the_log_stays_bounded_under_a_flood(starved):
     assert _unix_latencies(starved.run_dir / "run" / "hutch.sock", 3)
 
 
+# CPython 3.11's ssl (a package we cannot change) leaks the SSLSocket of a wrap_socket whose peer reset the
+# connection before the handshake (SSLSocket._create: getpeername says ENOTCONN, its recv(1) raises ECONNRESET,
+# nothing closes it), and this test's daemon resets what is over its per-peer cap, on purpose
+@pytest.mark.filterwarnings("ignore:Exception ignored in. <ssl.SSLSocket:pytest.PytestUnraisableExceptionWarning")
 def test_a_burst_of_clients_from_one_address_is_served(work, busybox_root):
     """The per-address cap of unauthenticated connections resets what is beyond it; the SDK retries a reset
     during the TLS handshake (nothing was sent yet), so a burst of clients from one host (a platform's
