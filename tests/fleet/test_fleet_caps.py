@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 from fleet_support import CAP, NODES, RUN_TAG
 
@@ -39,7 +40,7 @@ sys.stdin.read()   # holds the leases until the test is done
 
 def test_each_daemon_is_started_with_the_fleet_cap(ray_fleet):
     for r in ray_fleet.table():
-        cmdline = open(f"/proc/{r['pid']}/cmdline", "rb").read().split(b"\0")
+        cmdline = Path(f"/proc/{r['pid']}/cmdline").read_bytes().split(b"\0")
         assert cmdline[cmdline.index(b"--max-sandboxes") + 1] == str(CAP).encode()
         assert r["max_sandboxes"] == CAP
 
@@ -90,6 +91,8 @@ def test_many_processes_creating_at_once_never_overshoot_a_node_cap(fleet_sdk, f
         for p in procs:
             p.kill()
             p.wait()
+            for f in (p.stdin, p.stdout, p.stderr):   # our ends of its pipes (left to the gc: ResourceWarning)
+                f.close()
     deadline = time.monotonic() + 30   # the clients' leases closed with them: every node's sandboxes end
     while time.monotonic() < deadline and hutch.Sandbox.list(tags=tags):
         time.sleep(0.3)

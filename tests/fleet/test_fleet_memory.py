@@ -120,9 +120,9 @@ def ours(root: Path) -> list[str]:
 def test_killing_the_writers_node_mid_stream_loses_no_acknowledged_write(cluster):
     remote = Path(init_remote(cluster.tmp / "notes.git"))
     root = cluster.tmp / "clones"
-    p = subprocess.Popen([sys.executable, "-c", STREAM, "notes", str(remote), str(root), str(N)],
-                         env=cluster.env, stdout=subprocess.PIPE, stderr=open(cluster.tmp / "stream.err", "w"),
-                         text=True, cwd="/")
+    with open(cluster.tmp / "stream.err", "w") as stream_err:   # the child has its own copy of the fd
+        p = subprocess.Popen([sys.executable, "-c", STREAM, "notes", str(remote), str(root), str(N)],
+                             env=cluster.env, stdout=subprocess.PIPE, stderr=stream_err, text=True, cwd="/")
     err = lambda: (cluster.tmp / "stream.err").read_text()[-4000:]  # noqa: E731
     acks, status, killed_at = [], None, None
     try:
@@ -148,6 +148,7 @@ def test_killing_the_writers_node_mid_stream_loses_no_acknowledged_write(cluster
         if p.poll() is None:
             p.kill()
             p.wait()
+        p.stdout.close()
     assert killed_at is not None and status is not None, (acks[-3:], err())
     # every write of the stream was acknowledged, in order, each on a commit of its own ...
     assert [a["i"] for a in acks] == list(range(N))
