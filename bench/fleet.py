@@ -114,7 +114,8 @@ def worker(count: int, threads: int, image: str, tag: str) -> None:
         for f in [ex.submit(loop) for _ in range(threads)]:
             f.result()
     print(json.dumps({"lat": lat, "errors": dict(errors), "span": (start, time.time()),
-                      "nodes": dict(Counter(sb.id.split("-")[0] for sb in made))}), flush=True)
+                      "nodes": dict(Counter(sb.id.split("-")[0] for sb in made)),
+                      "ids": [sb.id for sb in made]}), flush=True)
     sys.stdin.readline()
     t0 = time.time()
     terr: Counter = Counter()
@@ -351,7 +352,16 @@ def mass(c: Cluster, image: str, count: int, clients: int, procs: int, tag: str)
             p.stdin.flush()
         outs = [answer(p) for p in ps]
         mem1 = mem_used_mib()
-        listed = len(hutch.Sandbox.list(tags={TAG_KEY: tag}))
+        listed_ids = {sb.id for sb in hutch.Sandbox.list(tags={TAG_KEY: tag})}
+        listed = len(listed_ids)
+        # a sandbox created but not listed: what became of it (its status and reason, asked of its node)
+        unlisted = []
+        for sid in sorted({i for o in outs for i in o["ids"]} - listed_ids)[:10]:
+            try:
+                sb = hutch.Sandbox.from_id(sid)
+                unlisted.append(f"{sid}: {sb.status} ({sb.reason or 'no reason'})")
+            except Exception as e:  # noqa: BLE001 - reported
+                unlisted.append(f"{sid}: {type(e).__name__}: {str(e)[:160]}")
         time.sleep(1.2)          # the table's live counts are the agents' last reports
         table_live = {r["key"]: r["live"] for r in c.table()}
         for p in ps:
@@ -376,7 +386,8 @@ def mass(c: Cluster, image: str, count: int, clients: int, procs: int, tag: str)
         terr.update(e["errors"])
     return {"lat": lat, "errors": dict(errors), "ok": len(lat),
             "wall": max(o["span"][1] for o in outs) - min(o["span"][0] for o in outs),
-            "nodes": dict(nodes), "listed": listed, "table_live": table_live, "mem": mem1 - mem0,
+            "nodes": dict(nodes), "listed": listed, "unlisted": unlisted, "table_live": table_live,
+            "mem": mem1 - mem0,
             "teardown": max(e["ended"][1] for e in ends) - min(e["ended"][0] for e in ends),
             "terminate_errors": dict(terr)}
 
@@ -469,6 +480,8 @@ def main():
     ]
     if m["errors"]:
         lines.append("Errors: " + "; ".join(f"{k} x{v}" for k, v in m["errors"].items()))
+    if m["unlisted"]:
+        lines.append("Created but not listed: " + "; ".join(m["unlisted"]))
     if m["terminate_errors"]:
         lines.append("Terminate errors: " + "; ".join(f"{k} x{v}" for k, v in m["terminate_errors"].items()))
     if left:
