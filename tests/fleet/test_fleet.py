@@ -103,6 +103,60 @@ def test_a_cordoned_node_takes_no_new_sandboxes(fleet_sdk, fleet_busybox):
     assert bad.returncode == 1 and "names no fleet node" in bad.stderr and victim["key"] in bad.stderr
 
 
+def test_a_node_whose_daemon_fails_health_checks_takes_no_new_sandboxes(fleet_sdk, fleet_busybox):
+    """A node whose Ray node and agent live but whose daemon does not answer its agent's health check (SIGSTOPped)
+    is reported unhealthy, with why, and takes no creates; answering again, it takes them again."""
+    rows = fleet_sdk.table()
+    victim = rows[1]
+    os.kill(victim["pid"], signal.SIGSTOP)
+    try:
+        sick = fleet_sdk.wait(lambda rs: any(r["key"] == victim["key"] and not r["healthy"] for r in rs),
+                              what="the failed health check")
+        row = next(r for r in sick if r["key"] == victim["key"])
+        assert "does not answer" in row["problem"] and not row["cordoned"], row
+        assert "does not answer" in fleet_sdk.cli("fleet", "ls", "--ray", fleet_sdk.address)
+        time.sleep(1.2)   # our table is at most 1 s old
+        sbs = [make(fleet_busybox) for _ in range(8)]
+        assert not [sb.id for sb in sbs if sb.id.startswith(victim["key"] + "-")]
+        assert {sb.id.split("-")[0] for sb in sbs} == {r["key"] for r in rows} - {victim["key"]}
+        for sb in sbs:
+            sb.terminate()
+    finally:
+        os.kill(victim["pid"], signal.SIGCONT)
+    fleet_sdk.wait(lambda rs: any(r["key"] == victim["key"] and r["healthy"] for r in rs), what="the recovery")
+    time.sleep(1.2)
+    more = [make(fleet_busybox) for _ in range(9)]   # it has the fewest: the sample of two that holds it picks it
+    assert [sb for sb in more if sb.id.startswith(victim["key"] + "-")], [sb.id for sb in more]
+
+
+def test_egress_is_enforced_by_each_nodes_own_gateway(fleet_sdk, fleet_busybox):
+    """A sandbox with an allow policy on every node: its lookup of a name the policy does not allow is refused,
+    and the refusal is in the log of its own node's daemon (that node's gateway decided), not another's."""
+    from hutch.sandbox import _client
+
+    rows = {r["key"]: r for r in fleet_sdk.table()}
+    on: dict[str, hutch.Sandbox] = {}
+    for _ in range(12):   # placement spreads them: the freest of two sampled nodes
+        sb = make(fleet_busybox, network=hutch.Network.allow(domains=["api.example.test"]))
+        if sb.id.split("-")[0] in on:
+            sb.terminate()
+        else:
+            on[sb.id.split("-")[0]] = sb
+        if len(on) == len(rows):
+            break
+    assert set(on) == set(rows), list(on)
+    for key, sb in on.items():
+        name = f"refused-{key}.example.test"
+        assert sb.run("nslookup", name, timeout=20).returncode != 0
+        node = _client.Client(_client.Endpoint(url="", socket_path=rows[key]["socket"]))
+        log = node.json("GET", f"/v1/sandboxes/{sb.id}/network/log")
+        assert any(d["name"] == name and d["verdict"] == "deny" for d in log["decisions"]), log
+        for other in set(rows) - {key}:   # the other nodes' daemons do not know it
+            with pytest.raises(hutch.NotFoundError):
+                _client.Client(_client.Endpoint(url="", socket_path=rows[other]["socket"])).json(
+                    "GET", f"/v1/sandboxes/{sb.id}/network/log")
+
+
 def test_a_client_that_dies_leaves_no_sandbox_on_any_node(fleet_sdk, fleet_busybox):
     code = ("import hutch,sys; hutch.connect('ray://auto'); "
             f"sbs = [hutch.Sandbox.create(image=hutch.Image.from_directory({str(fleet_busybox)!r}), "
