@@ -566,7 +566,12 @@ class Client:
         return [(self, info) for info in self.json("GET", "/v1/sandboxes", params=params)["sandboxes"]]
 
     def for_snapshot(self, snapshot_id: str) -> "Client":
-        """The client of the daemon that holds memory snapshot `snapshot_id` (a restore goes there)."""
+        """The client of the daemon that holds memory snapshot `snapshot_id`."""
+        return self
+
+    def for_restore(self, snapshot_id: str) -> "Client":
+        """The client of the daemon a restore of memory snapshot `snapshot_id` goes to (a fleet's: a node that
+        holds it, or one it is moved to)."""
         return self
 
 
@@ -587,6 +592,9 @@ class FleetClient:
     def for_snapshot(self, snapshot_id: str) -> Client:
         return self.fleet.client(self.fleet.snapshot_node(snapshot_id))
 
+    def for_restore(self, snapshot_id: str) -> Client:
+        return self.fleet.client(self.fleet.restore_node(snapshot_id))
+
     def list_sandboxes(self, params) -> "list[tuple[Client, dict]]":
         out = []
         for c, answer in self.fleet.fan_out(lambda c: c.json("GET", "/v1/sandboxes", params=params)):
@@ -594,10 +602,23 @@ class FleetClient:
         return out
 
     def request(self, method: str, path: str, **kw):
+        if method == "DELETE" and _snapshot_of(path):
+            return self._delete_snapshot(path, **kw)
         return self._route(path).request(method, path, **kw)
 
     def json(self, method: str, path: str, **kw):
+        if method == "GET" and path == "/v1/memory-snapshots":
+            return _merge_snapshots(a for _, a in self.fleet.fan_out(lambda c: c.json(method, path, **kw)))
+        if method == "DELETE" and _snapshot_of(path):
+            self._delete_snapshot(path, **kw)
+            return None
         return self._route(path).json(method, path, **kw)
+
+    def _delete_snapshot(self, path: str, **kw):
+        """A memory snapshot is deleted on every node that holds it (a restore may have moved it to others)."""
+        answers = self.fleet.fan_out(lambda c: c.request("DELETE", path, **kw), strict=False)
+        self.fleet._snapshots.pop(_snapshot_of(path), None)
+        return _one_deleted([a for _, a in answers])
 
     def _route(self, path: str) -> Client:
         if path.startswith("/v1/sandboxes/"):
@@ -606,6 +627,27 @@ class FleetClient:
         if sid:
             return self.for_snapshot(sid)
         return self.fleet.home()
+
+
+def _merge_snapshots(answers) -> dict:
+    """The fleet's memory snapshots: every node's, one entry per id (a moved snapshot is on several nodes)."""
+    seen: dict[str, dict] = {}
+    for a in answers:
+        for snap in a["snapshots"]:
+            seen.setdefault(snap["id"], snap)
+    return {"snapshots": sorted(seen.values(), key=lambda s: s["id"])}
+
+
+def _one_deleted(answers: list):
+    """The answer of a delete sent to every node: the first success; else the first error that is not a
+    NotFoundError (a node that could not delete its copy), else NotFoundError (no node had it)."""
+    ok = [a for a in answers if not isinstance(a, Exception)]
+    errs = [a for a in answers if isinstance(a, Exception) and not isinstance(a, NotFoundError)]
+    if errs:
+        raise errs[0]
+    if ok:
+        return ok[0]
+    raise next((a for a in answers if isinstance(a, NotFoundError)), NotFoundError("no such memory snapshot"))
 
 
 def _snapshot_of(path: str) -> str:
@@ -693,6 +735,9 @@ class AsyncClient:
     async def for_snapshot(self, snapshot_id: str) -> "AsyncClient":
         return self
 
+    async def for_restore(self, snapshot_id: str) -> "AsyncClient":
+        return self
+
 
 class AsyncFleetClient:
     """FleetClient, awaitable (one per event loop): the placement and table are the process's Fleet's, the
@@ -757,10 +802,29 @@ class AsyncFleetClient:
         return [(self.node(n), info) for n, d in zip(nodes, answers) for info in d["sandboxes"]]
 
     async def request(self, method: str, path: str, **kw):
+        if method == "DELETE" and _snapshot_of(path):
+            return await self._delete_snapshot(path, **kw)
         return await (await self._route(path)).request(method, path, **kw)
 
     async def json(self, method: str, path: str, **kw):
+        import asyncio
+
+        if method == "GET" and path == "/v1/memory-snapshots":
+            nodes = [n for n in (await asyncio.to_thread(self.fleet.nodes)).values() if n.healthy]
+            return _merge_snapshots(await asyncio.gather(*(self.node(n).json(method, path, **kw) for n in nodes)))
+        if method == "DELETE" and _snapshot_of(path):
+            await self._delete_snapshot(path, **kw)
+            return None
         return await (await self._route(path)).json(method, path, **kw)
+
+    async def _delete_snapshot(self, path: str, **kw):
+        import asyncio
+
+        nodes = [n for n in (await asyncio.to_thread(self.fleet.nodes)).values() if n.healthy]
+        answers = await asyncio.gather(*(self.node(n).request("DELETE", path, **kw) for n in nodes),
+                                       return_exceptions=True)
+        self.fleet._snapshots.pop(_snapshot_of(path), None)
+        return _one_deleted(list(answers))
 
     async def _route(self, path: str) -> AsyncClient:
         import asyncio
@@ -776,6 +840,11 @@ class AsyncFleetClient:
         import asyncio
 
         return self.node(await asyncio.to_thread(self.fleet.snapshot_node, snapshot_id))
+
+    async def for_restore(self, snapshot_id: str) -> AsyncClient:
+        import asyncio
+
+        return self.node(await asyncio.to_thread(self.fleet.restore_node, snapshot_id))
 
 
 def _verify(ep: Endpoint):

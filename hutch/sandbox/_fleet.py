@@ -355,6 +355,59 @@ class Fleet:
         raise NotFoundError(f"no memory snapshot {snapshot_id!r} on any node of the fleet {self.url} (a snapshot "
                             "stays on the node that took it; hutch.Snapshot.list() lists them).")
 
+    def restore_node(self, snapshot_id: str) -> Node:
+        """The node a restore of memory snapshot `snapshot_id` goes to: a node that holds it and takes new
+        sandboxes (healthy, not cordoned, under its cap); else a placed node, the snapshot moved there first
+        (fetch_memory_snapshot), as a create's image is."""
+        holder = self.snapshot_node(snapshot_id)
+        with self._lock:
+            if holder.takes(self._pending.get(holder.key, 0)):
+                return holder
+        holders = {id(self.client(n)): n for n in self.nodes().values() if n.healthy}
+        found = [holders[id(c)] for c, a in self.fan_out(
+            lambda c: c.json("GET", f"/v1/memory-snapshots/{snapshot_id}"), strict=False)
+            if isinstance(a, dict) and id(c) in holders]
+        with self._lock:
+            ok = [n for n in found if n.takes(self._pending.get(n.key, 0))]
+        if ok:
+            self._snapshots[snapshot_id] = ok[0].key
+            return ok[0]
+        target = self.place({n.key for n in found})
+        self.fetch_memory_snapshot(target.key, holder, snapshot_id)
+        return target
+
+    def fetch_memory_snapshot(self, key: str, source: Node, snapshot_id: str) -> None:
+        """Bring memory snapshot `snapshot_id` to node `key` from node `source`: its image first (fetch_image,
+        which also builds the default base there), then the source's export streamed into the node's import,
+        told the digest the source reports (GET /v1/memory-snapshots/{id}/digest): it refuses, storing nothing,
+        an archive of any other snapshot, and keeps the snapshot under the same id."""
+        target = self.node(key)
+        if target is None:
+            raise SandboxLostError(f"fleet node {key} left the fleet while a memory snapshot was moved to it; try "
+                                   "again.")
+        with self._lock:
+            lock = self._transfers.setdefault((key, "memory-snapshot:" + snapshot_id), threading.Lock())
+        with lock:
+            dst, src = self.client(target), self.client(source)
+            try:
+                dst.json("GET", f"/v1/memory-snapshots/{snapshot_id}")
+                return   # another thread brought it meanwhile
+            except NotFoundError:
+                pass
+            info = src.json("GET", f"/v1/memory-snapshots/{snapshot_id}")
+            if info.get("image"):
+                self.fetch_image(key, info["image"])
+            want = src.json("GET", f"/v1/memory-snapshots/{snapshot_id}/digest")["digest"]
+            resp = src.request("GET", f"/v1/memory-snapshots/{snapshot_id}/export", stream=True)
+            try:
+                got = dst.json("POST", "/v1/memory-snapshots/import", params={"digest": want},
+                               content=resp.iter_bytes(TRANSFER_CHUNK))
+            finally:
+                resp.close()
+            if got.get("id") != snapshot_id:
+                raise SandboxError(f"node {key} imported memory snapshot {got.get('id')!r} for {snapshot_id} from "
+                                   f"node {source.key}; delete it there (hutch.Snapshot.delete) and try again.")
+
     def fan_out(self, call, *, strict: bool = True) -> list[tuple[object, object]]:
         """`call(client)` on every healthy node at once: [(client, answer)]; with strict=False an error is
         the answer, else the first error is raised."""

@@ -127,7 +127,7 @@ class AsyncSandbox(SandboxState):
                       tags: "dict | None" = None) -> "AsyncSandbox":
         """A new sandbox carrying on where the snapshot's sandbox was (see `hutch.Sandbox.restore`)."""
         snap = Snapshot.of(snapshot)
-        client = await _client.default_async_client().for_snapshot(snap.id)   # a fleet's: the node that holds it
+        client = await _client.default_async_client().for_restore(snap.id)   # a fleet: a node that has it
         sb = cls(client, await client.json("POST", f"/v1/memory-snapshots/{snap.id}/restore",
                                            json={"detach": detach, "tags": dict(tags or {})}))
         if not detach:

@@ -203,7 +203,7 @@ class Sandbox(SandboxState):
         its filesystem, its own id, hostname and network attachment (under the snapshot's egress policy).
         Open connections are gone; programs that keep their own random state should re-seed it."""
         snap = Snapshot.of(snapshot)
-        client = _client.default_client().for_snapshot(snap.id)   # a fleet's: the node that holds the snapshot
+        client = _client.default_client().for_restore(snap.id)   # a fleet's: a node holding it, or one it moves to
         sb = cls(client, client.json("POST", f"/v1/memory-snapshots/{snap.id}/restore",
                                      json={"detach": detach, "tags": dict(tags or {})}))
         if not detach:

@@ -377,13 +377,19 @@ class Gvisor:
         p = runsc.probe()
         return await asyncio.to_thread(transfer.export, snap_id, fileobj, runsc_version=p.version, flags=self.flags())
 
-    async def import_(self, fileobj, limits) -> dict:
-        """A snapshot archive read as hostile input (transfer.py): a new snapshot of this host, or a refusal."""
+    async def digest(self, snap_id: str) -> dict:
+        """{"id", "digest"} of memory snapshot `snap_id` (transfer.digest: an import's `digest=` checks it)."""
+        p = runsc.probe()
+        return await asyncio.to_thread(transfer.digest, snap_id, runsc_version=p.version, flags=self.flags())
+
+    async def import_(self, fileobj, limits, *, digest: str | None = None) -> dict:
+        """A snapshot archive read as hostile input (transfer.py): a new snapshot of this host, or a refusal;
+        given `digest`, only the snapshot of that digest, under its source's id."""
         p = runsc.probe()
         if not p.ok:
             raise UnsupportedError(f'runtime="gvisor" is not available on this host: {p.why}.')
         return await asyncio.to_thread(transfer.import_, fileobj, runsc_version=p.version, flags=self.flags(),
-                                       limits=limits, check_spec=check_supported)
+                                       limits=limits, check_spec=check_supported, digest=digest)
 
     # --- end ----------------------------------------------------------------------------
 

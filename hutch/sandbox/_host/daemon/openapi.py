@@ -84,7 +84,15 @@ OPERATIONS: dict[tuple[str, str], dict] = {
     ("get", "/v1/memory-snapshots/{sid}/export"): {"summary": "A memory snapshot as a tar archive (to import on "
                                                              "another host)",
                                                   "responses": {"200": {"description": "application/x-tar"}}},
-    ("post", "/v1/memory-snapshots/import"): {"summary": "Import a memory snapshot archive (checked as hostile input)",
+    ("get", "/v1/memory-snapshots/{sid}/digest"): {"summary": "A memory snapshot's digest (its metadata, memory "
+                                                             "files and image; what an import's digest= expects)",
+                                                  "responses": {"200": {"description": "{id, digest}"}}},
+    ("post", "/v1/memory-snapshots/import"): {"summary": "Import a memory snapshot archive (checked as hostile input); "
+                                                         "with digest, only the snapshot of that digest, under its "
+                                                         "own id",
+                                             "parameters": [_q("digest", "the 64-hex-digit digest the source's "
+                                                               "GET /v1/memory-snapshots/{sid}/digest answered",
+                                                               schema={"type": "string", "pattern": "^[0-9a-f]{64}$"})],
                                              "requestBody": {"required": True, "content": {"application/x-tar": {
                                                  "schema": {"type": "string", "format": "binary"}}}},
                                              "responses": {"201": {"description": "the new snapshot"}}},

@@ -132,6 +132,7 @@ def make_app(mgr: Manager, gate=None) -> web.Application:
     r.add_get("/v1/memory-snapshots/{sid}", h.memory_snapshot)
     r.add_delete("/v1/memory-snapshots/{sid}", h.delete_memory_snapshot)
     r.add_get("/v1/memory-snapshots/{sid}/export", h.export_memory_snapshot)
+    r.add_get("/v1/memory-snapshots/{sid}/digest", h.memory_snapshot_digest)
     r.add_post("/v1/memory-snapshots/import", h.import_memory_snapshot)
     r.add_post("/v1/memory-snapshots/{sid}/restore", h.restore)
     r.add_get("/v1/sandboxes/{id}/lease", h.lease)
@@ -368,7 +369,16 @@ class Handlers:
         finally:
             os.unlink(tmp)
 
+    async def memory_snapshot_digest(self, request):
+        sid = request.match_info["sid"]
+        memsnaps.path_of(sid)   # a malformed id: ConfigError
+        return web.json_response(await self.mgr.gvisor.digest(sid))
+
     async def import_memory_snapshot(self, request):
+        digest = request.query.get("digest")
+        if digest is not None and not (len(digest) == 64 and not set(digest) - set("0123456789abcdef")):
+            raise errors.ConfigError(f"digest={digest[:80]!r} must be a memory snapshot's 64-hex-digit digest (GET "
+                                     "/v1/memory-snapshots/ID/digest answers it).")
         limits = ImportLimits.from_env()
         memsnaps.store_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
         fd, tmp = tempfile.mkstemp(prefix=memsnaps.spool_prefix("import"), suffix=".tmp",
@@ -384,7 +394,7 @@ class Handlers:
                             "the daemon); raise that limit if it is yours.")
                     f.write(chunk)
             with open(tmp, "rb") as f:
-                snap = await asyncio.shield(self.mgr.gvisor.import_(f, limits))
+                snap = await asyncio.shield(self.mgr.gvisor.import_(f, limits, digest=digest))
             return web.json_response(snap, status=201)
         finally:
             os.unlink(tmp)

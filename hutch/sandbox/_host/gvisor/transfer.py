@@ -4,7 +4,8 @@ input (the daemon is root; the archive is anyone's) and keeps nothing it has not
 The tar (format 1) holds, in this order:
 
     hutch-memory-snapshot.json   {"format": 1, "meta": Meta.to_dict() + "bundle", "mem": {name: {size, sha256}},
-                                  "image": {"size"}}
+                                  "image": {"size", "digest"}}   (digest: the image's chain digest; older
+                                  archives have none)
     mem/<name>                   runsc's image files (checkpoint.img, pages_meta.img, pages.img), as declared
     image.tar                    the snapshot's filesystem: an image archive (archive.export of its node)
 
@@ -16,6 +17,13 @@ larger together than the spec's memory limit + IMAGE_SLACK; an image archive tha
 digest-verified), whose top is not the spec's image, or whose base is not this host's same base image. What a
 refused import extracted is removed; the layers of an accepted image stay (content-addressed, like any
 import's).
+
+A snapshot's digest (`digest()`, GET /v1/memory-snapshots/{id}/digest) is the SHA-256 of its metadata (all but
+its id), its memory files' sha256s and its image's chain digest. An import told the digest to expect (a fleet
+moving a snapshot between its nodes: `?digest=`) refuses, before storing anything, a manifest of any other,
+then checks every memory file against its sha256 and the image against its chain digest as usual; the snapshot
+it stores keeps the source's id (the digest vouches that it is that snapshot), and one of that id already here
+is answered as it is if its digest is the same, refused if not.
 """
 
 from __future__ import annotations
@@ -59,6 +67,36 @@ def base_id(image_ref: str) -> str:
     return images.resolve_image(base).id
 
 
+# --- digest ------------------------------------------------------------------------------------
+
+def image_digest(image_ref: str) -> str:
+    """The chain digest of an image node (what GET /v1/images/{id} answers as "digest")."""
+    node = layers.find(image_ref[len(layers.PREFIX):] if image_ref.startswith(layers.PREFIX) else image_ref)
+    nodes, base = layers.chain(node["id"])
+    return layers.chain_digest(list(reversed(nodes)), base)
+
+
+def snapshot_digest(meta: "snapshots.Meta", mem_sha256: dict[str, str], image: str) -> str:
+    """The digest of a snapshot: its metadata but its id, its memory files' sha256s, its image's chain digest."""
+    canon = {"meta": {k: v for k, v in meta.to_dict().items() if k != "id"}, "mem": dict(sorted(mem_sha256.items())),
+             "image": image}
+    return hashlib.sha256(json.dumps(canon, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _filled(meta: "snapshots.Meta") -> "snapshots.Meta":
+    """The metadata as an export writes it (bundle and base filled in)."""
+    return dataclasses.replace(meta, bundle=meta.bundle or runsc.bundle_id(),
+                               base=meta.base or base_id(meta.spec["image"]))
+
+
+def digest(snap_id: str, *, runsc_version: str, flags: list[str]) -> dict:
+    """{"id", "digest"} of memory snapshot `snap_id` (its memory files read and hashed)."""
+    meta = _filled(snapshots.load(snap_id, runsc_version=runsc_version, flags=flags))
+    d = snapshots.path_of(snap_id) / "mem"
+    mem = {name: _sha256(d / name) for name in sorted(os.listdir(d))}
+    return {"id": snap_id, "digest": snapshot_digest(meta, mem, image_digest(meta.spec["image"]))}
+
+
 # --- export ------------------------------------------------------------------------------------
 
 def _sha256(path: Path) -> str:
@@ -80,14 +118,16 @@ def export(snap_id: str, fileobj, *, runsc_version: str, flags: list[str]) -> di
     mem = {name: {"size": (d / "mem" / name).stat().st_size, "sha256": _sha256(d / "mem" / name)}
            for name in sorted(os.listdir(d / "mem"))}
     image_ref = meta.spec["image"]
-    meta = dataclasses.replace(meta, bundle=meta.bundle or runsc.bundle_id(), base=meta.base or base_id(image_ref))
+    meta = _filled(meta)
+    chain = image_digest(image_ref)
     layers.private_dir(layers.layers_dir())
     fd, name = tempfile.mkstemp(prefix=layers.TMP_PREFIX + "export-", dir=layers.layers_dir())
     spool = Path(name)   # the image archive, spooled: its size goes first, in the manifest
     try:
         with os.fdopen(fd, "wb") as f:
             archive.export(image_ref[len(layers.PREFIX):], f)
-        manifest = {"format": FORMAT, "meta": meta.to_dict(), "mem": mem, "image": {"size": spool.stat().st_size}}
+        manifest = {"format": FORMAT, "meta": meta.to_dict(), "mem": mem, "image": {"size": spool.stat().st_size,
+                                                                                   "digest": chain}}
         data = json.dumps(manifest).encode()
         with tarfile.open(fileobj=fileobj, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             info = tarfile.TarInfo(MANIFEST)
@@ -115,8 +155,9 @@ _Header = untar.header_type(refuse, "hutch snapshot export")
 
 
 def check_manifest(m, *, runsc_version: str, flags: list[str],
-                   check_spec: Callable = lambda spec: None) -> tuple["snapshots.Meta", dict, int]:
-    """(meta, {name: (size, sha256)}, image archive size) of a manifest, or a refusal naming what is wrong:
+                   check_spec: Callable = lambda spec: None) -> tuple["snapshots.Meta", dict, int, str | None]:
+    """(meta, {name: (size, sha256)}, image archive size, image chain digest or None) of a manifest, or a
+    refusal naming what is wrong:
     InvalidArchiveError for a malformed one, StateError for one this host cannot restore; `check_spec` refuses
     a spec the runtime does not run (daemon.gvisor.check_supported)."""
     if not isinstance(m, dict) or m.get("format") != FORMAT or set(m) != {"format", "meta", "mem", "image"}:
@@ -167,9 +208,13 @@ def check_manifest(m, *, runsc_version: str, flags: list[str],
     if total > spec.limits.memory + snapshots.IMAGE_SLACK:
         raise refuse(MANIFEST, f"declares {total} bytes of memory image, more than its sandbox's memory limit "
                                f"({spec.limits.memory}) + {snapshots.IMAGE_SLACK} allows")
-    if not isinstance(image, dict) or set(image) != {"size"} or type(image["size"]) is not int or image["size"] < 0:
+    if not isinstance(image, dict) or set(image) - {"digest"} != {"size"} or type(image["size"]) is not int \
+            or image["size"] < 0:
         raise refuse(MANIFEST, "declares no size of its image archive")
-    return meta, files, image["size"]
+    chain = image.get("digest")
+    if chain is not None and not (isinstance(chain, str) and layers.ID_RE.match(chain)):
+        raise refuse(MANIFEST, "declares an image digest that is not 64 hex digits")
+    return meta, files, image["size"], chain
 
 
 class _Hashing:
@@ -194,11 +239,12 @@ def _next(tar: tarfile.TarFile, name: str, size: int) -> tarfile.TarInfo:
 
 
 def import_(fileobj, *, runsc_version: str, flags: list[str], limits: ImportLimits | None = None,
-            check_spec: Callable = lambda spec: None) -> dict:
-    """Read a tar made by export(); a new snapshot (its own id) once every part checks out (module docstring)."""
+            check_spec: Callable = lambda spec: None, digest: str | None = None) -> dict:
+    """Read a tar made by export(); a new snapshot (its own id) once every part checks out (module docstring).
+    Given `digest` (what the source's GET .../digest answered), only the snapshot of that digest, kept under
+    the source's id: refused before anything is stored if the manifest is of another."""
     limits = limits or ImportLimits.from_env()
-    snap_id = snapshots.new_id()
-    tmp = snapshots.make_dir(snap_id)
+    tmp = None
     try:
         with tarfile.open(fileobj=untar.Counted(fileobj, limits.bytes, "snapshot"), mode="r|", tarinfo=_Header, bufsize=_CHUNK) as tar:
             m = tar.next()
@@ -206,19 +252,35 @@ def import_(fileobj, *, runsc_version: str, flags: list[str], limits: ImportLimi
                 raise refuse(m.name if m is not None else "(empty)", f"is the first member, not {MANIFEST}")
             if m.size > snapshots.META_MAX:
                 raise refuse(MANIFEST, f"is {m.size} bytes (at most {snapshots.META_MAX})")
-            meta, files, image_size = check_manifest(untar.strict_json(tar.extractfile(m).read(), MANIFEST, refuse),
-                                                     runsc_version=runsc_version, flags=flags,
-                                                     check_spec=check_spec)
+            meta, files, image_size, chain = check_manifest(
+                untar.strict_json(tar.extractfile(m).read(), MANIFEST, refuse), runsc_version=runsc_version,
+                flags=flags, check_spec=check_spec)
+            if digest is None:
+                snap_id = snapshots.new_id()
+            else:
+                if chain is None:
+                    raise refuse(MANIFEST, f"declares no image digest, so it cannot be the snapshot of digest "
+                                           f"{digest[:12]} its importer was told to expect")
+                got = snapshot_digest(meta, {n: sha for n, (_, sha) in files.items()}, chain)
+                if got != digest:
+                    raise InvalidArchiveError(
+                        f"the snapshot archive is not the memory snapshot of digest {digest[:12]} its importer was "
+                        f"told to expect (its manifest digests to {got[:12]}); nothing was imported: the transfer "
+                        "was damaged or forged, fetch it again.")
+                snap_id = meta.id
+                if (here := _same(snap_id, digest, runsc_version, flags)) is not None:
+                    return here
             if snapshots.total_bytes() + meta.memory_bytes > (total_max := snapshots.total_max()):
                 raise StateError(f"the memory snapshots of this host hold {snapshots.total_bytes()} bytes, and this "
                                  f"one of {meta.memory_bytes} would pass HUTCH_MEMORY_SNAPSHOTS_MAX "
                                  f"({total_max}); delete some (hutch.Snapshot.list()).")
-            for name, (size, digest) in files.items():
-                _member_file(tar, _next(tar, f"mem/{name}", size), tmp / "mem" / name, digest)
+            tmp = snapshots.make_dir(snap_id)
+            for name, (size, sha) in files.items():
+                _member_file(tar, _next(tar, f"mem/{name}", size), tmp / "mem" / name, sha)
             im = _next(tar, IMAGE_MEMBER, image_size)
             src = _Hashing(tar.extractfile(im))
             try:
-                got = archive.import_(src, limits)
+                got = archive.import_(src, limits, digest=chain)
             except InvalidArchiveError as e:
                 raise InvalidArchiveError(f"the snapshot archive's filesystem is refused: {e}") from None
             if src.n != image_size or got["ref"] != meta.spec["image"]:
@@ -228,13 +290,34 @@ def import_(fileobj, *, runsc_version: str, flags: list[str], limits: ImportLimi
         _check_base(meta)
         meta = dataclasses.replace(meta, id=snap_id)
         snapshots.write_meta(tmp, meta)
-        snapshots.complete(tmp, snap_id)
+        try:
+            snapshots.complete(tmp, snap_id)
+        except OSError:   # another import of the same snapshot (a fleet's, ?digest=) finished first
+            if digest is None or (here := _same(snap_id, digest, runsc_version, flags)) is None:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            return here
     except tarfile.TarError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise InvalidArchiveError(f"the snapshot archive is not a readable tar ({e}); {_FIX}") from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return {**meta.to_dict(), "image": meta.spec["image"]}
+
+
+def _same(snap_id: str, want: str, runsc_version: str, flags: list[str]) -> dict | None:
+    """Snapshot `snap_id` as an import answers it if this host has it with digest `want`; None if it has none of
+    that id; a refusal if the one it has is another snapshot."""
+    if not (snapshots.path_of(snap_id) / "meta.json").exists():
+        return None
+    here = digest(snap_id, runsc_version=runsc_version, flags=flags)["digest"]
+    if here != want:
+        raise StateError(f"this host has another memory snapshot of id {snap_id} (digest {here[:12]}, not "
+                         f"{want[:12]}); nothing was imported: delete it here (hutch.Snapshot.delete) first.")
+    meta = snapshots.load(snap_id, runsc_version=runsc_version, flags=flags)
     return {**meta.to_dict(), "image": meta.spec["image"]}
 
 
@@ -267,4 +350,5 @@ def _member_file(tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path, digest: s
         raise refuse(m.name, "is not a regular file")
 
 
-__all__ = ["FORMAT", "MANIFEST", "base_id", "check_manifest", "export", "import_"]
+__all__ = ["FORMAT", "MANIFEST", "base_id", "check_manifest", "digest", "export", "image_digest", "import_",
+           "snapshot_digest"]
