@@ -155,3 +155,13 @@ def cgroup_children(parent_name: str) -> list[str]:
 
 def cgroup_parent_of(run_dir: Path) -> str:
     return "hutch-" + (run_dir / "instance-id").read_text().strip()
+
+
+def read_line(stdout, start: str) -> str:
+    """The first line a client process wrote that starts with `start` ("" at its end). A Ray driver's stdout also
+    carries what Ray forwards to every driver (a node of an earlier test marked dead, say: "(raylet) The node
+    with node id ..."), so a client's answer is not always its first line."""
+    for line in stdout:
+        if line.startswith(start):
+            return line
+    return ""

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fleet_support import CAP, LOOPBACK, NODES, RUN_TAG, cgroup_children, cgroup_parent_of, node_args
+from fleet_support import CAP, LOOPBACK, NODES, RUN_TAG, cgroup_children, cgroup_parent_of, node_args, read_line
 
 import hutch
 
@@ -161,11 +161,11 @@ def test_a_client_that_dies_leaves_no_sandbox_on_any_node(fleet_sdk, fleet_busyb
     code = ("import hutch,sys; hutch.connect('ray://auto'); "
             f"sbs = [hutch.Sandbox.create(image=hutch.Image.from_directory({str(fleet_busybox)!r}), "
             f"tags={{**{RUN_TAG!r}, 't': 'orphan'}}) for _ in range(6)]; "
-            "print(' '.join(s.id for s in sbs), flush=True); sys.stdin.read()")
+            "print('ids', *(s.id for s in sbs), flush=True); sys.stdin.read()")
     p = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, RAY_ADDRESS=fleet_sdk.address),
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        ids = p.stdout.readline().split()
+        ids = read_line(p.stdout, "ids ").split()[1:]
         assert len(ids) == 6, p.stderr.read()
         assert len({i.split("-")[0] for i in ids}) > 1
         p.kill()

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from fleet_support import CAP, NODES, RUN_TAG
+from fleet_support import CAP, NODES, RUN_TAG, read_line
 
 import hutch
 
@@ -54,7 +54,7 @@ def test_many_processes_creating_at_once_never_overshoot_a_node_cap(fleet_sdk, f
     try:
         results = []
         for p in procs:
-            line = p.stdout.readline()
+            line = read_line(p.stdout, "[")
             assert line, p.stderr.read()[-3000:]
             results += json.loads(line)
         ids = [r["id"] for r in results if "id" in r]

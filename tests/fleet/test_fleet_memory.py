@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from fleet_support import hutch_cli, node_args
+from fleet_support import hutch_cli, node_args, read_line
 
 from hutch.fleet import init_remote
 
@@ -126,7 +126,7 @@ def test_killing_the_writers_node_mid_stream_loses_no_acknowledged_write(cluster
     err = lambda: (cluster.tmp / "stream.err").read_text()[-4000:]  # noqa: E731
     acks, status, killed_at = [], None, None
     try:
-        first = json.loads(p.stdout.readline() or "{}")
+        first = json.loads(read_line(p.stdout, "{") or "{}")
         if "writer" not in first:
             p.wait(timeout=60)
             raise AssertionError(f"the client did not start: {err()}")
