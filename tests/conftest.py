@@ -10,10 +10,13 @@ reported as a warning.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import subprocess
 from pathlib import Path
+
+import pytest
 
 
 def leftovers() -> list[str]:
@@ -73,43 +76,16 @@ def pytest_sessionfinish(session, exitstatus):
             reporter.write_line("\nnote: " + msg, yellow=True)
 
 
-# Warnings are errors (issue 14) in the test directories proven clean, one by one, until the whole suite is and
-# pyproject.toml's pytest config says so for all. A warning is fixed at its cause; one raised inside a third-party
-# package we cannot change is ignored narrowly, by a filterwarnings mark beside the test that meets it (naming
-# the package). The mark goes first among an item's marks so that those ignores, applied after it, win.
-# "." is the top-level tests/test_*.py.
-WARNINGS_ARE_ERRORS = (".", "mcp", "integrations", "images", "memory_store", "memory_search", "interpreter", "fuse",
-                       "egress", "sandbox_runtime", "sandbox_sdk")
-_TESTS = Path(__file__).resolve().parent
+# Warnings are errors (issue 14): pyproject.toml's pytest config says `filterwarnings = ["error"]`. A warning is
+# fixed at its cause; one raised inside a third-party package we cannot change is ignored narrowly, by a
+# filterwarnings mark beside the test that meets it (naming the package): marks apply after the config, so win.
 
 
-def pytest_collection_modifyitems(config, items):
-    import pytest
-
-    error = pytest.mark.filterwarnings("error")
-    for item in items:
-        if _strict(item):
-            item.add_marker(error, append=False)
-
-
-def _strict(item) -> bool:
-    rel = Path(str(item.path)).resolve().relative_to(_TESTS)
-    return (rel.parts[0] if len(rel.parts) > 1 else ".") in WARNINGS_ARE_ERRORS
-
-
-_last_strict = [False]
-
-
-def pytest_runtest_setup(item):
-    """Entering a strict directory from a lenient one, collect the garbage the lenient tests left first, with
-    their warnings shown and not raised: a cycle they leaked (an unclosed pipe of a fleet test, say) is otherwise
-    freed by whichever strict test's gc happens to run next, and fails that test for another's leak."""
-    strict = _strict(item)
-    if strict and not _last_strict[0]:
-        import gc
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("default")
-            gc.collect()
-    _last_strict[0] = strict
+@pytest.fixture(autouse=True, scope="module")
+def _collect_what_the_module_leaked():
+    """Collect the garbage at the end of each test module, while its last test is still the one reported: an
+    unclosed pipe or socket in a reference cycle is otherwise freed by whichever later test's gc happens to run,
+    and fails a test of another file for this file's leak. (Once per module: a collection per test would cost
+    minutes over the suite.)"""
+    yield
+    gc.collect()
