@@ -180,7 +180,7 @@ class Files(init.Init):
         rid, argv0, cwd = msg["rid"], msg["argv0"], msg["cwd"]
         if _under(_real(cwd, True), self.masks) is None:
             try:
-                os.close(init._open(cwd, os.O_PATH | os.O_DIRECTORY))
+                os.close(init.open_no_magic(cwd, os.O_PATH | os.O_DIRECTORY))
             except OSError as e:
                 return {"rid": rid, "ok": False, "error": "NotFoundError", "message":
                         f"working directory {cwd!r}: {os.strerror(e.errno or 0)}; create it or pass another workdir."}
@@ -190,7 +190,7 @@ class Files(init.Init):
             if _under(real, self.masks) is not None:
                 return {"rid": rid, "ok": True}
             try:
-                fd = init._open(os.path.join(cwd, cand), os.O_PATH)
+                fd = init.open_no_magic(os.path.join(cwd, cand), os.O_PATH)
             except OSError:
                 continue
             try:

@@ -387,29 +387,30 @@ class _SpawnError(Exception):
 _PSEUDO_FS = (L.PROC_SUPER_MAGIC, L.SYSFS_MAGIC)
 
 
-def _open(path: str, flags: int, dir_fd: int = L.AT_FDCWD) -> int:
+def open_no_magic(path: str, flags: int, dir_fd: int = L.AT_FDCWD) -> int:
+    """openat2 of `path`, close-on-exec, never through a /proc magic link (the files server's and the keeper's open)."""
     return L.openat2(path, flags | os.O_CLOEXEC, L.RESOLVE_NO_MAGICLINKS, dir_fd)
 
 
 def _parent(path: str) -> tuple[int, str]:
     """An O_PATH fd of the directory holding `path`'s last name, and that name."""
     head, name = os.path.split(path.rstrip("/") or "/")
-    return _open(head or "/", os.O_PATH | os.O_DIRECTORY), name
+    return open_no_magic(head or "/", os.O_PATH | os.O_DIRECTORY), name
 
 
 def _makedirs(path: str) -> int:
     """os.makedirs(path, exist_ok=True), one directory fd at a time; returns an O_PATH fd of `path`."""
-    fd = _open("/", os.O_PATH | os.O_DIRECTORY)
+    fd = open_no_magic("/", os.O_PATH | os.O_DIRECTORY)
     try:
         for part in [p for p in path.split("/") if p]:
             try:
-                nfd = _open(part, os.O_PATH | os.O_DIRECTORY, fd)
+                nfd = open_no_magic(part, os.O_PATH | os.O_DIRECTORY, fd)
             except FileNotFoundError:
                 try:
                     os.mkdir(part, 0o777, dir_fd=fd)
                 except FileExistsError:
                     pass
-                nfd = _open(part, os.O_PATH | os.O_DIRECTORY, fd)
+                nfd = open_no_magic(part, os.O_PATH | os.O_DIRECTORY, fd)
             os.close(fd)
             fd = nfd
     except BaseException:
@@ -530,7 +531,7 @@ class Init:
             else:
                 actions.append((os.POSIX_SPAWN_OPEN, target, "/dev/null", os.O_RDWR, 0))
         try:  # posix_spawn has no chdir action in Python: the init is single-threaded
-            fd = _open(cwd, os.O_PATH | os.O_DIRECTORY)
+            fd = open_no_magic(cwd, os.O_PATH | os.O_DIRECTORY)
             try:
                 os.fchdir(fd)
             finally:
@@ -652,13 +653,13 @@ class Init:
     def op_read(self, msg, fds):
         # A file of /proc or /sys first (looked at through an O_PATH fd, before its own permissions count): such a
         # file's content is made as it is read, its size is 0 or a page, and in /proc/self it would be this init's.
-        fd = _open(msg["path"], os.O_PATH)
+        fd = open_no_magic(msg["path"], os.O_PATH)
         try:
             if stat.S_ISREG(os.fstat(fd).st_mode) and L.fd_fs_type(fd) in _PSEUDO_FS:
                 raise OSError(errno.EINVAL, "not a regular file")
         finally:
             os.close(fd)
-        fd = _open(msg["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        fd = open_no_magic(msg["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or L.fd_fs_type(fd) in _PSEUDO_FS:   # again: the path may have changed
             os.close(fd)
@@ -709,7 +710,7 @@ class Init:
         return {"rid": msg["rid"], "ok": True, "_fds": [os.dup(_UPPER)]}
 
     def op_stat(self, msg, fds):
-        fd = _open(msg["path"], os.O_PATH | os.O_NOFOLLOW)   # the link itself if it is one, as lstat
+        fd = open_no_magic(msg["path"], os.O_PATH | os.O_NOFOLLOW)   # the link itself if it is one, as lstat
         try:
             return {"rid": msg["rid"], "ok": True, "entry": _entry(msg["path"], os.fstat(fd))}
         finally:
@@ -718,7 +719,7 @@ class Init:
     def op_list(self, msg, fds):
         path = msg["path"]
         out = []
-        fd = _open(path, os.O_RDONLY | os.O_DIRECTORY)
+        fd = open_no_magic(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             with os.scandir(fd) as it:
                 for de in it:
