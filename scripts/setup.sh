@@ -70,10 +70,29 @@ if [ ! -x .venv/bin/python ] || [ ! -x .venv/bin/pip ]; then
   "$PY" -m venv --clear .venv
   rm -f .venv/.hutch-installed
 fi
+# pip, retried while the package index cannot be reached (a DNS or network fault outside the machine; a CI run
+# once failed on a few minutes of it): up to 25 minutes, then the error. Any other failure stops at once.
+pip_install() {
+  local log=.venv/.pip-install.log waited=0
+  until .venv/bin/pip install "$@" 2>"$log"; do
+    cat "$log" >&2
+    if ! grep -qE 'name resolution|NameResolutionError|NewConnectionError|ConnectTimeout|ReadTimeout|Connection (reset|refused)|Network is unreachable' "$log"; then
+      return 1
+    fi
+    if [ "$waited" -ge 1500 ]; then
+      echo "setup: the package index has been unreachable for $waited s; check the machine's DNS and network (pip's errors above), then run scripts/setup.sh again" >&2
+      return 1
+    fi
+    echo "setup: the package index is unreachable (a network fault, above); trying again in 60 s ($waited s so far)" >&2
+    sleep 60
+    waited=$((waited + 60))
+  done
+  cat "$log" >&2
+}
 stamp=.venv/.hutch-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
   echo "setup: installing hutch and its dependencies into .venv"
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e ".[all,dev]"   # every wing's extra (pyproject.toml), and the test tools
+  pip_install -q --upgrade pip
+  pip_install -q -e ".[all,dev]"   # every wing's extra (pyproject.toml), and the test tools
   touch "$stamp"
 fi

@@ -131,6 +131,8 @@ def test_a_core_only_install_runs_sandboxes_and_names_each_missing_extra(tmp_pat
         if r.returncode == 0 or not any(t in r.stderr for t in NETWORK_FAULTS):
             break
         time.sleep(10 * (attempt + 1))
+    if r.returncode != 0 and any(t in r.stderr for t in NETWORK_FAULTS):
+        pytest.skip(f"the package index is unreachable from this machine (pip, three attempts): {r.stderr[-300:]}")
     assert r.returncode == 0, r.stderr[-3000:]
     installed = {d.metadata["Name"].lower() for d in importlib.metadata.distributions(path=[str(
         next((venv / "lib").glob("python3*/site-packages")))])}

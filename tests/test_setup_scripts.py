@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # what scripts/setup.sh and the two scripts call once everything is installed; no make among them
-_TOOLS = ("bash", "sh", "env", "dirname", "grep", "tr", "id", "touch", "rm", "mv", "gcc", "as", "ld", "dpkg-query", "dpkg",
+_TOOLS = ("bash", "sh", "env", "dirname", "grep", "tr", "id", "touch", "rm", "mv", "gcc", "as", "ld", "dpkg-query", "dpkg", "cat", "sleep",
           "python3", "python3.11", "git")
 
 
