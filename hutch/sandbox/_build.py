@@ -16,7 +16,6 @@ import hashlib
 import os
 import stat
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -313,23 +312,7 @@ def export_image(image, path) -> None:
         image = Image(client.json("GET", f"/v1/images/{image.ref}")["ref"])   # a built image's name
     if not image.ref.startswith(PREFIX):
         raise ImageError(f"image {image.ref!r} is a base image; only built images and snapshots can be exported.")
-    dest = Path(path).resolve()
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            resp = client.request("GET", f"/v1/images/{image.ref[len(PREFIX):]}/export", stream=True)
-            try:
-                for chunk in resp.iter_bytes(1 << 20):
-                    f.write(chunk)
-            finally:
-                resp.close()
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    client.download(f"/v1/images/{image.ref[len(PREFIX):]}/export", path)
 
 
 def import_image(path):

@@ -552,6 +552,29 @@ class Client:
         r = self.request(method, path, **kw)
         return r.json() if r.content else None
 
+    def download(self, path: str, dest: "str | os.PathLike") -> None:
+        """GET `path` streamed into the file `dest`, whole or not at all: written beside it under a temporary
+        name and renamed into place once complete (an error or an interrupt removes the partial file)."""
+        import tempfile
+
+        dest = Path(dest).resolve()
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=dest.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                resp = self.request("GET", path, stream=True)
+                try:
+                    for chunk in resp.iter_bytes(1 << 20):
+                        f.write(chunk)
+                finally:
+                    resp.close()
+            os.replace(tmp, dest)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
     # the three calls a fleet answers differently (FleetClient): where a sandbox is made, found, listed
 
     def create_sandbox(self, attempt) -> "tuple[Client, object]":
@@ -613,6 +636,9 @@ class FleetClient:
             self._delete_snapshot(path, **kw)
             return None
         return self._route(path).json(method, path, **kw)
+
+    def download(self, path: str, dest: "str | os.PathLike") -> None:
+        self._route(path).download(path, dest)
 
     def _delete_snapshot(self, path: str, **kw):
         """A memory snapshot is deleted on every node that holds it (a restore may have moved it to others)."""

@@ -13,7 +13,6 @@ A snapshot lives in the daemon's state directory until `delete()`; its filesyste
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,24 +59,7 @@ class Snapshot:
         """Write this snapshot (memory image, filesystem, metadata) to `path` as a tar, for `Snapshot.import_`
         on another host. That host needs the same runsc build, the same base image build and busybox; its
         import refuses anything else. Credentials are never in it (a restore there is given none)."""
-        client = _client.default_client()
-        dest = Path(path).resolve()
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=dest.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                resp = client.request("GET", f"/v1/memory-snapshots/{self.id}/export", stream=True)
-                try:
-                    for chunk in resp.iter_bytes(1 << 20):
-                        f.write(chunk)
-                finally:
-                    resp.close()
-            os.replace(tmp, dest)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        _client.default_client().download(f"/v1/memory-snapshots/{self.id}/export", path)
 
     @classmethod
     def import_(cls, path: "str | os.PathLike") -> "Snapshot":
