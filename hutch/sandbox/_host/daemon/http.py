@@ -18,10 +18,11 @@ MAX_LONG_POLL = 60.0
 _FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
-async def send_fd(request, fd: int, size: int) -> web.StreamResponse:
-    """Answer with `size` bytes read from `fd` (a file a sandbox or volume call opened), then close it."""
+async def send_fd(request, fd: int, size: int, content_type: str = "application/octet-stream") -> web.StreamResponse:
+    """Answer with `size` bytes read from `fd` (a file a sandbox or volume call opened, an export's spool
+    file), then close it."""
     try:
-        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        resp = web.StreamResponse(headers={"Content-Type": content_type})
         resp.content_length = size
         await resp.prepare(request)
         left = size

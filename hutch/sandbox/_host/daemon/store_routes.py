@@ -187,14 +187,8 @@ class StoreRoutes:
         try:
             with os.fdopen(fd, "wb") as f:
                 await _run(archive.export, key, f)
-            resp = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
-            resp.content_length = os.path.getsize(tmp)
-            await resp.prepare(request)
-            with open(tmp, "rb") as f:
-                while chunk := f.read(CHUNK * 4):
-                    await resp.write(chunk)
-            await resp.write_eof()
-            return resp
+            return await send_fd(request, os.open(tmp, os.O_RDONLY | os.O_CLOEXEC), os.path.getsize(tmp),
+                                 "application/x-tar")
         finally:
             os.unlink(tmp)
 
