@@ -6,9 +6,12 @@ the default.
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from hutch._core import settings
+from hutch._core.errors import ConfigError
 
 #: Persistent state: images, layers, volumes, snapshots. Env: HUTCH_STATE_DIR.
 DEFAULT_STATE_DIR = settings.STATE_DIR.default
@@ -32,3 +35,26 @@ def run_dir() -> Path:
 def daemon_socket() -> Path:
     """The Unix socket the host daemon listens on. Env: HUTCH_SOCKET."""
     return settings.SOCKET.get() or run_dir() / "hutch.sock"
+
+
+def owned_by_root(path: Path, what: str = "HUTCH_RUN_DIR / HUTCH_SOCKET (the default is /run/hutch)") -> None:
+    """Refuse `path` unless it (if it exists) and every directory above it are root's and writable by no other
+    user; an ancestor may be writable by all if it is sticky (/tmp): nobody else can rename what root made there.
+    Both the path as given and the one its symlinks lead to are checked (e.g. /var/run and /run). The root daemon
+    (and the SDK's autostart, as root) calls it before it makes or writes anything there."""
+    path = Path(os.path.abspath(path))
+    real = Path(os.path.realpath(path))
+    for p in dict.fromkeys([path, *path.parents, real, *real.parents]):
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            continue
+        top = p in (path, real)
+        if st.st_uid != 0:
+            raise ConfigError(f"{p} belongs to uid {st.st_uid}, not root: whoever owns it could plant links there or "
+                              f"swap it while the daemon runs; `chown root {p}` (and `chmod go-w`), or give the daemon "
+                              f"a directory of root's own in {what}.")
+        if st.st_mode & 0o022 and (top or not st.st_mode & stat.S_ISVTX):
+            raise ConfigError(f"{p} is writable by other users ({stat.S_IMODE(st.st_mode):04o}): they could plant "
+                              f"links there or swap what is inside; `chmod go-w {p}`, or give the daemon a directory "
+                              f"of root's own in {what}.")

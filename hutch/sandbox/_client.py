@@ -197,7 +197,9 @@ def ensure_daemon(ep: Endpoint) -> None:
     if os.geteuid() != 0:
         raise DaemonError(f"no hutch daemon answers on {sock}, and only root can start one: run `sudo hutch serve "
                           "--group GROUP` with a group of yours (or set HUTCH_SOCKET to a daemon's socket).")
+    paths.owned_by_root(run)   # its lock and the daemon's log are opened by path: nobody else's links there
     run.mkdir(parents=True, exist_ok=True, mode=0o700)
+    paths.owned_by_root(run)
     sock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(run / "autostart.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)   # the loser of a race finds the winner's daemon below

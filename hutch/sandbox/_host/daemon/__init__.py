@@ -120,6 +120,7 @@ async def _serve(sock: Path, bind: tuple[str, int] | None, token: str | None, po
 
     run = paths.run_dir()
     private_dir(run, policy, close=False)
+    paths.owned_by_root(paths.state_dir(), "HUTCH_STATE_DIR (the default is /var/lib/hutch)")
     lock = open(run / "daemon.lock", "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

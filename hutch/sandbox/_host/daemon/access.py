@@ -6,6 +6,10 @@ The daemon is root and whoever drives it can do what root can, so:
   root:GROUP with `--group`) there, and only then renamed to its path: it is never
   connectable by anyone else at any instant, whatever the umask. A socket directory
   the daemon makes (or its own run directory) is 0700, or 0750 root:GROUP.
+- Its run directory, its socket's and its state directory, and every directory above them, are root's and
+  writable by nobody else (an ancestor may be sticky, as /tmp is): a run directory another user made first
+  could hold their links (daemon.pid -> /etc/shadow), and one they may rename could be swapped for theirs
+  while the daemon runs (`owned_by_root`).
 - Every accepted connection is checked with SO_PEERCRED before any byte of it is
   read: root, or a member of the operator's group, nobody else (`PeerPolicy`).
 - The TCP token comes from a file or the environment, never argv (hutch/_core/tokens.py).
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hutch._core.errors import ConfigError
+from hutch._core.paths import owned_by_root
 
 #: Seconds a uid's group membership is remembered (bounds the group-database lookups a client can cause).
 MEMBERSHIP_TTL = 2.0
@@ -113,13 +118,12 @@ def private_dir(path: Path, policy: PeerPolicy, *, close: bool = True) -> None:
     """Make `path` (a directory of this daemon's: its run directory, its socket's) root's and 0700, or
     0750 root:GROUP; refused if it is shared with every user (a /tmp-like directory is nobody's to close).
     `close=False` only makes and checks it (before the daemon knows it is the only one using it)."""
+    owned_by_root(path)   # before mkdir: nothing is made under a directory someone else controls
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(f"{path} is not a directory; point HUTCH_RUN_DIR / HUTCH_SOCKET at a directory of the daemon's own.")
-    if st.st_mode & 0o002:
-        raise ConfigError(f"{path} is writable by every user; give the daemon a directory of its own "
-                          "(the default is /run/hutch) in HUTCH_RUN_DIR / HUTCH_SOCKET.")
+    owned_by_root(path)
     if not close:
         return
     os.chown(path, 0, policy.gid if policy.gid is not None else 0)
