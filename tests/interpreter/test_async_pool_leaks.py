@@ -67,13 +67,14 @@ def test_the_pool_hands_out_a_sandbox_whose_interpreter_is_up(image):
         while pool.available < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert pool.available == 2
-        t = time.perf_counter()
         sb = pool.create()
         ex = sb.run_code("1 + 1")
-        took = time.perf_counter() - t
         with sb:
             assert ex.text == "2" and ex.error is None
-            assert took < 0.2, f"a pooled sandbox took {took * 1000:.0f} ms to its first result"
+            # its interpreter was up before it was handed out: the pool's warm-up cell ran in this same kernel
+            # (a kernel started by this cell would count it 1, a restarted one would say so). How long the first
+            # result takes is bench/interpreter.py's figure ("a sandbox from hutch.SandboxPool").
+            assert ex.execution_count == 2 and not ex.restarted, (ex.execution_count, ex.restarted)
             ids = [s.id for s in hutch.Sandbox.list(tags=RUN_TAG) if s.status == "running"]
             assert sb.id in ids
         deadline = time.monotonic() + 120   # the pool makes another
