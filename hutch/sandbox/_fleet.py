@@ -254,6 +254,17 @@ class Fleet:
 
     # --- clients ------------------------------------------------------------------------
 
+    def close(self) -> None:
+        """Close the node clients (their pooled connections; nothing is sent)."""
+        with self._lock:
+            clients = list(self._clients.values())
+            self._clients.clear()
+        for c in clients:
+            try:
+                c.http.close()
+            except Exception:  # noqa: BLE001 - closing a client: nothing to tell, nothing to retry
+                pass
+
     def client(self, node: Node):
         k = (node.key, node.socket, node.url, node.fingerprint, node.started)
         c = self._clients.get(k)
@@ -465,10 +476,19 @@ def disconnect() -> None:
     """Forget every fleet, and leave Ray if it was this module that joined it (tests, before a cluster ends)."""
     global _joined
     with _fleets_lock:
-        _fleets.clear()
+        _fleets.clear()   # not closed: sandboxes of them may still be spoken to on their nodes' clients
     if _joined:
         _joined = False
         import_ray().shutdown()
+
+
+def close_all() -> None:
+    """Forget this process's fleets, their node clients closed (at interpreter exit)."""
+    with _fleets_lock:
+        mine = [f for k, f in _fleets.items() if k[0] == os.getpid()]
+        _fleets.clear()
+    for f in mine:
+        f.close()
 
 
 def fleet(url: str, make_client) -> Fleet:
@@ -482,5 +502,5 @@ def fleet(url: str, make_client) -> Fleet:
 
 
 __all__ = ["CONTROLLER", "NAMESPACE", "NODE_CONNECT_TIMEOUT", "REFRESH", "SAMPLE", "SCHEME", "Fleet", "Node",
-           "connect_ray", "controller", "disconnect", "fleet", "import_ray", "is_fleet_url", "key_of", "local_boot_id",
+           "close_all", "connect_ray", "controller", "disconnect", "fleet", "import_ray", "is_fleet_url", "key_of", "local_boot_id",
            "ray_address"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -237,3 +238,38 @@ def test_tls_fingerprint_prints_what_the_daemon_printed(remote):
     assert out.returncode == 0 and out.stdout.strip() == remote.fingerprint, out
     key = remote.run_dir / "state" / "tls" / "daemon.key"
     assert oct(key.stat().st_mode & 0o777) == "0o600"
+
+
+EXIT_CLIENT = """
+import asyncio, os, signal, sys, hutch
+sb = hutch.Sandbox.create(image=hutch.Image.from_directory(sys.argv[1]), tags={"suite": sys.argv[2]})
+assert sb.run("true").returncode == 0 and hutch.Sandbox.list(tags={"suite": sys.argv[2]})
+
+async def main():
+    return await hutch.AsyncSandbox.list(tags={"suite": sys.argv[2]})
+assert asyncio.run(main())
+if sys.argv[3] == "daemon-stopped":   # the daemon answers nothing more: exit must not wait for it
+    os.kill(int(sys.argv[4]), signal.SIGSTOP)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["daemon-up", "daemon-stopped"])
+def test_the_sdks_cached_clients_are_closed_at_exit(remote, busybox_root, how):
+    """A session of the SDK over TLS (a sandbox whose lease it holds, sync and async calls) ends without a
+    ResourceWarning of a socket left open, and without waiting for a daemon that no longer answers."""
+    _point_sdk(remote, HUTCH_FINGERPRINT=remote.fingerprint)
+    tag = f"{RUN_TAG['suite']}-exit-{how}"
+    try:
+        p = subprocess.run([sys.executable, "-X", "dev", "-W", "error::ResourceWarning", "-c", EXIT_CLIENT,
+                            str(busybox_root), tag, how, str(remote.proc.pid)],
+                           capture_output=True, text=True, timeout=120, env=dict(os.environ))   # a hang guard
+    finally:
+        if how == "daemon-stopped":
+            os.kill(remote.proc.pid, signal.SIGCONT)
+    assert p.returncode == 0 and p.stdout == "done\n", p.stdout + p.stderr
+    assert "ResourceWarning" not in p.stderr and "unclosed" not in p.stderr, p.stderr
+    deadline = time.monotonic() + 60   # the lease closed with the process: the daemon ends its sandbox
+    while any(s.status == "running" for s in hutch.Sandbox.list(tags={"suite": tag})) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [s.id for s in hutch.Sandbox.list(tags={"suite": tag}) if s.status == "running"]
