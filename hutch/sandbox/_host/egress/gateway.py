@@ -72,6 +72,7 @@ class _SandboxNet:
     log: DecisionLog = field(default_factory=lambda: DecisionLog(time.monotonic()))
     dns: Lane = field(default_factory=lambda: Lane(time.monotonic()))
     conns_refused: int = 0     # connections reset for going over the proxy's per-sandbox limit
+    connects_dropped: int = 0  # SYNs the host dropped over netns.CONNECT_RATE, on links it no longer has
     relayed: int = 0           # bytes the proxy moved for it, both ways (a tenant's egress quota is charged from it)
     plain: bool = False        # its link takes a plain address (a gVisor sandbox: see netns.Plumber.add)
     # link changes (attach, set_policy, detach) take turns: a detach must not close the netns fd
@@ -410,7 +411,9 @@ class Gateway:
         what the resolver's and the proxy's limits held back is in `limits` (see audit.py, docs/egress.md).
         """
         sb = self._get(sandbox_id)
-        return sb.log.view({**sb.dns.counters(), "tcp_over_connection_limit": sb.conns_refused, **sb.tls.counters()})
+        over_rate = sb.connects_dropped + (self._plumber.connects_dropped(sb.address) if sb.address else 0)
+        return sb.log.view({**sb.dns.counters(), "tcp_over_connection_limit": sb.conns_refused,
+                            "tcp_over_connect_rate": over_rate, **sb.tls.counters()})
 
     async def detach(self, sandbox_id: str, *, wait: bool = True) -> None:
         """Remove everything the sandbox had: connections, link, rules, conntrack entries.
@@ -478,6 +481,7 @@ class Gateway:
         for conn in list(sb.conns):
             conn.close(reset=True)
         self._resolver.close_lane(sb.dns)
+        sb.connects_dropped += self._plumber.connects_dropped(sb.address)   # its counter goes with the link
         self._by_addr.pop(sb.address, None)
         index, link, addr = sb.index, sb.link, sb.address
         sb.index = sb.link = sb.address = None

@@ -32,6 +32,10 @@ from hutch.sandbox._host.egress.nft import Nft
 from hutch.sandbox._host.egress.rtnl import Conntrack, Rtnl
 
 CLONE_NEWNET = 0x40000000
+#: New TCP connections (SYNs) a second that one sandbox may open, in bursts of CONNECT_BURST; the host drops the
+#: rest before conntrack or the proxy see them, and counts them per sandbox (set `syn_over`)
+CONNECT_RATE = 200
+CONNECT_BURST = 400
 NS_GET_NSTYPE = 0xB703
 SANDBOX_IF = "eth0"
 SANDBOX_TABLE = "hutch"
@@ -115,10 +119,13 @@ delete table inet {table}
 table inet {table} {{
   set links {{ type ifname; }}
   set members {{ type ifname . ipv4_addr; }}
+  set syn_rate {{ type ipv4_addr; size 65535; flags dynamic; timeout 10s; }}
+  set syn_over {{ type ipv4_addr; size 65535; flags dynamic; counter; }}
   chain pre_raw {{
     type filter hook prerouting priority raw; policy accept;
     iifname @links meta nfproto != ipv4 drop
     iifname @links iifname . ip saddr != @members drop
+    iifname @links tcp flags & (fin|syn|rst|ack) == syn add @syn_rate {{ ip saddr limit rate over {CONNECT_RATE}/second burst {CONNECT_BURST} packets }} update @syn_over {{ ip saddr }} drop
     iifname != "lo" iifname != @links ip saddr {subnet} drop
     iifname != "lo" iifname != @links ip daddr {subnet} drop
   }}
@@ -303,9 +310,20 @@ class Plumber:
             n.close()
         self.flush_conntrack(addr)
 
+    def connects_dropped(self, addr: str) -> int:
+        """New TCP connections from `addr` that the host dropped for going over CONNECT_RATE."""
+        try:
+            out = self.nft.run(f"list set inet {self.table} syn_over\n")
+        except SandboxError:
+            return 0
+        m = re.search(rf"(?<![\d.]){re.escape(addr)} counter packets (\d+)", out)
+        return int(m.group(1)) if m else 0
+
     def _del_elements(self, name: str, addr: str) -> None:
         for cmd in (f'delete element inet {self.table} members {{ "{name}" . {addr} }}',
-                    f'delete element inet {self.table} links {{ "{name}" }}'):
+                    f'delete element inet {self.table} links {{ "{name}" }}',
+                    f'delete element inet {self.table} syn_over {{ {addr} }}',
+                    f'delete element inet {self.table} syn_rate {{ {addr} }}'):
             try:
                 self.nft.run(cmd + "\n")
             except SandboxError:

@@ -43,6 +43,7 @@ PEEK_TIMEOUT = 10.0
 DIAL_TIMEOUT = 10.0
 CHUNK = 1 << 20
 MAX_CONNS_PER_SANDBOX = 2048
+ACCEPT_BATCH = 16          # connections accepted per turn of the event loop
 _F_SETPIPE_SZ = 1031
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 
@@ -277,7 +278,13 @@ class Proxy:
 
     async def _accept_loop(self) -> None:
         loop = asyncio.get_running_loop()
+        accepted = 0
         while True:
+            accepted += 1
+            if accepted % ACCEPT_BATCH == 0:
+                # sock_accept does not yield while connections are waiting: under a flood it would keep the
+                # event loop (every sandbox's DNS and connections) to itself
+                await asyncio.sleep(0)
             try:
                 client, peer = await loop.sock_accept(self._sock)
             except OSError as e:
