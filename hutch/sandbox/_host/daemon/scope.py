@@ -177,8 +177,10 @@ class Tenancy:
         finally:
             self._disk.pop(t.name, None)
 
-    async def own_memsnap(self, t: Tenant, sid: str) -> None:
-        await asyncio.to_thread(self.owners.own, "memsnaps", sid, t.name)
+    async def own_memsnap(self, t: Tenant, sid: str, image: str | None = None) -> None:
+        """Record `t` as the maker of memory snapshot `sid`, and `image`: the image its source showed `t` (as `t`
+        named it), which its restores show too."""
+        await asyncio.to_thread(self.owners.own, "memsnaps", sid, t.name, image)
 
     async def drop_memsnap(self, sid: str) -> None:
         if sid in self.owners.memsnaps:
@@ -232,8 +234,9 @@ class Tenancy:
 
     def shown_spec(self, t: Tenant, spec, like=None) -> dict:
         """`spec` (as the daemon runs it for `t`: a fork's or a restore's) as `t` gave it: its volumes by its own
-        names; with `like` (a fork's source's shown spec), the source's image as it named it (a fork runs the
-        source's image, which the daemon names by its id)."""
+        names; with `like` (a fork's source's shown spec, or {"image": ...} a restore's snapshot recorded), the
+        source's image as it named it (a copy runs an image node of the snapshot, which the daemon names by its
+        id)."""
         d = spec.to_dict()
         p = t.volume("")
         d["mounts"] = [{**m, "source": m["source"][len(p):]} if m.get("kind") == "volume" and

@@ -270,7 +270,7 @@ class Handlers:
         if t is not None:
             async def settle():   # shielded: a client that hangs up must not leave it half-recorded
                 try:
-                    await self.tenancy.own_memsnap(t, snap["id"])
+                    await self.tenancy.own_memsnap(t, snap["id"], (sb.shown_spec or {}).get("image"))
                     await self.tenancy.own_image(t, layers.node_id_of(snap["image"]) or snap["image"])
                 except BaseException:   # its ownership could not be recorded: keep no snapshot nobody may reach
                     await asyncio.to_thread(_drop_snapshot_id, snap["id"])
@@ -320,7 +320,8 @@ class Handlers:
                 got = await self.mgr.capped(1, lambda: self.mgr.gvisor.restore(sid, detach=detach, tags=tags))
                 got.tenant = t.name if t is not None else None
                 if t is not None and got.spec is not None:   # shown as its tenant named things
-                    got.shown_spec = self.tenancy.shown_spec(t, got.spec)
+                    image = self.tenancy.owners.memsnap_image(sid)
+                    got.shown_spec = self.tenancy.shown_spec(t, got.spec, {"image": image} if image else None)
                 return got
             sb = await self.tenancy.admit(self.mgr, t, 1, spec.limits.cpu, spec.limits.memory, make)
         return web.json_response(sb.info(), status=201)

@@ -599,7 +599,9 @@ def over_quota(tenant: Tenant, quota: str, limit, used, what: str, asked=1) -> Q
 
 class Owners:
     """Which tenants hold which image node, and which tenant made which memory snapshot: the file
-    state_dir()/tenant-owners.json, {"images": {NODE_ID: [TENANT, ...]}, "memory_snapshots": {SID: TENANT}}.
+    state_dir()/tenant-owners.json, {"images": {NODE_ID: [TENANT, ...]}, "memory_snapshots": {SID: TENANT or
+    {"tenant": TENANT, "image": IMAGE}}} (IMAGE: the image its source showed the tenant, as it named it, which its
+    restores show too: they run the snapshot's own image node).
 
     Every daemon that uses the state dir (fleet nodes on one host) shares it, so a change is a read-modify-write
     under an exclusive lock (flock on tenant-owners.json.lock): the file is read again under the lock, changed,
@@ -612,7 +614,7 @@ class Owners:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.lock_path = self.path.with_name(self.path.name + ".lock")
-        self._state: tuple = (None, {}, {})   # (the file's stamp, images, memory snapshots), replaced whole
+        self._state: tuple = (None, {}, {}, {})   # (the file's stamp, images, memory snapshots, their images)
         self._state = (self._stamp(),) + self._read()   # a bad file at start: the operator's error, raised
         self.refused: str | None = None   # why the file, changed since, is refused (its last good view in force)
 
@@ -626,6 +628,11 @@ class Owners:
     def memsnaps(self) -> dict[str, str]:
         self.refresh()
         return self._state[2]
+
+    def memsnap_image(self, sid: str) -> str | None:
+        """The image memory snapshot `sid`'s source showed its tenant (None: not recorded)."""
+        self.refresh()
+        return self._state[3].get(sid)
 
     def _stamp(self):
         try:
@@ -647,12 +654,13 @@ class Owners:
             self.refused = str(e)
             self._state = (stamp,) + self._state[1:]
 
-    def _read(self) -> tuple[dict, dict]:
-        """The tables of the file (empty if there is none); ConfigError naming the fix if it is refused."""
+    def _read(self) -> tuple[dict, dict, dict]:
+        """The tables of the file (empty if there is none: images, memory snapshots' tenants and their images);
+        ConfigError naming the fix if it is refused."""
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
-            return {}, {}
+            return {}, {}, {}
         except OSError as e:
             raise self._bad(f"cannot be read ({e.strerror})") from None
         try:
@@ -687,12 +695,17 @@ class Owners:
                     raise ValueError(f"image {k[:80]!r}: not a node id and a list of tenant names")
                 if v:
                     out_i[k] = list(dict.fromkeys(v))
+            out_m, out_s = {}, {}
             for k, v in memsnaps.items():
+                if isinstance(v, dict) and set(v) == {"tenant", "image"} and _owner_key(v["image"]):
+                    v, out_s[k] = v["tenant"], v["image"]
                 if not _owner_key(k) or not _owner_name(v):
-                    raise ValueError(f"memory snapshot {k[:80]!r}: not a snapshot id and a tenant name")
+                    raise ValueError(f"memory snapshot {k[:80]!r}: not a snapshot id and a tenant name (or "
+                                     '{"tenant": NAME, "image": IMAGE})')
+                out_m[k] = v
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise self._bad(f"is not a file of ownership records ({str(e)[:200]})") from None
-        return out_i, dict(memsnaps)
+        return out_i, out_m, out_s
 
     def _bad(self, why: str) -> ConfigError:
         return ConfigError(
@@ -702,8 +715,9 @@ class Owners:
             f"tenants then see none of the images and memory snapshots they made).")
 
     def update(self, change):
-        """Apply `change(images, memsnaps)` (it edits the dicts in place; its result is returned) to the file as
-        it is now, under the lock, and write it back atomically (blocking: call it from a thread)."""
+        """Apply `change(images, memsnaps, shown)` (it edits the dicts in place; its result is returned; `shown`:
+        memory snapshot id -> the image its restores show) to the file as it is now, under the lock, and write it
+        back atomically (blocking: call it from a thread)."""
         self.lock_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         lfd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
@@ -713,36 +727,42 @@ class Owners:
                                   f"user; remove it (`rm {self.lock_path}`).")
             fcntl.flock(lfd, fcntl.LOCK_EX)
             try:
-                images, memsnaps = self._read()   # as the file is now, with every other daemon's records
+                images, memsnaps, shown = self._read()   # as the file is now, with every other daemon's records
             except ConfigError as e:   # not the caller's doing: the daemon's (503), and the file stays as it is
                 raise DaemonError(str(e)) from None
-            result = change(images, memsnaps)
+            result = change(images, memsnaps, shown)
             images = {k: v for k, v in images.items() if v}
-            data = json.dumps({"images": images, "memory_snapshots": memsnaps}, separators=(",", ":")).encode()
+            shown = {k: v for k, v in shown.items() if k in memsnaps}
+            doc_m = {k: {"tenant": v, "image": shown[k]} if k in shown else v for k, v in memsnaps.items()}
+            data = json.dumps({"images": images, "memory_snapshots": doc_m}, separators=(",", ":")).encode()
             if len(data) > MAX_OWNERS:
                 raise DaemonError(f"the tenants' ownership file {self.path} would be larger than {MAX_OWNERS} bytes; "
                                   "remove images or memory snapshots no longer needed.")
             atomic_write(self.path, data, mode=0o600)
-            self._state = (self._stamp(), images, memsnaps)   # still ours: others write under the lock
+            self._state = (self._stamp(), images, memsnaps, shown)   # still ours: others write under the lock
             self.refused = None
             return result
         finally:
             os.close(lfd)   # and with it the lock
 
-    def own(self, table: str, key: str, tenant: str) -> None:
-        """Record that `tenant` holds `key` of `table` ("images": one of its holders; "memsnaps": its maker)."""
-        def change(images, memsnaps):
+    def own(self, table: str, key: str, tenant: str, image: str | None = None) -> None:
+        """Record that `tenant` holds `key` of `table` ("images": one of its holders; "memsnaps": its maker, and
+        `image` the image its source showed it, if given)."""
+        def change(images, memsnaps, shown):
             if table == "images":
                 holders = images.setdefault(key, [])
                 if tenant not in holders:
                     holders.append(tenant)
             else:
                 memsnaps[key] = tenant
+                shown.pop(key, None)
+                if image is not None and _owner_key(image):
+                    shown[key] = image
         self.update(change)
 
     def disown(self, table: str, key: str, tenant: str | None = None) -> bool:
         """Drop `tenant`'s claim on `key` (None: every claim); True if nobody holds it now."""
-        def change(images, memsnaps):
+        def change(images, memsnaps, shown):
             if table == "images":
                 holders = images.get(key, [])
                 if tenant is None:
