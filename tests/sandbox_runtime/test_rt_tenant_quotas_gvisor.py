@@ -250,3 +250,38 @@ def test_a_tenants_fork_and_restore_show_its_spec_as_it_named_things(world):
             ten.post(f"/v1/sandboxes/{s}/terminate")
         ten.delete("/v1/volumes/vq")
 
+
+def test_the_operators_copies_of_a_tenants_sandbox_are_the_tenants_and_charged_to_it(world):
+    """A fork of a tenant's sandbox and a restore of its memory snapshot asked for by the operator are the
+    tenant's sandboxes (it sees and ends them) and count against its quotas, as its own copies do: at its
+    sandboxes quota the operator's copy is refused with the tenant's 429, leaving nothing."""
+    d, op, ten = world
+    src = _create(ten, memory=64 * MB)
+    made = [src]
+    try:
+        r = ten.post(f"/v1/sandboxes/{src}/snapshot-memory")
+        assert r.status_code == 201, r.text
+        snap = r.json()["id"]
+        r = op.post(f"/v1/sandboxes/{src}/fork", json={"n": 1, "detach": True})
+        assert r.status_code == 201, r.text
+        kid = r.json()["sandboxes"][0]["id"]
+        made.append(kid)
+        assert _use(ten)["sandboxes"] == 2 and _use(ten)["memory"] == 128 * MB
+        assert ten.get(f"/v1/sandboxes/{kid}").json()["spec"]["image"] == SHARED   # its own, shown as it named it
+        before = _state(d, op)   # sandboxes=2, both live: the operator's next copy is over the tenant's quota
+        body = _refused(op.post(f"/v1/sandboxes/{src}/fork", json={"n": 1, "detach": True}), "sandboxes")
+        assert body["limit"] == 2 and body["used"] == 2
+        _refused(op.post(f"/v1/memory-snapshots/{snap}/restore", json={"detach": True}), "sandboxes")
+        _same(before, _state(d, op))
+        assert ten.post(f"/v1/sandboxes/{kid}/terminate").status_code == 200   # the tenant ends the copy
+        r = op.post(f"/v1/memory-snapshots/{snap}/restore", json={"detach": True})
+        assert r.status_code == 201, r.text
+        back = r.json()["id"]
+        made.append(back)
+        assert back in [s["id"] for s in ten.get("/v1/sandboxes").json()["sandboxes"]]
+        assert _use(ten)["sandboxes"] == 2
+        assert ten.get(f"/v1/sandboxes/{back}").json()["spec"]["image"] == SHARED
+        assert ten.delete(f"/v1/memory-snapshots/{snap}").status_code == 204
+    finally:
+        for s in made:
+            op.post(f"/v1/sandboxes/{s}/terminate")

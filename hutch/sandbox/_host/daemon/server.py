@@ -290,15 +290,18 @@ class Handlers:
             # shielded as a create is: copies a client leaves behind lose their lease and end after the grace period
             kids = await asyncio.shield(self.mgr.capped(n, lambda: self.mgr.gvisor.fork(sb, n, detach=detach)))
         else:
+            # copies of a tenant's sandbox are the tenant's, whoever asks (the operator too): charged to its quotas
+            owner = self.tenancy.registry.get(sb.tenant) if sb.tenant is not None else None
+
             async def make():
                 got = await self.mgr.capped(n, lambda: self.mgr.gvisor.fork(sb, n, detach=detach))
-                owner = self.tenancy.registry.get(sb.tenant) if sb.tenant is not None else None
                 for k in got:
                     k.tenant = sb.tenant
                     if owner is not None and k.spec is not None:   # shown as its tenant named things
                         k.shown_spec = self.tenancy.shown_spec(owner, k.spec, sb.shown_spec)
                 return got
-            kids = await self.tenancy.admit(self.mgr, t, n if isinstance(n, int) and not isinstance(n, bool) else 1,
+            kids = await self.tenancy.admit(self.mgr, owner if sb.tenant is not None else t,
+                                            n if isinstance(n, int) and not isinstance(n, bool) else 1,
                                             sb.spec.limits.cpu, sb.spec.limits.memory, make)
         return web.json_response({"sandboxes": [k.info() for k in kids]}, status=201)
 
@@ -314,6 +317,9 @@ class Handlers:
         else:
             if t is not None:
                 self.tenancy.check_memsnap(t, sid)
+            else:   # the operator's restore of a tenant's snapshot is the tenant's, charged to its quotas
+                maker = self.tenancy.owners.memsnaps.get(sid)
+                t = self.tenancy.registry.get(maker) if maker is not None else None
             spec = await asyncio.to_thread(_snapshot_spec, sid)
 
             async def make():
