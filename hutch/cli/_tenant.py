@@ -110,7 +110,8 @@ def rotate(name, token_file, path):
 @click.argument("name")
 @_FILE
 def rm(name, path):
-    """Remove a tenant: its token stops working (its running sandboxes run on until they end).
+    """Remove a tenant: its token stops working (its running sandboxes run on until they end), and its name is
+    never given again (what it owned is recorded by its name; a new tenant of that name would take it over).
 
     \b
     Example:

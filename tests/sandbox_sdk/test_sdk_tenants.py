@@ -6,6 +6,7 @@ that changes something in the audit log; the tenants file's errors; a rotated to
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import json
 import os
 import re
@@ -594,6 +595,46 @@ def test_rotation_invalidates_the_old_token_at_once(world):
         w.client(new).json("GET", "/v1/tenant")
 
 
+def test_a_removed_tenants_name_is_never_given_again(world):
+    """What a tenant owned is recorded by its name (its sandboxes, images, memory snapshots, volumes): after
+    `hutch tenant rm`, a new tenant of the same name would take it over. So the name goes to the file's
+    "removed" and `tenant add` refuses it, as the daemon refuses a file that gives it again (the last good file
+    stays in force); the operator still sees what the removed tenant left."""
+    w = world
+    tok = w.tokens["gone"] = add_tenant(w.tenants_file, "gone")
+    sb = _create(w, "gone")
+    try:
+        r = hutch_cli("tenant", "rm", "gone", "--file", str(w.tenants_file))
+        assert r.returncode == 0, r.stderr
+        assert "gone" in json.loads(w.tenants_file.read_text())["removed"]
+        with pytest.raises(hutch.DaemonError, match="token"):
+            w.client(tok).json("GET", "/v1/tenant")
+        r = hutch_cli("tenant", "add", "gone", "--file", str(w.tenants_file), "--token-file", str(w.d / "gone.2"))
+        assert r.returncode == 1 and "was removed" in r.stderr and "another name" in r.stderr, r.stderr
+        assert not (w.d / "gone.2").exists() and "gone" not in json.loads(w.tenants_file.read_text())["tenants"]
+        # a hand edit that gives the name again: refused by the CLI, and by the daemon (the last good file stays)
+        good = w.tenants_file.read_bytes()
+        doc = json.loads(good)
+        again = secrets.token_hex(16)
+        doc["tenants"]["gone"] = {"token_sha256": hashlib.sha256(again.encode()).hexdigest(), "quotas": {}}
+        w.tenants_file.write_text(json.dumps(doc))
+        try:
+            r = hutch_cli("tenant", "ls", "--file", str(w.tenants_file))
+            assert r.returncode == 1 and "was removed" in r.stderr, r.stderr
+            with pytest.raises(hutch.DaemonError, match="token"):
+                w.client(again).json("GET", "/v1/tenant")
+            assert w.client(w.tokens["b"]).json("GET", "/v1/tenant")["name"] == "b"   # the others go on
+        finally:
+            w.tenants_file.write_bytes(good)
+        # the operator still sees the removed tenant's sandbox, and ends it
+        w.as_tenant(None)
+        assert sb.id in [s.id for s in hutch.Sandbox.list()]
+    finally:
+        w.as_tenant(None)
+        w.tokens.pop("gone")
+        hutch.Sandbox.from_id(sb.id).terminate()
+
+
 def test_tenants_file_errors(tmp_path):
     f = tmp_path / "t.json"
     add_tenant(f, "x")
@@ -608,7 +649,8 @@ def test_tenants_file_errors(tmp_path):
     os.chown(f, 0, 0)
     for bad, why in [('{"tenants": {"x": {"token_sha256": "zz"}}}', "64 hex"),
                      ('{"tenants": {"x": {"token_sha256": "' + "a" * 64 + '", "quotas": {"gpus": 1}}}}', "unknown quota"),
-                     ('{"tenants": {"X Y": {}}}', "tenant name"), ("not json", "not JSON")]:
+                     ('{"tenants": {"X Y": {}}}', "tenant name"), ("not json", "not JSON"),
+                     ('{"tenants": {}, "removed": ["X Y"]}', "tenant name"), ('{"removed": "x"}', '"removed"')]:
         f.write_text(bad)
         r = hutch_cli("tenant", "ls", "--file", str(f))
         assert r.returncode == 1 and why in r.stderr, (bad, r.stderr)

@@ -6,7 +6,9 @@ The tenants file (JSON, root's, mode 0600; anything readable by others is refuse
                           "disk": "20G", "creates_per_second": 5, "egress_bytes_per_day": "1G"},
                           "images": ["python-base"]}}}
 
-holds the SHA-256 of each tenant's token, never the token (`hutch tenant add` prints it once). The daemon
+holds the SHA-256 of each tenant's token, never the token (`hutch tenant add` prints it once), and under
+"removed" the names of removed tenants, never given again (`remove`: what a tenant owned is recorded by its
+name, so a new tenant of that name would take it over). The daemon
 rereads the file when it changes (its inode, size or mtime), so `hutch tenant rotate|set|rm` take effect at
 the next request; a file that turns bad is refused in the log and the last good one stays in force.
 
@@ -183,6 +185,11 @@ def check_name(name) -> str:
 
 def read_file(path: str | os.PathLike) -> dict[str, Tenant]:
     """The tenants of `path`; a ConfigError naming the fix for a file that is not root's and private, or bad."""
+    return read_doc(path)[0]
+
+
+def read_doc(path: str | os.PathLike) -> tuple[dict[str, Tenant], tuple[str, ...]]:
+    """The tenants of `path` and the names of those removed (never given again: see `remove`)."""
     p = Path(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -204,17 +211,23 @@ def read_file(path: str | os.PathLike) -> dict[str, Tenant]:
         os.close(fd)
     if len(data) > MAX_FILE:
         raise ConfigError(f"tenants file {p} is larger than {MAX_FILE} bytes.")
-    return parse(data, str(p))
+    return parse_doc(data, str(p))
 
 
 def parse(data: bytes, where: str) -> dict[str, Tenant]:
+    return parse_doc(data, where)[0]
+
+
+def parse_doc(data: bytes, where: str) -> tuple[dict[str, Tenant], tuple[str, ...]]:
     try:
         doc = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"tenants file {where} is not JSON ({e}); fix it or rewrite it with `hutch tenant`.") from e
-    if not isinstance(doc, dict) or set(doc) - {"tenants"} or not isinstance(doc.get("tenants", {}), dict):
+    if not isinstance(doc, dict) or set(doc) - {"tenants", "removed"} or not isinstance(doc.get("tenants", {}), dict) \
+            or not isinstance(doc.get("removed", []), list):
         raise ConfigError(f'tenants file {where} must be {{"tenants": {{NAME: {{"token_sha256": ..., "quotas": '
-                          '{...}, "images": [...]}}}} (docs/tenants.md).')
+                          '{...}, "images": [...]}}}}, "removed": [NAME, ...]} (docs/tenants.md).')
+    removed = tuple(dict.fromkeys(check_name(n) for n in doc.get("removed", [])))
     out: dict[str, Tenant] = {}
     seen: set[str] = set()
     for name, d in doc.get("tenants", {}).items():
@@ -232,19 +245,31 @@ def parse(data: bytes, where: str) -> dict[str, Tenant]:
         if not isinstance(imgs, list) or not all(isinstance(i, str) and 0 < len(i) <= 200 for i in imgs):
             raise ConfigError(f"{w}: images must be a list of image names or ids shared with it.")
         out[name] = Tenant(name, h, Quotas.from_dict(d.get("quotas", {}), w), tuple(imgs))
-    return out
+    again = sorted(set(out) & set(removed))
+    if again:
+        raise ConfigError(f"tenants file {where}: tenant {again[0]!r} was removed (it is in \"removed\"), and a removed "
+                          "name is never given again: what it owned (sandboxes, images, memory snapshots, volumes) is "
+                          "recorded by its name, so a new tenant of that name would take it over. Give the tenant "
+                          "another name.")
+    return out, removed
 
 
-def write_file(path: str | os.PathLike, tenants: dict[str, Tenant]) -> None:
+def write_file(path: str | os.PathLike, tenants: dict[str, Tenant], removed=()) -> None:
     """Replace the tenants file (root's, 0600), its directory made 0700 if missing."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     doc = {"tenants": {n: t.to_dict() for n, t in sorted(tenants.items())}}
+    if removed:
+        doc["removed"] = list(removed)
     atomic_write(p, (json.dumps(doc, indent=2) + "\n").encode(), mode=0o600)
 
 
 def load_or_empty(path: str | os.PathLike) -> dict[str, Tenant]:
     return read_file(path) if os.path.lexists(path) else {}
+
+
+def _load_doc(path) -> tuple[dict[str, Tenant], tuple[str, ...]]:
+    return read_doc(path) if os.path.lexists(path) else ({}, ())
 
 
 def new_token() -> str:
@@ -253,14 +278,18 @@ def new_token() -> str:
 
 def add(path, name: str, quotas: Quotas, images=()) -> str:
     """Add tenant `name`; returns its token (the file keeps only its digest)."""
-    ts = load_or_empty(path)
+    ts, removed = _load_doc(path)
     check_name(name)
     if name in ts:
         raise ConfigError(f"tenant {name!r} exists already; change it with `hutch tenant set {name}` or give its "
                           f"token anew with `hutch tenant rotate {name}`.")
+    if name in removed:
+        raise ConfigError(f"tenant {name!r} was removed, and a removed name is never given again: what it owned "
+                          "(sandboxes, images, memory snapshots, volumes) is recorded by its name, so a new tenant of "
+                          "that name would take it over; give the new tenant another name (docs/tenants.md).")
     token = new_token()
     ts[name] = Tenant(name, digest(token), quotas, tuple(images))
-    write_file(path, ts)
+    write_file(path, ts, removed)
     return token
 
 
@@ -271,28 +300,32 @@ def _existing(ts: dict, name: str, path) -> Tenant:
 
 
 def set_(path, name: str, quota_pairs=(), images=None) -> Tenant:
-    ts = read_file(path)
+    ts, removed = read_doc(path)
     t = _existing(ts, name, path)
     t = replace(t, quotas=t.quotas.with_pairs(quota_pairs), images=tuple(images) if images is not None else t.images)
     ts[name] = t
-    write_file(path, ts)
+    write_file(path, ts, removed)
     return t
 
 
 def rotate(path, name: str) -> str:
-    ts = read_file(path)
+    ts, removed = read_doc(path)
     t = _existing(ts, name, path)
     token = new_token()
     ts[name] = replace(t, token_sha256=digest(token))
-    write_file(path, ts)
+    write_file(path, ts, removed)
     return token
 
 
 def remove(path, name: str) -> None:
-    ts = read_file(path)
+    """Remove tenant `name`: its token stops working, and its name goes to the file's "removed", never to be given
+    again. Everything it owned is recorded by its name (its sandboxes, the ownership file's images and memory
+    snapshots, its volumes `t.<name>.*` and their store), so a new tenant of the same name would have taken it
+    over; the operator still sees all of it and removes what is no longer wanted."""
+    ts, removed = read_doc(path)
     _existing(ts, name, path)
     del ts[name]
-    write_file(path, ts)
+    write_file(path, ts, (*removed, name))
 
 
 class Registry:
@@ -861,4 +894,4 @@ class AuditLog:
 
 
 __all__ = ["Accounts", "AuditLog", "DEFAULT_FILE", "Owners", "Quotas", "ROUTES", "Registry", "Tenant", "add",
-           "check_name", "digest", "read_file", "remove", "rotate", "set_"]
+           "check_name", "digest", "parse_doc", "read_doc", "read_file", "remove", "rotate", "set_"]
