@@ -14,7 +14,11 @@ inside the fake host only), and measures (p50 and p99):
   create:     hutch.Sandbox.create with an allow policy vs with none, through the
               daemon (busybox root), i.e. what a policy adds to sandbox creation;
   scale:      200 attached netns, each holding 2 connections and asking DNS once,
-              on one gateway: errors and time.
+              on one gateway: errors and time;
+  dns flood:  one sandbox's lookups (sequential, 2 s each at most) while another floods
+              the resolver from two processes as fast as they can send, vs the same
+              lookups with no flood (tests/egress/test_dns_limits.py asserts that none of
+              them is limited or dropped; the latency is this figure).
 
 Nothing leaves the namespaces it creates; all are removed at the end.
 """
@@ -248,6 +252,44 @@ def bench_scale(world, count, per):
     return errors
 
 
+def bench_dns_flood(world, n):
+    """The latency of one sandbox's lookups while another floods the shared resolver, vs with no flood."""
+    from test_dns_limits import FLOOD, PROBE   # the test's own flood and probe (tests/egress is on sys.path)
+
+    def probe(sb):
+        r = sb.run(sys.executable, "-c", PROBE, str(n), GW, "www.example.test,api.example.test", timeout=n * 3 + 60)
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        return [t * 1e3 for t, _, _ in got if t is not None], sum(t is None for t, _, _ in got)
+
+    flooder = world.sandbox(Network.allow(domains=["www.example.test"]))
+    other = world.sandbox(Network.allow(domains=["www.example.test", "api.example.test"]))
+    floods = []
+    try:
+        probe(other)   # warm: both names in the resolver's cache
+        quiet, lost_quiet = probe(other)
+        pre = ["ip", "netns", "exec", flooder.netns, "setpriv", "--bounding-set=-all", "--inh-caps=-all",
+               "--no-new-privs", "--"]
+        floods = [subprocess.Popen([*pre, sys.executable, "-c", FLOOD, str(n * 0.03 + 1), "0", GW],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(2)]
+        time.sleep(0.5)
+        loud, lost_loud = probe(other)
+        sent = 0
+        for p in floods:   # each ends on its own (its seconds are about the probe's), printing what it sent
+            out = p.communicate(timeout=n * 3 + 60)[0]
+            sent += json.loads(out.strip().splitlines()[-1])["sent"]
+        row("lookups of a sandbox, no flood", quiet)
+        row("the same under another's DNS flood", loud, quiet)
+        print(f"{'  unanswered (2 s each)':<44} {lost_quiet} quiet, {lost_loud} under a flood of {sent} queries",
+              flush=True)
+    finally:
+        for p in floods:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        world.drop_sandbox(flooder)
+        world.drop_sandbox(other)
+
+
 def bench_create(world, n):
     """Sandbox.create with an allow policy vs none, through a daemon in the fake host netns."""
     import hutch
@@ -317,6 +359,7 @@ def main():
         bench_create(world, 20 if a.quick else 50)
         bench_setup_and_bulk(world, n, 256 if a.quick else 1024)
         bench_attach(world, 30 if a.quick else 100)
+        bench_dns_flood(world, 60 if a.quick else 300)
         errors = bench_scale(world, 50 if a.quick else 200, 2)
     finally:
         world.down()
