@@ -77,6 +77,62 @@ def test_snapshot_restore_carries_on_with_the_same_memory(gapi, gvd, image):
     assert gapi.http.get(f"/v1/memory-snapshots/{snap['id']}").status_code == 404
 
 
+def _cached_fraction(path: Path) -> float:
+    """How much of `path` is in the page cache (mincore over a private mapping nobody touches)."""
+    import ctypes
+    import mmap
+
+    size = path.stat().st_size
+    if not size:
+        return 1.0
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as m:
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0, ctypes.get_errno()
+        return sum(v & 1 for v in vec) / pages
+
+
+def test_a_snapshot_image_is_cached_outside_the_sandboxs_limits_which_come_back(gapi, gvd, image):
+    """The checkpoint writes through the page cache from a memory cgroup of its own (cgroups.set_aside): the
+    image is cached for a restore, not charged to the sandbox, and the sentry, its memory cgroup and its cpu
+    quota are the sandbox's again once the snapshot is taken."""
+    sid = gapi.create(image, runtime="gvisor", limits={"memory": 256 * 1024**2, "cpu": 0.5},
+                      command=["sh", "-c", "dd if=/dev/urandom of=/dev/held bs=1M count=64 2>/dev/null; "
+                                           "exec sleep 1000"])["id"]
+    cgroups = gapi.info(sid)["cgroups"]
+    mem_dir = Path(next((d for d in cgroups if "/memory/" in d), cgroups[0]))
+    if not (mem_dir / "memory.usage_in_bytes").exists():
+        pytest.skip("cgroup v2: the checkpoint writes O_DIRECT there (no memory cgroup aside)")
+    cpu_dir = Path(next(d for d in cgroups if "/cpu/" in d))
+    deadline = time.monotonic() + 20
+    while int((mem_dir / "memory.usage_in_bytes").read_text()) < 64 * 1024**2:
+        assert time.monotonic() < deadline, "the sandbox never held its 64 MiB"
+        time.sleep(0.1)
+    time.sleep(0.3)
+    procs = set((mem_dir / "cgroup.procs").read_text().split())
+    before = int((mem_dir / "memory.usage_in_bytes").read_text())
+    r = gapi.http.post(f"/v1/sandboxes/{sid}/snapshot-memory")
+    assert r.status_code == 201, r.text
+    snap = r.json()
+    pages = Path(gvd.state_dir) / "memory-snapshots" / snap["id"] / "mem" / "pages.img"
+    assert pages.stat().st_size >= 64 * 1024**2
+    assert _cached_fraction(pages) > 0.9          # a restore reads it from memory
+    after = int((mem_dir / "memory.usage_in_bytes").read_text())
+    assert after - before < 32 * 1024**2, (before, after)     # the image's 64+ MiB were not charged here
+    assert set((mem_dir / "cgroup.procs").read_text().split()) == procs        # the sentry is back
+    assert not (mem_dir.parent / f"{sid}.image").exists()
+    assert (cpu_dir / "cpu.cfs_quota_us").read_text().strip() == "50000"      # cpu=0.5 again
+    # and the limit holds for it as before: 256 MiB more in the sandbox ends it (the sentry is OOM-killed)
+    gapi.sh(sid, "dd if=/dev/urandom of=/dev/more bs=1M count=256 2>/dev/null; echo done", timeout=60)
+    deadline = time.monotonic() + 20
+    while gapi.info(sid)["status"] not in ("oom", "exited", "failed"):
+        assert time.monotonic() < deadline, gapi.info(sid)
+        time.sleep(0.1)
+    assert gapi.http.delete(f"/v1/memory-snapshots/{snap['id']}").status_code == 204
+
+
 def test_fork_makes_copies_that_diverge(gapi, image):
     sid = _counter(gapi, image)
     r = gapi.http.post(f"/v1/sandboxes/{sid}/fork", json={"n": 3, "detach": True})

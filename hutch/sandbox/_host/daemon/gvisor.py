@@ -13,6 +13,7 @@ import dataclasses
 import os
 import re
 import shutil
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -271,15 +272,30 @@ class Gvisor:
                     await asyncio.to_thread(mgr.cgroups.thaw, sb.id)
                 await self.calls.call(gv, "pause", sb.id)
                 try:
+                    # the image through the page cache, so that a restore reads it from memory, not from the disk
+                    # (an O_DIRECT image of 256 MiB: 0.4-0.6 s more), charged to a memory cgroup beside the
+                    # sandbox's, at full speed (the copy is the paused sentry's CPU: 0.8-2.5 s at cpu=1 under load);
+                    # O_DIRECT where the host cannot do that (cgroup v2)
+                    try:
+                        cached = mgr.cgroups.set_aside(sb.id, gv.sentry_pid,
+                                                       sb.spec.limits.memory + snapshots.IMAGE_SLACK, sb.spec.limits.cpu)
+                    except OSError as e:
+                        print(f"hutch daemon: the checkpoint of sandbox {sb.id} writes O_DIRECT: its memory cgroup "
+                              f"aside could not be made ({e}).", file=sys.stderr)
+                        cached = False
                     try:
                         await self.calls.call(gv, "checkpoint", f"--image-path={tmp / 'mem'}", "--leave-running",
-                                              "--compression=none", "--direct", sb.id, timeout=600)
+                                              "--compression=none", *([] if cached else ["--direct"]), sb.id,
+                                              timeout=600)
                     except SandboxError as e:
                         if "unsupported networking state" in str(e):   # gVisor saves no open TCP connection
                             raise StateError(f"sandbox {sb.id} has an open network connection, which gVisor cannot "
                                              "snapshot; close its connections (or wait for them to end) and "
                                              "retry.") from None
                         raise
+                    finally:
+                        if cached:
+                            mgr.cgroups.put_back(sb.id, gv.sentry_pid, sb.spec.limits.cpu)
                     node = await asyncio.to_thread(self._commit_fs, sb, pinned)
                     base = await asyncio.to_thread(transfer.base_id, node["ref"])
                 finally:

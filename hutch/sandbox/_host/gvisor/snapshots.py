@@ -224,8 +224,8 @@ def list_all() -> list[dict]:
 
 
 def prefetch(mem: Path) -> None:
-    """Ask the kernel to read the image ahead (a restore reads it through the page cache; a checkpoint written
-    with O_DIRECT is not cached, and a cold read doubles a restore of 256 MiB)."""
+    """Ask the kernel to read the image ahead (a restore reads it through the page cache; an image written
+    O_DIRECT (cgroup v2), imported, or evicted since is not cached, and a cold read doubles a restore of 256 MiB)."""
     for name in IMAGE_FILES:
         try:
             fd = os.open(mem / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
