@@ -124,15 +124,19 @@ def export_(key: str, file: str) -> None:
 
 @image.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-def import_(file: str) -> None:
+@click.option("--base", default=None, metavar="REF",
+              help="The base the archive sits on; needed for a directory base (dir:/PATH), which its sandboxes see.")
+def import_(file: str, base: str | None) -> None:
     """Import an archive made by `hutch image export`; prints the image reference.
 
     The archive is untrusted input: nothing is stored unless every layer is well formed and
-    matches its digest (docs/images.md).
+    matches its digest (docs/images.md). An archive on a host directory is refused unless
+    --base names that directory.
 
     \b
     Example: hutch image import agent.tar
+             hutch image import tools.tar --base dir:/srv/roots/tools
     """
     import hutch
 
-    click.echo(hutch.Image.import_(file).ref)
+    click.echo(hutch.Image.import_(file, base=base).ref)

@@ -58,7 +58,9 @@ def export_(snapshot_id: str, file: str) -> None:
 
 @snapshot.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-def import_(file: str) -> None:
+@click.option("--base", default=None, metavar="REF",
+              help="The base its filesystem sits on; needed for a directory base (dir:/PATH), which it sees.")
+def import_(file: str, base: str | None) -> None:
     """Import an archive made by `hutch snapshot export`; print the new snapshot's id.
 
     The archive is untrusted input: nothing is kept unless every part is well formed, of its declared
@@ -69,7 +71,7 @@ def import_(file: str) -> None:
     """
     import hutch
 
-    click.echo(hutch.Snapshot.import_(file).id)
+    click.echo(hutch.Snapshot.import_(file, base=base).id)
 
 
 @snapshot.command("rm")

@@ -315,14 +315,15 @@ def export_image(image, path) -> None:
     client.download(f"/v1/images/{image.ref[len(PREFIX):]}/export", path)
 
 
-def import_image(path):
+def import_image(path, base: str | None = None):
     from hutch.sandbox.image import Image
 
     src = Path(path)
     if not src.is_file():
         raise NotFoundError(f"{src} is not a file; give the path of an archive made by Image.export().")
     with open(src, "rb") as f:
-        d = _client.default_client().json("POST", "/v1/images/import", content=f)
+        d = _client.default_client().json("POST", "/v1/images/import", content=f,
+                                          params={"base": base} if base is not None else None)
     return Image(d["ref"])
 
 

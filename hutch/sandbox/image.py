@@ -114,14 +114,16 @@ class Image:
         return cls(node["ref"])
 
     @classmethod
-    def import_(cls, path: str | os.PathLike) -> "Image":
+    def import_(cls, path: str | os.PathLike, *, base: "Image | str | None" = None) -> "Image":
         """Import an image archive written by `Image.export` (on this or another host); returns the image.
 
-        Its base (the default image, or the same directory path) must exist here.
+        Its base (the default image, or the same directory path) must exist here. An archive on a directory
+        base is refused unless `base` names that directory (`Image.from_directory(path)` or "dir:/path"):
+        its sandboxes see that host directory as their root, which an archive must not choose.
         """
         from hutch.sandbox import _build
 
-        return _build.import_image(path)
+        return _build.import_image(path, base=None if base is None else Image.of(base).ref)
 
     @classmethod
     def of(cls, value: "Image | str | None") -> "Image":

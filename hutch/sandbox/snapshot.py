@@ -62,15 +62,21 @@ class Snapshot:
         _client.default_client().download(f"/v1/memory-snapshots/{self.id}/export", path)
 
     @classmethod
-    def import_(cls, path: "str | os.PathLike") -> "Snapshot":
+    def import_(cls, path: "str | os.PathLike", *, base: "str | None" = None) -> "Snapshot":
         """Import an archive written by `Snapshot.export` (on this or another host); returns the new snapshot
         (its own id). Refused, with nothing kept, unless every part checks out: sizes, sha256s, the image's
-        layer digests, and this host's runsc build, flags, busybox and base image equal the archive's."""
+        layer digests, and this host's runsc build, flags, busybox and base image equal the archive's. A
+        filesystem on a directory base is refused unless `base` names it (an Image or "dir:/path"), as for
+        `Image.import_`."""
+        from hutch.sandbox.image import Image
+
         src = Path(path)
         if not src.is_file():
             raise NotFoundError(f"{src} is not a file; give the path of an archive made by Snapshot.export().")
+        params = {"base": Image.of(base).ref} if base is not None else None
         with open(src, "rb") as f:
-            return cls.from_json(_client.default_client().json("POST", "/v1/memory-snapshots/import", content=f))
+            return cls.from_json(_client.default_client().json("POST", "/v1/memory-snapshots/import", content=f,
+                                                               params=params))
 
     def delete(self) -> None:
         """Remove the snapshot's memory image from the host (sandboxes restored from it run on)."""

@@ -78,11 +78,11 @@ def victims(tmp_path):
     return f, d
 
 
-def _refused(daemon, archive: Path, match: str, *untouched: Path) -> None:
+def _refused(daemon, base, archive: Path, match: str, *untouched: Path) -> None:
     before = [_fingerprint(p) for p in untouched]
     store = _store(daemon.state_dir)
     with pytest.raises(hutch.ImageError) as refused:
-        hutch.Image.import_(archive)
+        hutch.Image.import_(archive, base=base)   # the base the test means (an archive cannot choose a directory)
     assert [_fingerprint(p) for p in untouched] == before, "the import changed a host file outside the store"
     assert _store(daemon.state_dir) == store, "a refused import left something in the store"
     assert re.search(match, str(refused.value)), f"{match!r} not in: {refused.value}"
@@ -98,7 +98,7 @@ def test_a_symlink_then_a_file_of_its_name_never_writes_the_host_file(daemon, ba
         _info(f"layers/{LAYER}/f", tarfile.SYMTYPE, linkname=str(host_file)),
         _info(f"layers/{LAYER}/f", mode=0o4755, uid=0, data=b"pwned by the archive\n"),
     ])
-    _refused(daemon, archive, "appears twice", host_file)
+    _refused(daemon, base, archive, "appears twice", host_file)
     assert host_file.read_text() == "host file\n"
 
 
@@ -108,7 +108,7 @@ def test_a_symlink_then_a_directory_of_its_name_never_chowns_the_host_dir(daemon
         _info(f"layers/{LAYER}/d", tarfile.SYMTYPE, linkname=str(host_dir)),
         _info(f"layers/{LAYER}/d", tarfile.DIRTYPE, mode=0o6777, uid=4242, gid=4242),
     ])
-    _refused(daemon, archive, "appears twice", host_dir)
+    _refused(daemon, base, archive, "appears twice", host_dir)
     st = os.stat(host_dir)
     assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o755, 0)
 
@@ -119,7 +119,7 @@ def test_a_path_through_a_symlink_is_refused(daemon, base, tmp_path, victims):
         _info(f"layers/{LAYER}/esc", tarfile.SYMTYPE, linkname=str(host_dir)),
         _info(f"layers/{LAYER}/esc/planted", data=b"x"),
     ])
-    _refused(daemon, archive, "through a symlink", host_dir)
+    _refused(daemon, base, archive, "through a symlink", host_dir)
     assert not (host_dir / "planted").exists()
 
 
@@ -133,7 +133,7 @@ def test_a_hard_link_outside_its_layer_or_to_no_earlier_file_is_refused(daemon, 
         _info(f"layers/{LAYER}/h", tarfile.LNKTYPE, linkname=str(target)),
         _info(f"layers/{LAYER}/h", data=b"written into the host file through the link\n"),
     ])
-    _refused(daemon, archive, "hard link|'\\.\\.'|absolute", host_file)
+    _refused(daemon, base, archive, "hard link|'\\.\\.'|absolute", host_file)
     assert os.stat(host_file).st_nlink == 1
 
 
@@ -142,7 +142,7 @@ def test_a_hard_link_outside_its_layer_or_to_no_earlier_file_is_refused(daemon, 
 def test_names_outside_the_layers_of_the_manifest_are_refused(daemon, base, tmp_path, name):
     member = name.format(layer=LAYER, tmp=str(tmp_path).lstrip("/"))
     archive = _tar(tmp_path / "n.tar", _manifest(base.ref, _layers_meta()), [_info(member, data=b"escaped\n")])
-    _refused(daemon, archive, "refused")
+    _refused(daemon, base, archive, "refused")
     assert not (tmp_path / "escaped").exists() and not (daemon.state_dir / "escaped").exists()
 
 
@@ -159,15 +159,15 @@ def test_duplicates_devices_fifos_and_foreign_owners_are_refused(daemon, base, t
     cases["modification time"] = [_info(f"layers/{LAYER}/t", data=b"x")]
     cases["modification time"][0][0].pax_headers = {"mtime": "1e400"}
     for why, members in cases.items():
-        _refused(daemon, _tar(tmp_path / "x.tar", _manifest(base.ref, _layers_meta()), members), why)
+        _refused(daemon, base, _tar(tmp_path / "x.tar", _manifest(base.ref, _layers_meta()), members), why)
 
 
 def test_an_entry_before_its_directory_is_refused(daemon, base, tmp_path):
     archive = _tar(tmp_path / "o.tar", _manifest(base.ref, _layers_meta()), [_info(f"layers/{LAYER}/dir/f", data=b"x")])
-    _refused(daemon, archive, "comes before its directory")
+    _refused(daemon, base, archive, "comes before its directory")
     archive = _tar(tmp_path / "r.tar", _manifest(base.ref, _layers_meta()), [_info(f"layers/{LAYER}/f", data=b"x")],
                    root=False)
-    _refused(daemon, archive, "before its layer's root")
+    _refused(daemon, base, archive, "before its layer's root")
 
 
 @pytest.mark.parametrize("what,manifest,match", [
@@ -197,17 +197,17 @@ def test_an_entry_before_its_directory_is_refused(daemon, base, tmp_path):
 ])
 def test_an_invalid_or_empty_manifest_is_refused(daemon, base, tmp_path, what, manifest, match):
     archive = _tar(tmp_path / "m.tar", manifest(base.ref), [_info(f"layers/{LAYER}/f", data=b"x")])
-    _refused(daemon, archive, match)
+    _refused(daemon, base, archive, match)
 
 
 def test_a_layer_with_more_entries_or_bytes_than_declared_is_cut_short(daemon, base, tmp_path):
     many = [_info(f"layers/{LAYER}/f{i}") for i in range(3000)]
-    _refused(daemon, _tar(tmp_path / "bomb.tar", _manifest(base.ref, _layers_meta(files=10)), many),
+    _refused(daemon, base, _tar(tmp_path / "bomb.tar", _manifest(base.ref, _layers_meta(files=10)), many),
              "one more entry of layer .* than its manifest declares")
     big = [_info(f"layers/{LAYER}/big", data=b"\0" * 100_000)]
-    _refused(daemon, _tar(tmp_path / "big.tar", _manifest(base.ref, _layers_meta(size=1000)), big),
+    _refused(daemon, base, _tar(tmp_path / "big.tar", _manifest(base.ref, _layers_meta(size=1000)), big),
              "larger than its manifest declares")
-    _refused(daemon, _tar(tmp_path / "decl.tar", _manifest(base.ref, _layers_meta(files=10**9)), []),
+    _refused(daemon, base, _tar(tmp_path / "decl.tar", _manifest(base.ref, _layers_meta(files=10**9)), []),
              "declares more than 1000000 entries")
 
 
@@ -218,10 +218,10 @@ def test_an_entry_count_or_size_bomb_stops_at_the_limits(tmp_path, monkeypatch):
     bomb = _tar(tmp_path / "bomb.tar", _manifest(base, _layers_meta(files=50)),
                 [_info(f"layers/{LAYER}/f{i}") for i in range(40)])
     with open(bomb, "rb") as f, pytest.raises(hutch.ImageError, match="declares more than 30 entries"):
-        _archive.import_(f, _archive.ImportLimits(entries=30))
+        _archive.import_(f, _archive.ImportLimits(entries=30), base=base)
     big = _tar(tmp_path / "big.tar", _manifest(base, _layers_meta()), [_info(f"layers/{LAYER}/b", data=b"\0" * 300_000)])
     with open(big, "rb") as f, pytest.raises(hutch.ImageError, match="larger than 100000 bytes"):
-        _archive.import_(f, _archive.ImportLimits(bytes=100_000))
+        _archive.import_(f, _archive.ImportLimits(bytes=100_000), base=base)
     huge_header = tarfile.TarInfo(f"layers/{LAYER}/" + "n" * 200)
     huge_header.pax_headers = {"comment": "x" * (1 << 20)}
     with tarfile.open(tmp_path / "hdr.tar", "w", format=tarfile.PAX_FORMAT) as t:
@@ -230,7 +230,7 @@ def test_an_entry_count_or_size_bomb_stops_at_the_limits(tmp_path, monkeypatch):
         t.addfile(info, io.BytesIO(data))
         t.addfile(huge_header)
     with open(tmp_path / "hdr.tar", "rb") as f, pytest.raises(hutch.ImageError, match="extended header"):
-        _archive.import_(f)
+        _archive.import_(f, base=base)
     assert _store(tmp_path / "state") == ([], [])
 
 
@@ -252,8 +252,8 @@ def test_a_damaged_lower_layer_stores_none_of_the_archive(daemon, base, make_san
             if m.isfile() and m.name.endswith("/low"):
                 data = b"LOW\n"
             dst.addfile(m, io.BytesIO(data) if data is not None else None)
-    _refused(daemon, bad, "does not match its digest")
-    assert hutch.Image.import_(good).ref == built.ref
+    _refused(daemon, base, bad, "does not match its digest")
+    assert hutch.Image.import_(good, base=base).ref == built.ref
     assert make_sandbox(image=built).run("cat", "/low", "/high").stdout == "low\nhigh\n"
 
 
@@ -278,7 +278,7 @@ def test_a_valid_layer_keeps_hard_links_setuid_bits_and_whiteouts_and_none_is_re
         t.addfile(info, io.BytesIO(data))
         t.add(tree, arcname=f"layers/{digest}")
         assert any(m.islnk() for m in t.getmembers())
-    img = hutch.Image.import_(archive)
+    img = hutch.Image.import_(archive, base=base)
     assert img.ref == "image:" + NODE
     out = make_sandbox(image=img).run("sh", "-c", "cat /data /again; stat -c '%a %u' /suid /etc; "
                                                   "test -e /etc/passwd && echo present || echo gone").stdout

@@ -73,7 +73,9 @@ def test_export_import_round_trip_and_damaged_archives(make_sandbox, base, tmp_p
     CliRunner().invoke(cli, ["image", "prune"])
     with pytest.raises(hutch.NotFoundError):
         make_sandbox(image=built)
-    r = CliRunner().invoke(cli, ["image", "import", str(archive)])
+    r = CliRunner().invoke(cli, ["image", "import", str(archive)])   # its base is a directory: named, or refused
+    assert r.exit_code == 1 and "--base " + base.ref in r.output, r.output
+    r = CliRunner().invoke(cli, ["image", "import", str(archive), "--base", base.ref])
     assert r.exit_code == 0, r.output
     assert r.output.strip() == built.ref
     sb2 = make_sandbox(image=built)
@@ -90,7 +92,7 @@ def test_export_import_round_trip_and_damaged_archives(make_sandbox, base, tmp_p
             dst.addfile(m, io.BytesIO(data) if data is not None else None)
     hutch.Image.from_name(built.ref)   # still there from the good import
     with pytest.raises(hutch.ImageError, match="does not match its digest"):
-        hutch.Image.import_(bad)
+        hutch.Image.import_(bad, base=base)
     # the attacks on import (links, duplicates, bombs, forged manifests): test_img_archive.py
 
 

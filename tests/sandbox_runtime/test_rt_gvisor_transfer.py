@@ -25,11 +25,12 @@ MANIFEST = "hutch-memory-snapshot.json"
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
+def hosts(tmp_path_factory, busybox_root):
     """Two daemons with stores of their own: the exporting host and the importing one."""
     with private_state_daemon(tmp_path_factory.mktemp("gvexp")) as a, \
             private_state_daemon(tmp_path_factory.mktemp("gvimp")) as b:
         apis = Api(a.sock, a.run_dir), Api(b.sock, b.run_dir)
+        apis[1].base = f"dir:{busybox_root}"   # the importer names the directory base it means
         try:
             yield a, b, apis[0], apis[1]
         finally:
@@ -58,8 +59,9 @@ def exported(hosts, busybox_root) -> tuple[bytes, str]:
     return r.content, h
 
 
-def _import(api: Api, data: bytes):
-    return api.http.post("/v1/memory-snapshots/import", content=data, headers={"Content-Type": "application/x-tar"})
+def _import(api: Api, data: bytes, base: str | None = None):
+    return api.http.post("/v1/memory-snapshots/import", content=data, headers={"Content-Type": "application/x-tar"},
+                         params={"base": base or api.base})
 
 
 def _left(d) -> list[str]:
@@ -127,6 +129,19 @@ def _refused(hosts, data: bytes, status: int, *words: str) -> dict:
     assert _left(b) == [], "a refused import left files behind"
     assert api.http.get("/v1/memory-snapshots").json()["snapshots"] == []
     return body
+
+
+def test_a_snapshot_cannot_choose_a_host_directory_as_its_filesystems_base(hosts, exported, tmp_path):
+    # The snapshot's filesystem sits on the busybox directory; only the importer may give a sandbox a host
+    # directory: without base= (or with another one) nothing is kept.
+    _, b, _, api = hosts
+    for base in (None, f"dir:{tmp_path}"):
+        r = api.http.post("/v1/memory-snapshots/import", content=exported[0], params={"base": base} if base else None,
+                          headers={"Content-Type": "application/x-tar"})
+        assert r.status_code == 400 and r.json()["error"] == "InvalidArchiveError", r.text
+        assert ("may not choose a host directory" if base is None else "is not the base") in r.json()["message"], r.text
+        assert _left(b) == [], "a refused import left files behind"
+    assert api.http.get("/v1/memory-snapshots").json()["snapshots"] == []
 
 
 def test_a_damaged_memory_file_is_refused_by_its_sha256(hosts, exported):

@@ -136,6 +136,29 @@ def check_manifest(m, limits: ImportLimits) -> dict:
     return {"top": out[-1]["id"], "base": base, "nodes": out, "layers": metas}
 
 
+#: `import_(base=ANY_BASE)`: whatever base the manifest names (an importer told the chain's digest by its source).
+ANY_BASE = "*"
+
+
+def _base_allowed(manifest: dict, base: str | None) -> dict:
+    """A "dir:" base is a host directory that every sandbox of the image sees as its root: the archive may not
+    choose it. The importer names the base it means (`base`), or accepts any (ANY_BASE) when it was given the
+    image's digest by a source it runs (a fleet node); with neither, only "debian-slim" is taken."""
+    got = manifest["base"]
+    if base == ANY_BASE:
+        return manifest
+    if base is not None and base != got:
+        raise InvalidArchiveError(f"the image archive sits on base {got[:200]!r}, which is not the base {base[:200]!r} "
+                                  "its importer named; nothing was imported.")
+    if base is None and got.startswith("dir:"):
+        raise InvalidArchiveError(
+            f"the image archive sits on the host directory {got[4:][:200]} (base {got[:200]!r}), which every sandbox "
+            "of it would see as its root; an archive may not choose a host directory, so nothing was imported. If you "
+            f"mean to give its sandboxes that directory, import it with base={got[:200]!r} (`hutch image import FILE "
+            f"--base {got[:200]}`).")
+    return manifest
+
+
 def _expected(manifest: dict, digest: str | None) -> dict:
     if digest is not None and chain_digest(manifest["nodes"], manifest["base"]) != digest:
         raise InvalidArchiveError(f"the image archive is not the image of digest {digest[:12]} its importer was told "
@@ -145,14 +168,17 @@ def _expected(manifest: dict, digest: str | None) -> dict:
     return manifest
 
 
-def import_(fileobj, limits: ImportLimits | None = None, *, digest: str | None = None) -> dict:
+def import_(fileobj, limits: ImportLimits | None = None, *, digest: str | None = None,
+            base: str | None = None) -> dict:
     """Read a tar made by export(); nothing is stored unless every layer matches its digest (see above) and,
-    given `digest` (the source's chain_digest of the image), the manifest's chain has that digest: checked
-    before any layer is read."""
+    given `digest` (the source's chain_digest of the image), the manifest's chain has that digest; its base
+    must be the `base` the importer names, and may be a host directory only then (`_base_allowed`). Both are
+    checked before any layer is read."""
     limits = limits or ImportLimits.from_env()
     store = layers_dir()
     private_dir(store)
-    manifest, trees = read_archive(fileobj, store, limits, lambda m: _expected(check_manifest(m, limits), digest))
+    manifest, trees = read_archive(fileobj, store, limits,
+                                   lambda m: _base_allowed(_expected(check_manifest(m, limits), digest), base))
     try:
         metas = {}
         for digest, tree in trees.items():
@@ -174,4 +200,4 @@ def import_(fileobj, limits: ImportLimits | None = None, *, digest: str | None =
             tree.discard()   # a committed one was renamed away: nothing left to remove
 
 
-__all__ = ["MANIFEST", "ImportLimits", "check_manifest", "export", "import_"]
+__all__ = ["ANY_BASE", "MANIFEST", "ImportLimits", "check_manifest", "export", "import_"]

@@ -398,14 +398,14 @@ class Gvisor:
         p = runsc.probe()
         return await asyncio.to_thread(transfer.digest, snap_id, runsc_version=p.version, flags=self.flags())
 
-    async def import_(self, fileobj, limits, *, digest: str | None = None) -> dict:
+    async def import_(self, fileobj, limits, *, digest: str | None = None, base: str | None = None) -> dict:
         """A snapshot archive read as hostile input (transfer.py): a new snapshot of this host, or a refusal;
         given `digest`, only the snapshot of that digest, under its source's id."""
         p = runsc.probe()
         if not p.ok:
             raise UnsupportedError(f'runtime="gvisor" is not available on this host: {p.why}.')
         return await asyncio.to_thread(transfer.import_, fileobj, runsc_version=p.version, flags=self.flags(),
-                                       limits=limits, check_spec=check_supported, digest=digest)
+                                       limits=limits, check_spec=check_supported, digest=digest, base=base)
 
     # --- end ----------------------------------------------------------------------------
 

@@ -92,7 +92,11 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                                                          "own id",
                                              "parameters": [_q("digest", "the 64-hex-digit digest the source's "
                                                                "GET /v1/memory-snapshots/{sid}/digest answered",
-                                                               schema={"type": "string", "pattern": "^[0-9a-f]{64}$"})],
+                                                               schema={"type": "string", "pattern": "^[0-9a-f]{64}$"}),
+                                                            _q("base", "the base its filesystem sits on (a dir: base "
+                                                               "is taken only if named here, or with digest)",
+                                                               schema={"type": "string", "minLength": 1,
+                                                                       "maxLength": 4096})],
                                              "requestBody": {"required": True, "content": {"application/x-tar": {
                                                  "schema": {"type": "string", "format": "binary"}}}},
                                              "responses": {"201": {"description": "the new snapshot"}}},

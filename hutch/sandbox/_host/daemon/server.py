@@ -15,7 +15,7 @@ from aiohttp import web
 from hutch._core import errors
 from hutch._core.errors import ConfigError, NetworkPolicyError
 from hutch._version import VERSION
-from hutch.sandbox._host import images, layers
+from hutch.sandbox._host import archive, images, layers
 from hutch.sandbox._host.daemon.doctor import report as doctor_report
 from hutch.sandbox._host.daemon.execs import live_channel
 from hutch.sandbox._host.daemon.http import json_body, query_flag, query_mode, query_path, query_seconds, send_fd
@@ -380,6 +380,10 @@ class Handlers:
         if digest is not None and not (len(digest) == 64 and not set(digest) - set("0123456789abcdef")):
             raise errors.ConfigError(f"digest={digest[:80]!r} must be a memory snapshot's 64-hex-digit digest (GET "
                                      "/v1/memory-snapshots/ID/digest answers it).")
+        base = request.query.get("base")
+        if base is not None and (base == archive.ANY_BASE or "\0" in base or len(base) > 4096):
+            raise errors.ConfigError(f"base={base[:80]!r} must be the image reference of the base the snapshot's "
+                                     "filesystem sits on (debian-slim or dir:/PATH).")
         limits = ImportLimits.from_env()
         memsnaps.store_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
         fd, tmp = tempfile.mkstemp(prefix=memsnaps.spool_prefix("import"), suffix=".tmp",
@@ -395,7 +399,7 @@ class Handlers:
                             "the daemon); raise that limit if it is yours.")
                     f.write(chunk)
             with open(tmp, "rb") as f:
-                snap = await asyncio.shield(self.mgr.gvisor.import_(f, limits, digest=digest))
+                snap = await asyncio.shield(self.mgr.gvisor.import_(f, limits, digest=digest, base=base))
             return web.json_response(snap, status=201)
         finally:
             os.unlink(tmp)

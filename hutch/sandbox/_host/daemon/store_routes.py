@@ -198,6 +198,12 @@ class StoreRoutes:
         if digest is not None and not layers.ID_RE.match(digest):
             raise ConfigError(f"digest={digest[:80]!r} must be an image's 64-hex-digit digest (GET /v1/images/KEY "
                               "answers it as \"digest\").")
+        base = request.query.get("base")
+        if base is not None and (base == archive.ANY_BASE or "\0" in base or len(base) > 4096):
+            raise ConfigError(f"base={base[:80]!r} must be the image reference of the base the archive sits on "
+                              "(debian-slim or dir:/PATH).")
+        if digest is not None and base is None:
+            base = archive.ANY_BASE   # the digest, from the source the importer runs, vouches for the whole chain
         layers.private_dir(layers.layers_dir())
         fd, tmp = tempfile.mkstemp(prefix=".tmp-import-", dir=layers.layers_dir())
         try:
@@ -210,7 +216,7 @@ class StoreRoutes:
                                          "(HUTCH_IMPORT_MAX_BYTES of the daemon); raise that limit if it is yours.")
                     f.write(chunk)
             with open(tmp, "rb") as f:
-                result = await _run(archive.import_, f, limits, digest=digest)
+                result = await _run(archive.import_, f, limits, digest=digest, base=base)
             return web.json_response(result, status=201)
         finally:
             os.unlink(tmp)
@@ -323,7 +329,8 @@ __all__ = ["add_routes"]
 
 _FLAG = {"type": "string", "enum": ["0", "1", "true", "false", "yes", "no"]}
 _QUERY = {"path": {"type": "string", "minLength": 1}, "force": _FLAG, "recursive": _FLAG,
-          "mode": {"type": "string", "pattern": "^[0-7]{1,4}$"}, "digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}
+          "mode": {"type": "string", "pattern": "^[0-7]{1,4}$"}, "digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+          "base": {"type": "string", "minLength": 1, "maxLength": 4096}}
 _STR = {"type": "string"}
 _ENV = {"type": "object", "additionalProperties": {"type": "string"}}
 _HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
@@ -356,8 +363,9 @@ OPERATIONS = {
             "name": {**_STR, "nullable": True}, "description": {**_STR, "nullable": True}, "pinned": {"type": "boolean"},
             "kind": {"type": "string", "enum": ["step", "snapshot"]}}}),
     ("post", "/v1/images/prune"): _op("Remove unpinned build cache and unused layers"),
-    ("post", "/v1/images/import"): _op("Import an image archive (tar); with digest, only the image of that digest",
-                                            "201", "application/x-tar", query=("digest?",)),
+    ("post", "/v1/images/import"): _op("Import an image archive (tar); with digest, only the image of that digest; "
+                                       "a dir: base only if named by base", "201", "application/x-tar",
+                                       query=("digest?", "base?")),
     ("get", "/v1/images/{key}"): _op("One image (id, prefix or name), 404 unless every layer is present"),
     ("delete", "/v1/images/{key}"): _op("Remove an image", query=("force",)),
     ("get", "/v1/images/{key}/export"): _op("The image as a tar archive (its layers, not its base)"),

@@ -239,10 +239,12 @@ def _next(tar: tarfile.TarFile, name: str, size: int) -> tarfile.TarInfo:
 
 
 def import_(fileobj, *, runsc_version: str, flags: list[str], limits: ImportLimits | None = None,
-            check_spec: Callable = lambda spec: None, digest: str | None = None) -> dict:
+            check_spec: Callable = lambda spec: None, digest: str | None = None, base: str | None = None) -> dict:
     """Read a tar made by export(); a new snapshot (its own id) once every part checks out (module docstring).
     Given `digest` (what the source's GET .../digest answered), only the snapshot of that digest, kept under
-    the source's id: refused before anything is stored if the manifest is of another."""
+    the source's id: refused before anything is stored if the manifest is of another. Its filesystem's base
+    may be a host directory only if the importer names it (`base`) or gave `digest` (archive._base_allowed):
+    the image's chain digest in the manifest is the archive's own word, not the importer's."""
     limits = limits or ImportLimits.from_env()
     tmp = None
     try:
@@ -280,7 +282,7 @@ def import_(fileobj, *, runsc_version: str, flags: list[str], limits: ImportLimi
             im = _next(tar, IMAGE_MEMBER, image_size)
             src = _Hashing(tar.extractfile(im))
             try:
-                got = archive.import_(src, limits, digest=chain)
+                got = archive.import_(src, limits, digest=chain, base=archive.ANY_BASE if digest else base)
             except InvalidArchiveError as e:
                 raise InvalidArchiveError(f"the snapshot archive's filesystem is refused: {e}") from None
             if src.n != image_size or got["ref"] != meta.spec["image"]:

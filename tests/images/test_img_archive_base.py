@@ -1,0 +1,66 @@
+"""An image archive names the base its layers sit on; a "dir:" base is a directory of the host, which every
+sandbox of the image then sees as its root. So the archive must not choose it: an import takes a directory
+base only when the importer names that same base (or a digest it was given vouches for the whole chain)."""
+
+from __future__ import annotations
+
+import io
+import json
+import secrets
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import hutch
+from hutch.sandbox._host import archive as _archive, layers as _layers
+
+
+def _archive_on(path: Path, base: str, tmp: Path) -> tuple[Path, str]:
+    """An archive of one image: one layer holding only /from-the-archive, over `base`; (path, its node id)."""
+    tree = tmp / f"tree-{secrets.token_hex(4)}"
+    tree.mkdir(mode=0o755)
+    (tree / "from-the-archive").write_text("layer\n")
+    meta = _layers.measure_tree(tree)
+    node = secrets.token_hex(32)
+    manifest = {"format": 1, "top": node, "base": base, "layers": {meta["digest"]: meta},
+                "nodes": [{"id": node, "parent": base, "layer": meta["digest"], "kind": "import"}]}
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as t:
+        data = json.dumps(manifest).encode()
+        info = tarfile.TarInfo(_archive.MANIFEST)
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+        t.add(tree, arcname=f"layers/{meta['digest']}")
+    return path, node
+
+
+@pytest.fixture
+def host_secret(tmp_path):
+    """A host directory that is a usable root (busybox) holding a secret nobody gave a sandbox."""
+    from hutch_testing import make_busybox_root
+    root = make_busybox_root(tmp_path / "host-dir")
+    (root / "secret").write_text("the host's own\n")
+    return root
+
+
+def test_an_archive_cannot_choose_a_host_directory_as_its_base(daemon, make_sandbox, tmp_path, host_secret):
+    archive, node = _archive_on(tmp_path / "evil.tar", f"dir:{host_secret}", tmp_path)
+    with pytest.raises(hutch.ImageError) as refused:
+        hutch.Image.import_(archive)
+    msg = str(refused.value)
+    assert f"dir:{host_secret}" in msg and "base=" in msg, msg
+    with pytest.raises(hutch.NotFoundError):
+        hutch.Image.from_name(node)
+    # Everything in the host's root filesystem, /etc/shadow among it, would be a sandbox's to read.
+    archive, _ = _archive_on(tmp_path / "root.tar", "dir:/", tmp_path)
+    with pytest.raises(hutch.ImageError, match="dir:/"):
+        hutch.Image.import_(archive)
+
+
+def test_the_importer_may_name_the_directory_base_it_means(daemon, make_sandbox, tmp_path, host_secret):
+    archive, node = _archive_on(tmp_path / "ok.tar", f"dir:{host_secret}", tmp_path)
+    with pytest.raises(hutch.ImageError, match="is not the base"):
+        hutch.Image.import_(archive, base=f"dir:{tmp_path}")   # another directory than the archive's
+    img = hutch.Image.import_(archive, base=f"dir:{host_secret}")
+    assert img.ref == f"image:{node}"
+    assert make_sandbox(image=img).run("cat", "/secret", "/from-the-archive").stdout == "the host's own\nlayer\n"
