@@ -77,9 +77,10 @@ class _Walker:
     """Walks a tree through directory fds (never following a symlink: the tree may be a live
     sandbox's upper dir), feeding the canonical listing into a sha256 and copying into `dst`."""
 
-    def __init__(self, dst: Path | None, uid_shift: int = 0):
+    def __init__(self, dst: Path | None, uid_shift: int = 0, max_bytes: int | None = None):
         self.dst = dst
         self.shift = uid_shift
+        self.max_bytes = max_bytes
         self.h = hashlib.sha256()
         self.size = 0
         self.files = 0
@@ -157,6 +158,7 @@ class _Walker:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 return
+            self._check_size(rel, st.st_size)
             fh = hashlib.sha256()
             out = None
             if self.dst is not None:
@@ -174,6 +176,7 @@ class _Walker:
                         while view:
                             view = view[os.write(out, view):]
                     self.size += len(data)
+                    self._check_size(rel, 0)   # it may grow while it is copied
                 if hashing is not None:
                     hashing.result()
             finally:
@@ -184,6 +187,17 @@ class _Walker:
                 self._meta(self.dst / rel.lstrip("/"), st)
         finally:
             os.close(fd)
+
+
+    def _check_size(self, rel: str, more: int) -> None:
+        """A copy writes every byte: a sparse file's holes, each hard link's and reflink's copy. What a sandbox's
+        disk= does not charge it for is bounded by disk= here, so it cannot make the host write more."""
+        if self.max_bytes is not None and self.size + more > self.max_bytes:
+            raise ImageError(f"the sandbox's files add up to more than its disk= limit of {self.max_bytes} bytes once "
+                             f"each is counted whole (holes of sparse files and every hard link included; at {rel!r}"
+                             f"{f', of {more} bytes' if more else ', which grew while it was copied'}); a snapshot "
+                             "copies every byte, so nothing was "
+                             "stored: remove or shrink what it does not need, or give the sandbox a larger disk=.")
 
 
 _hasher = None
@@ -227,8 +241,9 @@ def layer_fs(digest: str) -> Path:
     return layers_dir() / digest / "fs"
 
 
-def commit_tree(src_fd: int, uid_shift: int = 0) -> tuple[str, dict]:
-    """Copy the tree at directory fd `src_fd` into the store; returns (digest, layer meta).
+def commit_tree(src_fd: int, uid_shift: int = 0, max_bytes: int | None = None) -> tuple[str, dict]:
+    """Copy the tree at directory fd `src_fd` into the store; returns (digest, layer meta). `max_bytes` (a
+    sandbox's disk=) bounds the bytes of its files counted whole: refused with ImageError past it, nothing kept.
 
     An identical layer already stored is reused (the copy is dropped)."""
     base = layers_dir()
@@ -236,7 +251,7 @@ def commit_tree(src_fd: int, uid_shift: int = 0) -> tuple[str, dict]:
     tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=base))
     try:
         (tmp / "fs").mkdir()
-        w = _Walker(tmp / "fs", uid_shift)
+        w = _Walker(tmp / "fs", uid_shift, max_bytes)
         w.walk_dir(src_fd, "/")
         digest = w.h.hexdigest()
         meta = {"digest": digest, "size": w.size, "files": w.files, "opaque": w.opaque, "created_at": time.time()}

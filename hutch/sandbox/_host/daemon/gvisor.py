@@ -323,7 +323,7 @@ class Gvisor:
         """The sandbox's writes as a layer over its image (an image node), its ids shifted back to its own."""
         upper = os.open(sb.gv.upper, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            digest, _ = layers.commit_tree(upper, sb.uid_base)
+            digest, _ = layers.commit_tree(upper, sb.uid_base, sb.spec.limits.disk)
         finally:
             os.close(upper)
         parent = sb.spec.image

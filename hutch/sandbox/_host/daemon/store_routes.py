@@ -114,7 +114,8 @@ class StoreRoutes:
     def _commit(upper: int, sb, key, name, env, workdir, description) -> dict:
         dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=upper)
         try:
-            digest, meta = layers.commit_tree(dfd, sb.uid_base)  # back to the sandbox's own ids
+            # back to the sandbox's own ids; no more bytes than its disk= (sparse files and hard links copy whole)
+            digest, meta = layers.commit_tree(dfd, sb.uid_base, sb.spec.limits.disk)
         finally:
             os.close(dfd)
         parent = sb.spec.image
