@@ -1,9 +1,10 @@
 """Bearer tokens: read from a file or the environment, never from argv; compared in constant time.
 
 argv is in /proc/<pid>/cmdline, which every user can read, so a token is never
-taken from the command line. A token file that others than its owner may read is
-refused (not merely warned about): whoever holds the daemon's token is root on
-its host, and a warning in a log is easily missed.
+taken from the command line. A token file that others than its owner may read, or
+whose owner is another user than the reader (or root), is refused (not merely
+warned about): whoever holds the daemon's token is root on its host, and a
+warning in a log is easily missed.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ def read_token_file(path: str | os.PathLike, what: str = "--token-file", *, min_
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"{what} {p} is not a regular file; write the token into a file.")
+        me = os.geteuid()
+        if st.st_uid not in (0, me):   # 0600 keeps out all but its owner, who wrote the token (or may change it)
+            raise ConfigError(f"{what} {p} belongs to uid {st.st_uid}, who may read or change the token, and whoever "
+                              f"holds it may drive hutch: `chown {'root' if me == 0 else me} {p}`.")
         if st.st_mode & 0o077:
             raise ConfigError(f"{what} {p} may be read by other users (mode {stat.S_IMODE(st.st_mode):04o}), "
                               f"and whoever reads the token may drive hutch: `chmod 600 {p}`.")

@@ -98,3 +98,50 @@ def test_the_sdks_autostart_writes_nothing_through_a_run_directory_another_user_
                              capture_output=True, text=True, timeout=120)
         assert victim.read_text() == "root's own\n"   # neither the autostart lock nor the daemon's log
         assert got.returncode != 0 and f"{run} belongs to uid {other.pw_uid}" in got.stderr, got.stderr
+
+
+# --- files the daemon reads its secrets from ----------------------------------------------------------
+
+def _serve_args(run: Path, *args: str) -> subprocess.CompletedProcess:
+    """`hutch serve --listen` on a free loopback port; one that starts (it should not) is stopped with SIGTERM."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, HUTCH_RUN_DIR=str(run), HUTCH_SOCKET=str(run / "hutch.sock"))
+    for k in ("HUTCH_URL", "HUTCH_TOKEN"):
+        env.pop(k, None)
+    proc = subprocess.Popen([sys.executable, "-m", "hutch", "serve", "--listen", f"127.0.0.1:{port}", *args], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)   # a hang guard: a refused start ends in about a second
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_a_token_file_or_tls_key_another_user_owns_is_refused(public, tmp_path):
+    # Mode 0600 keeps others out, but not the file's owner: a token another user wrote is theirs to use (and
+    # to change), and so is a TLS key they hold; the root daemon takes neither.
+    from hutch.sandbox._host.daemon.tls import _make_self_signed
+
+    with host_user() as other:
+        token = public / "token"
+        r = run_as(other, "import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600); "
+                          "os.write(fd, b'a' * 32); print('ok')", str(token))
+        assert r.returncode == 0, r.stderr
+        got = _serve_args(tmp_path / "run1", "--token-file", str(token))
+        assert got.returncode == 1 and f"belongs to uid {other.pw_uid}" in got.stderr and "chown root" in got.stderr, \
+            got.stderr
+        crt, key = tmp_path / "d.crt", tmp_path / "d.key"
+        _make_self_signed(crt, key)
+        os.chmod(key, 0o600)
+        os.chown(key, other.pw_uid, other.pw_gid)
+        mine = tmp_path / "token"
+        mine.write_text("b" * 32)
+        os.chmod(mine, 0o600)
+        got = _serve_args(tmp_path / "run2", "--token-file", str(mine), "--tls-cert", str(crt), "--tls-key", str(key))
+        assert got.returncode == 1 and f"belongs to uid {other.pw_uid}" in got.stderr and "chown root" in got.stderr, \
+            got.stderr

@@ -45,7 +45,11 @@ def server_certificate(cert: str | os.PathLike | None = None, key: str | os.Path
     else:
         cert = made_certificate()
         key = cert.with_name(KEY_NAME)
-    if key.stat().st_mode & 0o077:
+    st = key.stat()
+    if st.st_uid not in (0, os.geteuid()):   # its owner holds the key: it could answer as this daemon
+        raise ConfigError(f"the TLS key {key} belongs to uid {st.st_uid}, who could answer as this daemon and read "
+                          f"its clients' tokens: `chown root {key}`.")
+    if st.st_mode & 0o077:
         raise ConfigError(f"the TLS key {key} may be read by other users: `chmod 600 {key}`.")
     return cert, key
 
