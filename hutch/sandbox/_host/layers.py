@@ -73,6 +73,17 @@ def private_dir(path: Path) -> None:
 
 # --- walking a tree: digest and (optionally) copy ---------------------------------------------
 
+def _field(s: str) -> str:
+    """A name or symlink target as the canonical listing holds it: itself, unless it holds a newline (or starts
+    with \\x01), then \\x01 and the text with \\x01 doubled and each newline \\x01n. A record ends at its only
+    newline, so no two trees list alike: a target "t\\n/x" before /y read the same as a target "t" before
+    "/x\\n/y" (two trees, one digest: the store kept whichever came first under both). Digests of trees without
+    such names are what they always were."""
+    if "\n" not in s and not s.startswith("\x01"):
+        return s
+    return "\x01" + s.replace("\x01", "\x01\x01").replace("\n", "\x01n")
+
+
 class _Walker:
     """Walks a tree through directory fds (never following a symlink: the tree may be a live
     sandbox's upper dir), feeding the canonical listing into a sha256 and copying into `dst`."""
@@ -95,7 +106,7 @@ class _Walker:
 
     def _rec(self, rel: str, kind: str, st, extra: str) -> None:
         uid, gid = self._ids(st)
-        self.h.update(f"{rel}\0{kind}\0{stat.S_IMODE(st.st_mode):o}\0{uid}\0{gid}\0{extra}\n".encode(
+        self.h.update(f"{_field(rel)}\0{kind}\0{stat.S_IMODE(st.st_mode):o}\0{uid}\0{gid}\0{_field(extra)}\n".encode(
             "utf-8", "surrogateescape"))
         self.files += 1
 
