@@ -11,7 +11,7 @@ the descriptor of what was just made (fchown, then fchmod: chown clears setuid b
 What a layer may hold is what the store itself writes (layers._Walker): directories, regular files,
 symlinks (their targets are only ever resolved inside a sandbox), overlay whiteouts (char 0/0), and
 owners in a sandbox's own id range 0..65535 (snapshots shift ids back into it). Hard links only to a
-regular file made earlier in the same layer. Anything else (devices, FIFOs, sparse files, pax global
+regular file made earlier in the same layer. Anything else (devices, FIFOs, sparse files, GNU or pax, pax global
 headers, unknown types, absolute names, `.` or `..`, a name outside `layers/<digest>/` of a layer
 the manifest lists) is refused. Setuid/setgid bits are kept (the digest covers modes, and an image
 needs its /usr/bin/su): nothing in a layer is reachable from the host (0700 root directories), and it
@@ -98,7 +98,11 @@ def header_type(refuse_as: Callable[[str, str], InvalidArchiveError], command: s
             if self.type in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
                              tarfile.GNUTYPE_LONGLINK) and self.size > MAX_HEADER:
                 raise refuse_as(self.name, f"has a {self.size}-byte extended header (at most {MAX_HEADER})")
-            return super()._proc_member(tar)
+            member = super()._proc_member(tar)
+            if member.sparse is not None:   # pax GNU.sparse.* records on a regular file: its size is only claimed
+                raise refuse_as(member.name, f"is a sparse file (pax GNU.sparse records of {member.size} bytes), "
+                                f"which `{command}` never writes")
+            return member
 
     return Header
 
