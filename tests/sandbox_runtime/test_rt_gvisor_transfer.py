@@ -207,6 +207,15 @@ def test_sizes_are_bounded_by_the_spec_and_the_manifest(hosts, exported):
     _refused(hosts, _pack([(members[0][0], big)] + members[1:]), 400, "at most")
 
 
+def test_an_archive_cannot_give_the_sandbox_it_restores_cidr_egress(hosts, exported):
+    # A CIDR rule reaches private and metadata addresses (169.254.169.254: a cloud host's credentials); the
+    # restored sandbox runs the archive's processes, so only the importer may give it one.
+    def cidr(m):
+        m["meta"]["spec"]["network"] = {"mode": "allow", "domains": [], "cidrs": ["169.254.169.254/32"], "ports": [80]}
+    body = _refused(hosts, _with_manifest(exported[0], cidr), 400, "169.254.169.254/32", "set_network")
+    assert body["error"] == "InvalidArchiveError"
+
+
 def test_a_spec_the_host_would_not_run_is_refused(hosts, exported):
     data = exported[0]
     bind = {"kind": "bind", "source": "/", "target": "/host", "readonly": False, "size": None}

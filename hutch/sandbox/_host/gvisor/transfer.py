@@ -258,6 +258,13 @@ def import_(fileobj, *, runsc_version: str, flags: list[str], limits: ImportLimi
                 untar.strict_json(tar.extractfile(m).read(), MANIFEST, refuse), runsc_version=runsc_version,
                 flags=flags, check_spec=check_spec)
             if digest is None:
+                cidrs = SandboxSpec.from_dict(meta.spec).network.cidrs
+                if cidrs:   # what the restored sandbox reaches is the importer's to give, not the archive's
+                    raise refuse(MANIFEST, f"holds a spec whose network reaches the addresses {', '.join(cidrs)[:200]} "
+                                           "(CIDR rules: private, link-local and metadata addresses among them), which "
+                                           "an archive may not give the sandbox it restores; export the sandbox with "
+                                           "such rules removed, and give them to the restored one with "
+                                           "sb.set_network(...) if you mean to")
                 snap_id = snapshots.new_id()
             else:
                 if chain is None:
