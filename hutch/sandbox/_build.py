@@ -140,9 +140,10 @@ def _base_key(client, ref: str, progress: Progress) -> str:
 # --- building -----------------------------------------------------------------------------------
 
 def _exists(client, key: str) -> bool:
+    """Is step `key` built here? Only a node a build recorded counts: an imported one (kind "import") carries
+    whatever its archive held under that id, so the step is built again (and replaces it)."""
     try:
-        client.json("GET", f"/v1/images/{key}")
-        return True
+        return client.json("GET", f"/v1/images/{key}").get("kind") == "step"
     except NotFoundError:
         return False
 

@@ -64,3 +64,31 @@ def test_the_importer_may_name_the_directory_base_it_means(daemon, make_sandbox,
     img = hutch.Image.import_(archive, base=f"dir:{host_secret}")
     assert img.ref == f"image:{node}"
     assert make_sandbox(image=img).run("cat", "/secret", "/from-the-archive").stdout == "the host's own\nlayer\n"
+
+
+def test_an_archive_cannot_plant_a_build_step_of_this_host(daemon, base, make_sandbox, tmp_path):
+    # A build step's id is the hash of its recipe (sha256 of the parent's key and the step), not of what it
+    # made, so an archive can name a node by a step's id and carry any layer; the build of that recipe must not
+    # take it for its own cached step.
+    from hutch.sandbox import _build
+
+    recipe = base.run_commands("echo real > /f")
+    key = _build.step_key(_build._base_key(None, base.ref, None), recipe.steps[0])
+    tree = tmp_path / "evil"
+    tree.mkdir(mode=0o755)
+    (tree / "f").write_text("planted\n")
+    meta = _layers.measure_tree(tree)
+    manifest = {"format": 1, "top": key, "base": base.ref, "layers": {meta["digest"]: meta},
+                "nodes": [{"id": key, "parent": base.ref, "layer": meta["digest"], "kind": "step"}]}
+    archive = tmp_path / "plant.tar"
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as t:
+        data = json.dumps(manifest).encode()
+        info = tarfile.TarInfo(_archive.MANIFEST)
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+        t.add(tree, arcname=f"layers/{meta['digest']}")
+    img = hutch.Image.import_(archive, base=base)   # imported as what it is: an image of its own
+    assert make_sandbox(image=img).run("cat", "/f").stdout == "planted\n"
+    built = recipe.build(quiet=True)
+    assert built.ref == f"image:{key}"
+    assert make_sandbox(image=built).run("cat", "/f").stdout == "real\n"

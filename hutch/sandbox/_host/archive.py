@@ -181,17 +181,21 @@ def import_(fileobj, limits: ImportLimits | None = None, *, digest: str | None =
                                    lambda m: _base_allowed(_expected(check_manifest(m, limits), digest), base))
     try:
         metas = {}
-        for digest, tree in trees.items():
+        for layer, tree in trees.items():
             meta = measure_tree(tree.fs)
-            if meta["digest"] != digest:
-                raise InvalidArchiveError(f"layer {digest[:12]} in the archive does not match its digest (got "
+            if meta["digest"] != layer:
+                raise InvalidArchiveError(f"layer {layer[:12]} in the archive does not match its digest (got "
                                  f"{meta['digest'][:12]}); nothing was imported: the file is damaged or forged, "
                                  "export it again.")
-            metas[digest] = meta
-        for digest, tree in trees.items():
-            commit_dir(tree.dir, digest, {**metas[digest], "created_at": time.time()})
+            metas[layer] = meta
+        for layer, tree in trees.items():
+            commit_dir(tree.dir, layer, {**metas[layer], "created_at": time.time()})
         for n in manifest["nodes"]:
-            put_node(n["id"], n["parent"], layer=n["layer"], kind=n["kind"], env=n["env"], workdir=n["workdir"],
+            # A step's id is its recipe's hash, not its content's: an archive's "step" is no build cache of this
+            # host (a build of that recipe makes its own and replaces it), unless the importer was given the
+            # chain's digest by its source (ANY_BASE: a fleet's transfer between its own nodes).
+            kind = "import" if n["kind"] == "step" and base != ANY_BASE else n["kind"]
+            put_node(n["id"], n["parent"], layer=n["layer"], kind=kind, env=n["env"], workdir=n["workdir"],
                      name=n["name"], description=n["description"], pinned=n["id"] == manifest["top"] or n["pinned"])
         return {"ref": PREFIX + manifest["top"], "id": manifest["top"], "base": manifest["base"],
                 "layers": len(manifest["layers"]), "digest": chain_digest(manifest["nodes"], manifest["base"])}

@@ -370,8 +370,12 @@ def put_node(node_id: str, parent: str, *, layer: str | None, kind: str, env: di
                     other["name"] = None
                     atomic_write(nodes_dir() / f"{other['id']}.json", json.dumps(other).encode(), fsync_file=False)
                     _cache.pop(other["id"], None)
-        if path.exists():
-            node = json.loads(path.read_text())
+        node = json.loads(path.read_text()) if path.exists() else None
+        if node is not None and node.get("kind") == "import" and kind == "step":
+            # a build step recorded under the id an import had (its recipe's hash): the build's own content wins
+            name, pinned = name or node.get("name"), bool(pinned or node.get("pinned"))
+            node = None
+        if node is not None:
             if (name and node.get("name") != name) or (pinned and not node.get("pinned")):
                 node.update(name=name or node.get("name"), pinned=bool(pinned or node.get("pinned")))
                 atomic_write(path, json.dumps(node).encode(), fsync_file=False)
@@ -381,6 +385,7 @@ def put_node(node_id: str, parent: str, *, layer: str | None, kind: str, env: di
                 "env": dict(env or {}), "workdir": workdir, "name": name, "pinned": bool(pinned),
                 "description": description, "created_at": time.time()}
         atomic_write(path, json.dumps(node).encode(), fsync_file=False)
+        _cache.pop(node_id, None)   # an imported node replaced by a build's
         return node
 
 
