@@ -65,7 +65,8 @@ def store_lock():
 
 
 def private_dir(path: Path) -> None:
-    """0700: layers hold what sandboxes wrote (setuid-root files among it); no host user may reach them."""
+    """0700: layers hold what sandboxes wrote (setuid-root files among it), nodes an image's env (a build's
+    settings, secrets among them); no host user may reach them."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     if stat.S_IMODE(path.stat().st_mode) != 0o700:
         os.chmod(path, 0o700)
@@ -361,7 +362,7 @@ def put_node(node_id: str, parent: str, *, layer: str | None, kind: str, env: di
     if not isinstance(node_id, str) or not ID_RE.match(node_id):
         raise ConfigError(f"image id {node_id!r} must be 64 hex digits.")
     _check_fields(kind, env, workdir, name)
-    nodes_dir().mkdir(parents=True, exist_ok=True)
+    private_dir(nodes_dir())   # an image's env, name and description are the daemon's, as its layers are
     with store_lock():
         path = nodes_dir() / f"{node_id}.json"
         if name:   # a name names one image: it moves from any other (also when this node exists already)
@@ -396,6 +397,8 @@ def snapshot_id(parent: str, layer: str) -> str:
 def list_nodes() -> list[dict]:
     out = []
     d = nodes_dir()
+    if d.is_dir():
+        private_dir(d)   # a store of before it was private is closed at its first listing
     for p in sorted(d.glob("*.json")) if d.is_dir() else ():
         try:
             out.append(json.loads(p.read_text()))
