@@ -37,11 +37,13 @@ def daemon_socket() -> Path:
     return settings.SOCKET.get() or run_dir() / "hutch.sock"
 
 
-def owned_by_root(path: Path, what: str = "HUTCH_RUN_DIR / HUTCH_SOCKET (the default is /run/hutch)") -> None:
+def owned_by_root(path: Path, what: str = "HUTCH_RUN_DIR / HUTCH_SOCKET (the default is /run/hutch)", *,
+                  sticky: bool = False) -> None:
     """Refuse `path` unless it (if it exists) and every directory above it are root's and writable by no other
     user; an ancestor may be writable by all if it is sticky (/tmp): nobody else can rename what root made there.
     Both the path as given and the one its symlinks lead to are checked (e.g. /var/run and /run). The root daemon
-    (and the SDK's autostart, as root) calls it before it makes or writes anything there."""
+    (and the SDK's autostart, as root) calls it before it makes or writes anything there. `sticky`: `path` itself
+    may be sticky and writable by all too (the directory of a socket elsewhere, /tmp: others make no name of its)."""
     path = Path(os.path.abspath(path))
     real = Path(os.path.realpath(path))
     for p in dict.fromkeys([path, *path.parents, real, *real.parents]):
@@ -54,7 +56,7 @@ def owned_by_root(path: Path, what: str = "HUTCH_RUN_DIR / HUTCH_SOCKET (the def
             raise ConfigError(f"{p} belongs to uid {st.st_uid}, not root: whoever owns it could plant links there or "
                               f"swap it while the daemon runs; `chown root {p}` (and `chmod go-w`), or give the daemon "
                               f"a directory of root's own in {what}.")
-        if st.st_mode & 0o022 and (top or not st.st_mode & stat.S_ISVTX):
+        if st.st_mode & 0o022 and ((top and not sticky) or not st.st_mode & stat.S_ISVTX):
             raise ConfigError(f"{p} is writable by other users ({stat.S_IMODE(st.st_mode):04o}): they could plant "
                               f"links there or swap what is inside; `chmod go-w {p}`, or give the daemon a directory "
                               f"of root's own in {what}.")

@@ -41,8 +41,8 @@ def public():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _serve(run: Path, log: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HUTCH_RUN_DIR=str(run), HUTCH_SOCKET=str(run / "hutch.sock"))
+def _serve(run: Path, log: Path, sock: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HUTCH_RUN_DIR=str(run), HUTCH_SOCKET=str(sock or run / "hutch.sock"))
     env.pop("HUTCH_URL", None)
     with open(log, "ab") as lf:
         proc = subprocess.Popen([sys.executable, "-m", "hutch", "serve"], env=env, stdin=subprocess.DEVNULL,
@@ -83,6 +83,17 @@ def test_a_run_directory_in_a_directory_another_user_may_rename_in_is_refused(pu
         assert got.returncode != 0, got.stderr
         assert f"{parent} belongs to uid {other.pw_uid}" in got.stderr, got.stderr
         shutil.rmtree(run)
+
+
+def test_a_socket_in_a_directory_another_user_owns_is_refused(public, tmp_path):
+    # Its owner could swap the daemon's stage directory between the bind and the chmod, which follows a link.
+    with host_user() as other:
+        theirs = public / "sockets"
+        r = run_as(other, "import os, sys; os.mkdir(sys.argv[1], 0o755); print('made')", str(theirs))
+        assert r.returncode == 0, r.stderr
+        got = _serve(tmp_path / "run", public / "daemon.log", sock=theirs / "hutch.sock")
+        assert got.returncode != 0 and f"{theirs} belongs to uid {other.pw_uid}" in got.stderr, got.stderr
+        assert os.listdir(theirs) == []
 
 
 def test_the_sdks_autostart_writes_nothing_through_a_run_directory_another_user_made(public):

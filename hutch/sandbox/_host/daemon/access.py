@@ -140,6 +140,8 @@ def bind_unix(path: Path, policy: PeerPolicy, *, own_dir: bool) -> socket.socket
     sock_mode = 0o660 if policy.gid is not None else 0o600
     if own_dir or not parent.exists():
         private_dir(parent, policy)
+    else:   # another's directory keeps its mode, but nobody else may swap the stage dir (chmod follows links)
+        owned_by_root(parent, "HUTCH_SOCKET", sticky=True)
     stage = tempfile.mkdtemp(prefix=".s", dir=parent)   # 0700, root's: nobody else reaches what is inside
     staged = os.path.join(stage, "s")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
