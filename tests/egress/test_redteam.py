@@ -9,8 +9,11 @@ there), and every check also looks at what the fake internet (or the fake host) 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import textwrap
+import time
 
 from hutch import Network
 
@@ -118,3 +121,125 @@ def test_a_connection_flood_is_held_to_its_rate_and_starves_no_other_sandbox(san
     # what reached the proxy came at the connect rate: never near its limit of open connections
     assert limits["tcp_over_connection_limit"] == 0, limits
     assert other.log().limits["tcp_over_connect_rate"] == 0, other.log().limits
+
+
+# --- what a connection the sandbox stops reading holds on the host -----------------------------------
+
+HOLD_UNREAD = """
+import socket, sys
+socks = []
+for i in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # its own socket holds next to nothing
+    s.settimeout(10)
+    s.connect(("www.example.test", 80))
+    s.sendall(b"GET /bytes/1000000000 HTTP/1.1\\r\\nHost: www.example.test\\r\\n\\r\\n")
+    socks.append(s)
+print("open", flush=True)
+sys.stdin.readline()
+"""
+
+
+def socket_memory(netns: str) -> int:
+    """Bytes the TCP sockets of a netns hold in their buffers (received, queued to send, reserved)."""
+    out = subprocess.run(["ip", "netns", "exec", netns, "ss", "-tmnH"], capture_output=True, text=True,
+                         check=True).stdout
+    total = 0
+    for m in re.finditer(r"skmem:\(r(\d+),rb\d+,t(\d+),tb\d+,f(\d+),w(\d+)", out):
+        r, t, f, w = (int(x) for x in m.groups())
+        total += r + max(t, w) + (f if f < 1 << 31 else f - (1 << 32))   # forward alloc is signed
+    return total
+
+
+def test_connections_the_sandbox_stops_reading_hold_a_bounded_share_of_host_memory(sandbox, world):
+    """300 downloads the sandbox never reads: what the server sends waits in the gateway's sockets. Their
+    buffers together stay within a few times the sandbox's share (they used to grow to the kernel's autotuning
+    limits, some MiB a connection: 300 of them took ~1 GiB of the host's TCP memory, whose limit is global, so
+    one sandbox could stall TCP for the whole host)."""
+    from hutch.sandbox._host.egress.proxy import SANDBOX_BUFFERS
+
+    sb = sandbox(Network.allow(domains=["www.example.test"]))
+    base = socket_memory(world.host)
+    p = subprocess.Popen(["ip", "netns", "exec", sb.netns, sys.executable, "-c", HOLD_UNREAD, "300"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "open", p.stderr.read() if p.poll() is not None else ""
+        seen = []
+        # the buffers fill as fast as the fake server writes: sample until they stop growing
+        for _ in range(40):
+            seen.append(socket_memory(world.host) - base)
+            if seen[-1] > 4 * SANDBOX_BUFFERS or (len(seen) > 6 and seen[-1] <= max(seen[:-4])):
+                break
+            time.sleep(0.25)
+    finally:
+        p.kill()
+        p.wait()
+        p.stdin.close()
+        p.stdout.close()
+        p.stderr.close()
+    assert max(seen) <= 3 * SANDBOX_BUFFERS, [s >> 20 for s in seen]
+    assert max(seen) > 0, seen
+
+
+# --- another gateway's sandboxes -------------------------------------------------------------------
+
+LISTEN = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 8000)); s.listen()
+s.settimeout(float(sys.argv[1]))
+print("ready", flush=True)
+try:
+    c, a = s.accept(); print("accepted", a[0], flush=True)
+except OSError:
+    print("none", flush=True)
+"""
+
+
+def test_another_gateways_sandboxes_are_never_dialed(sandbox, world):
+    """A second gateway on this host (another daemon's) has a link subnet of its own. A sandbox here whose policy
+    names all of 198.18.0.0/15, where both subnets lie, reaches none of the other's sandboxes, also one whose own
+    rules are gone (a gVisor sandbox's netstack reads its link below them). It held: the proxy dials the address
+    (the policy names it), but the other gateway's host rules take nothing from its links but DNS and proxy
+    traffic, so the sandbox's answer never reaches the dialing socket."""
+    from egress_world import GatewayThread, Sandbox as WorldSandbox, sh
+
+    gw2 = GatewayThread(world.host, upstream_resolvers=["192.0.2.53"], subnet="198.18.8.0/24",
+                        table="hutch_egress_rt2", link_prefix="hr")
+    name = f"hutch-eg-rt2-{world.tag}"
+    listener = None
+    try:
+        sh("ip", "netns", "add", name)
+        other = WorldSandbox(world, name, "rt2-b")
+        gw2.call(gw2.gw.attach(other.id, f"/run/netns/{name}", Network.open()))
+        addr = gw2.sync(lambda: gw2.gw.attachment(other.id).address)
+        other.run("nft", "flush", "ruleset", caps=True, check=True)
+        listener = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, "-c", LISTEN, "15"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert listener.stdout.readline().strip() == "ready"
+        sb = sandbox(Network.allow(cidrs=["198.18.0.0/15"], ports=None))
+        r = sb.py(textwrap.dedent(f"""
+            import socket
+            try:
+                s = socket.create_connection(({addr!r}, 8000), timeout=3)
+                s.sendall(b"hello"); s.settimeout(3)
+                print("data" if s.recv(10) else "eof")
+            except OSError as e:
+                print(type(e).__name__)
+        """))
+        listener.kill()
+        out, _ = listener.communicate(timeout=10)
+        assert "accepted" not in out, (out, r.stdout)
+        assert r.stdout.strip() in ("ConnectionResetError", "eof", "TimeoutError", "ConnectionRefusedError"), r.stdout
+    finally:
+        if listener is not None:
+            if listener.poll() is None:
+                listener.kill()
+            listener.wait()
+            listener.stdout.close()
+            listener.stderr.close()
+        try:
+            gw2.call(gw2.gw.detach("rt2-b"))
+        finally:
+            gw2.close()
+            sh("ip", "netns", "del", name, check=False)
+

@@ -44,6 +44,17 @@ DIAL_TIMEOUT = 10.0
 CHUNK = 1 << 20
 MAX_CONNS_PER_SANDBOX = 2048
 ACCEPT_BATCH = 16          # connections accepted per turn of the event loop
+#: Kernel buffer space that one sandbox's proxied connections share: each connection's two sockets (both ways)
+#: and its two splice pipes, ten parts in all, are sized when it opens to an equal part of it for the number of
+#: connections the sandbox then has (at most 2 MiB, at least 4 KiB each), and every open connection's sockets
+#: shrink to the new part whenever that number doubles. What a socket has queued already stays (TCP never takes
+#: back a window it offered), so connections the sandbox stops reading hold up to about this times
+#: (1 + ln connections) opened one after another: 300 held 22 MiB. Left to the kernel's autotuning each grew to
+#: some MiB, and the host's TCP memory limit is one for every socket of the host: a few hundred such connections
+#: of one sandbox reached it.
+SANDBOX_BUFFERS = 16 << 20
+CONN_BUF_MAX = 2 << 20
+CONN_BUF_MIN = 4 << 10
 _F_SETPIPE_SZ = 1031
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 
@@ -85,6 +96,20 @@ def _nonlocal_bind() -> bool:
         return True
 
 
+def buffer_share(conns: int) -> int:
+    """The size of each socket buffer and pipe of a sandbox's connection while it has `conns` of them."""
+    return max(CONN_BUF_MIN, min(CONN_BUF_MAX, SANDBOX_BUFFERS // (10 * max(1, conns))))
+
+
+def _set_buffers(sock: socket.socket, size: int) -> None:
+    # the kernel doubles the value (for its bookkeeping) and no longer autotunes the socket
+    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, size)
+        except OSError:
+            pass
+
+
 def _hard_close(sock: socket.socket | None, reset: bool) -> None:
     if sock is None or sock.fileno() < 0:
         return
@@ -112,6 +137,16 @@ class Conn:
         self.meter = None          # the budgets it is charged to (broker.Meter), once decided
         self.closed = False
         self.tasks: list[asyncio.Task] = []
+        self.buffers = CONN_BUF_MAX    # the size of its socket buffers and pipes (buffer_share)
+
+    def shrink(self, size: int) -> None:
+        """Give its sockets smaller buffers (the sandbox has more connections now)."""
+        if size >= self.buffers or self.closed:
+            return
+        self.buffers = size
+        for s in (self.client, self.upstream):
+            if s is not None and s.fileno() >= 0:
+                _set_buffers(s, size)
 
     def close(self, reset: bool = False) -> None:
         """Close both sides at once; `reset` sends RST instead of FIN."""
@@ -158,7 +193,7 @@ class Conn:
         meter = self.meter
         try:
             try:
-                fcntl.fcntl(w, _F_SETPIPE_SZ, CHUNK)
+                fcntl.fcntl(w, _F_SETPIPE_SZ, min(CHUNK, self.buffers))
             except OSError:
                 pass
             sfd, dfd = src.fileno(), dst.fileno()
@@ -306,6 +341,12 @@ class Proxy:
                 continue
             conn = Conn(loop, sb, client)
             sb.conns.add(conn)
+            n = len(sb.conns)
+            conn.buffers = buffer_share(n)
+            _set_buffers(client, conn.buffers)
+            if n & (n - 1) == 0 and n > 1:    # twice as many connections as at the last share: all shrink
+                for c in sb.conns:
+                    c.shrink(conn.buffers)
             conn.tasks.append(loop.create_task(self._run(conn)))
 
     async def _run(self, conn: Conn) -> None:
@@ -502,9 +543,11 @@ class Proxy:
             self.gw._record(conn.sandbox, conn.name, addr, port, conn.kind, "deny",
                             f"{addr} is delivered to the host itself (a local address or route)")
             raise ConnectionRefusedError(f"{addr} is local to the host")
+        conn.shrink(buffer_share(len(conn.sandbox.conns)))
         up = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         up.setblocking(False)
         up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _set_buffers(up, conn.buffers)     # before connect: the window it offers is sized by it
         conn.upstream = up
         try:
             await asyncio.wait_for(conn.loop.sock_connect(up, (addr, port)), DIAL_TIMEOUT)
