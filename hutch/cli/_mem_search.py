@@ -1,7 +1,9 @@
 """`hutch mem search | reindex | doctor`: the search index from the shell (thin wrappers over Memory).
 
 Registered on the `mem` group by hutch/cli/_mem.py. Exit codes: 0 success;
-1 a hutch error; 2 a usage error; 4 `doctor` found the index out of date.
+1 a hutch error; 2 a usage error; 3 `doctor` found problems in the store's files (malformed front matter,
+links that dangle or lead out of the store: each named with its fix), the index being up to date; 4 `doctor`
+found the index out of date.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import warnings
 import click
 
 from hutch._core.errors import MalformedEntityWarning, ReasonerWarning
-from hutch.cli._mem import mem, open_store
+from hutch.cli._mem import EXIT_CHECK_FAILED, mem, open_store
 
 EXIT_INDEX_STALE = 4
 
@@ -100,7 +102,10 @@ def reindex(ctx, full) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
 def doctor(ctx, as_json) -> None:
-    """Verify the search index against the files and report its exact state (exit 4 if out of date).
+    """Verify the search index against the files and report its exact state and the problems of the files.
+
+    Exit 4 if the index is out of date (`hutch mem reindex`), else 3 if files have problems (each line says its
+    fix; `hutch mem check` checks the rest of the store), else 0.
 
     \b
     Example:
@@ -114,5 +119,7 @@ def doctor(ctx, as_json) -> None:
     else:
         for line in report.lines():
             click.echo(line)
-    if not report.ok:
+    if not report.fresh:
         ctx.exit(EXIT_INDEX_STALE)
+    if report.problems:
+        ctx.exit(EXIT_CHECK_FAILED)

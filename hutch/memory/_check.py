@@ -22,6 +22,8 @@ from hutch._core.errors import ConfigError, MalformedEntityError
 from hutch.memory import _format as fmt
 from hutch.memory._entity import CheckIssue, CheckReport
 from hutch.memory._index import _units
+from hutch.memory._layout import Layout
+from hutch.memory._links import is_entity
 
 if TYPE_CHECKING:  # pragma: no cover
     from hutch.memory._store import Memory
@@ -35,6 +37,7 @@ def check(mem: "Memory") -> CheckReport:
     link_dirs: list[tuple[str, str, str]] = []  # (class, slug, path)
     n_links = 0
     root = mem.root
+    layout = Layout(root)
 
     with os.scandir(root) as it:
         tops = sorted((e for e in it), key=lambda e: e.name)
@@ -123,8 +126,7 @@ def check(mem: "Memory") -> CheckReport:
                         f"convert it to UTF-8, e.g. iconv -f latin1 -t utf-8 {rel} > {rel}.new && mv {rel}.new {rel}")
                 meta, _ = fmt.parse(head.decode("utf-8", errors="surrogateescape"), rel)
             except MalformedEntityError as err:
-                add("error", "bad-front-matter", rel, str(err).removeprefix(rel + " "),
-                    f"edit {rel} so it starts with '---', valid YAML 'key: value' lines and a closing '---'")
+                add("error", "bad-front-matter", rel, str(err).removeprefix(rel + " "), front_matter_fix(rel))
                 continue
             except OSError as err:  # replaced by something else meanwhile, or an I/O error
                 entities.discard(entity_id)
@@ -161,13 +163,10 @@ def check(mem: "Memory") -> CheckReport:
                 n_links += 1
                 tid = mem.link_target(lrel)
                 if tid is None:
-                    add("error", "link-escapes", lrel, f"points to {os.readlink(lpath)!r}, which is not an entity "
-                        "inside the store (links are relative: ../../../<class>/<slug>.md).",
-                        f"remove it: rm {lrel}")
+                    add("error", "link-escapes", lrel, escape_message(lpath), escape_fix(lrel))
                     continue
-                if tid not in entities and not os.path.isfile(mem.root / f"{tid}.md"):
-                    add("error", "dangling-link", lrel, f"points to {tid}, which does not exist.",
-                        f"remove it (hutch mem unlink {src} {rname} {tid}, or rm {lrel}) or create {tid}")
+                if tid not in entities and not is_entity(layout, tid):
+                    add("error", "dangling-link", lrel, dangling_message(tid), dangling_fix(src, rname, tid, lrel))
                     continue
                 linked.add(src)
                 linked.add(tid)
@@ -176,6 +175,33 @@ def check(mem: "Memory") -> CheckReport:
         add("warning", "orphan", f"{entity_id}.md", "has no links in or out.",
             f"link it to something (hutch mem link {entity_id} <relation> <class/slug>) or ignore this warning")
     return CheckReport(len(entities), n_links, tuple(issues))
+
+
+def front_matter_fix(rel: str) -> str:
+    """How to fix an entity file `rel` whose front matter does not parse (check() and doctor() say the same)."""
+    return f"edit {rel} so it starts with '---', valid YAML 'key: value' lines and a closing '---'"
+
+
+def escape_message(lpath) -> str:
+    try:
+        target = os.readlink(lpath)
+    except OSError:
+        target = "?"
+    return (f"points to {target!r}, which is not an entity inside the store (links are relative: "
+            "../../../<class>/<slug>.md); hutch never follows it.")
+
+
+def escape_fix(lrel: str) -> str:
+    return f"remove it: rm {lrel}"
+
+
+def dangling_message(tid: str) -> str:
+    return (f"points to {tid}, which is not an entity file (deleted, or not a regular file): neighbors, links and "
+            "search leave it out.")
+
+
+def dangling_fix(src: str, relation: str, tid: str, lrel: str) -> str:
+    return f"remove it (hutch mem unlink {src} {relation} {tid}, or rm {lrel}) or create {tid}"
 
 
 def _kind(path: str) -> str:

@@ -22,34 +22,53 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def link_ids(layout: Layout, cls: str, slug: str) -> dict[str, tuple[str, ...]]:
-    """Relation -> the ids the entity `cls/slug` links to on disk (well-formed in-store links only), sorted.
+    """Relation -> the entities the entity `cls/slug` links to on disk, sorted: well-formed in-store links to an
+    entity that exists (a regular file in a real class directory), no others.
 
-    The links search indexes and check() counts, no others: a `.links` or relation directory that is a symbolic
-    link is not followed (it could lead outside the store), and a relation or target whose name is not UTF-8 is
-    left out (check() names each)."""
-    ldir = layout.links_dir(cls, slug)
+    A `.links` or relation directory that is a symbolic link is not followed (it could lead outside the store);
+    a relation or target whose name is not UTF-8, a link that leads out of the store and a link whose target is
+    gone or is not a regular file (dangling) are left out: check() and doctor() name each."""
+    out: dict[str, list[str]] = {}
+    for rel, _name, tid in link_entries(layout, layout.links_dir(cls, slug)):
+        if tid is not None and is_entity(layout, tid):
+            out.setdefault(rel, []).append(tid)
+    return {rel: tuple(ids) for rel, ids in out.items()}
+
+
+def is_entity(layout: Layout, entity_id: str) -> bool:
+    """True if `entity_id` is an entity now: a regular file `<class>/<slug>.md` in a class that is a real
+    directory of the store (never through a symbolic link: lstat only, nothing is opened or followed)."""
+    cls, _, slug = entity_id.partition("/")
+    if not (_real_dir(layout.root / cls) and fmt.is_name(cls)):
+        return False
+    try:
+        return stat.S_ISREG(os.lstat(layout.root / cls / f"{slug}.md").st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def link_entries(layout: Layout, ldir: Path) -> Iterator[tuple[str, str, str | None]]:
+    """(relation, link name, target id or None) of every symbolic link in the links directory `ldir`, as
+    link_ids reads them (relation directories that are links, and names that are not UTF-8, are left out); the
+    target id is None for a link that does not point to `<class>/<slug>.md` inside the store."""
     if not _real_dir(ldir):
-        return {}
+        return
     try:
         rels = sorted(os.listdir(ldir))
-    except (FileNotFoundError, NotADirectoryError):
-        return {}
-    out: dict[str, tuple[str, ...]] = {}
+    except OSError:
+        return
     for rel in rels:
         if not _utf8(rel) or not _real_dir(ldir / rel):
             continue
         try:
             names = sorted(os.listdir(ldir / rel))
-        except (NotADirectoryError, FileNotFoundError):
+        except OSError:
             continue
-        ids = []
         for name in names:
+            if not _utf8(name) or not os.path.islink(ldir / rel / name):
+                continue
             tid = layout.target_id(ldir / rel / name)
-            if tid is not None and _utf8(tid):
-                ids.append(tid)
-        if ids:
-            out[rel] = tuple(ids)
-    return out
+            yield rel, name, tid if tid is not None and _utf8(tid) else None
 
 
 def _real_dir(path: Path) -> bool:
@@ -102,9 +121,11 @@ class Links:
                         yield src, rel, self.layout.target_id(rdir / name) or "", rdir / name
 
     def neighbors(self, entity: Entity) -> list[Neighbor]:
-        """Typed edges of `entity`: its links ('out') and the links pointing to it ('in', by a scan)."""
+        """Typed edges of `entity`: its links ('out') and the links pointing to it ('in', by a scan); only entities
+        that exist (a dangling link's target, or the owner of a links directory without its entity, is none)."""
         out = [Neighbor(rel, "out", tid) for rel, ids in entity.link_ids.items() for tid in ids]
-        out += [Neighbor(rel, "in", src) for src, rel, tid, _ in self.iter_all() if tid == entity.id]
+        out += [Neighbor(rel, "in", src) for src, rel, tid, _ in self.iter_all()
+                if tid == entity.id and is_entity(self.layout, src)]   # (a links directory its entity outlived)
         return out
 
     # ------------------------------------------------------------ writing

@@ -143,7 +143,12 @@ def test_odd_things_where_files_belong_break_nothing_and_check_names_each(mem, s
     try:
         hits = mem.search("walrus garden", expand=1)
         assert {h.entity_id for h in hits} == {"notes/garden-plan", "notes/other"} and all(h.text for h in hits)
-        assert mem.reindex().ok and mem.doctor().ok and mem.ls("notes") == ["notes/garden-plan", "notes/other"]
+        see_rel = "notes/garden-plan.links/see/"
+        for report in (mem.reindex(), mem.doctor()):   # fresh; the links that loop or dangle are its problems
+            assert report.fresh and not report.ok
+            assert {p.split(":", 1)[0] for p in report.problems} == {see_rel + n for n in ("loop-a.md", "loop-b.md",
+                                                                                          "nothere.md")}
+        assert mem.ls("notes") == ["notes/garden-plan", "notes/other"]
         assert [n.id for n in mem.neighbors(a) if n.direction == "out"].count("notes/other") == 1
         issues = {(i.path, i.code): i.message for i in mem.check().issues if i.code != "orphan"}
         want = {("notes/fifo.md", "not-a-file"): "is a FIFO", ("notes/dir.md", "not-a-file"): "is a directory",

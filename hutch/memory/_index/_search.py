@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from hutch._core.errors import ConfigError, MalformedEntityWarning, ReasonerWarning, SearchIndexError
+from hutch.memory._format import LINKS_SUFFIX
 from hutch.memory._index import _anchor, _channels, _lexicon, _query, _rank, _reason, _rerank, _units
 from hutch.memory._index._db import IndexDB, SyncStats, file_digest
 from hutch.memory._index._embed import default_provider
@@ -121,11 +122,25 @@ class IndexReport:
     lexicon: str | None = None  # the WordNet directory the category channel reads; None: that channel is off
     partial: tuple[str, ...] = ()  # files larger than UNIT_BYTES: only their start is units (the rest: words only)
     reasoner_error: str | None = None  # the reasoner's last failure (search then answered without it)
+    fresh: bool = True  # the index holds exactly what the files hold (nothing stale, missing, extra or pending)
+    #: what is wrong in the store's files, one line each ("path: what. Fix: how"): files whose front matter is
+    #: malformed, links that dangle or lead out of the store. `ok` is fresh and no problems.
+    problems: tuple[str, ...] = ()
+
+    def state(self) -> str:
+        """'ok', else what is wrong: the index out of date, and how many problems the files have."""
+        if self.ok:
+            return "ok"
+        parts = [] if self.fresh else ["NOT OK: the index is out of date (run `hutch mem reindex`)"]
+        if self.problems:
+            n = len(self.problems)
+            parts.append(f"{n} problem{'s' if n != 1 else ''} in the store's files (each below, with its fix)")
+        return "; ".join(parts) or "NOT OK"
 
     def lines(self) -> list[str]:
         """Human-readable report, one fact per line."""
         out = [f"index: {self.path}",
-               f"state: {'ok' if self.ok else 'NOT OK'}",
+               f"state: {self.state()}",
                f"entities: {self.entities}  units: {self.units}",
                f"model: {self.model} rev {self.model_revision} dim {self.dim}",
                f"vectors: {self.vectors}  pending: {self.pending_vectors}"
@@ -141,6 +156,11 @@ class IndexReport:
                        + (" ..." if len(self.partial) > 10 else "")
                        + f"  (past {_units.UNIT_BYTES >> 20} MiB by their words only, past "
                        f"{_units.LEXICAL_BYTES >> 20} MiB not at all: split such files)")
+        for p in self.problems[:_MAX_PROBLEM_LINES]:
+            out.append(f"problem: {p}")
+        if len(self.problems) > _MAX_PROBLEM_LINES:
+            out.append(f"problem: ... and {len(self.problems) - _MAX_PROBLEM_LINES} more: `hutch mem check` lists "
+                       "every one")
         for r in self.recovered:
             out.append(f"recovered: {r}")
         if self.embed_error:
@@ -150,6 +170,35 @@ class IndexReport:
         out.append(f"lexicon: WordNet at {self.lexicon}" if self.lexicon else
                    "lexicon: none (category channel off: install Debian's wordnet-base, or set HUTCH_WORDNET_DIR)")
         return out
+
+
+#: doctor's text lists at most this many problems (the report holds them all; check() says the same of each)
+_MAX_PROBLEM_LINES = 50
+
+
+def _problems(root: Path, files: dict, linkdirs: dict, errors: dict[str, str]) -> tuple[str, ...]:
+    """What is wrong in the files doctor() looked at, one line each with its fix: each file whose front matter
+    does not parse (`errors`: id -> the index's reason), each link whose target is not an entity file of the
+    store (dangling) or is not inside it. check() finds these and more (hutch/memory/_check.py)."""
+    from hutch.memory import _check
+    from hutch.memory._layout import Layout
+    from hutch.memory._links import link_entries
+
+    out = []
+    for entity_id in sorted(errors):
+        rel = f"{entity_id}.md"
+        why = errors[entity_id].removeprefix(f"{root / rel} ").removeprefix(f"{rel} ")
+        out.append(f"{rel}: {why} Fix: {_check.front_matter_fix(rel)}")
+    layout = Layout(root)
+    for src in sorted(linkdirs):
+        ldir = Path(linkdirs[src][0])
+        for rel, name, tid in link_entries(layout, ldir):
+            lrel = f"{src}{LINKS_SUFFIX}/{rel}/{name}"
+            if tid is None:
+                out.append(f"{lrel}: {_check.escape_message(ldir / rel / name)} Fix: {_check.escape_fix(lrel)}")
+            elif tid not in files:
+                out.append(f"{lrel}: {_check.dangling_message(tid)} Fix: {_check.dangling_fix(src, rel, tid, lrel)}")
+    return tuple(out)
 
 
 def _passage(h: Hit) -> str:
@@ -559,12 +608,14 @@ class SearchIndex:
         vectors = db.execute("select count(*) from vectors").fetchone()[0]
         pending = db.execute("select count(distinct u.dense_hash) from units u left join vectors v "
                              "on v.dense_hash = u.dense_hash where v.dense_hash is null").fetchone()[0]
-        ok = not (stale or missing or extra or pending or self.idx.embed_error)
-        return IndexReport(self.idx.path, ok, len(rows), units, vectors, pending, name, rev, dim,
+        fresh = not (stale or missing or extra or pending or self.idx.embed_error)
+        problems = _problems(self.store.root, files, linkdirs,
+                             {e: r[4] for e, r in rows.items() if r[4] and e in files})
+        return IndexReport(self.idx.path, fresh and not problems, len(rows), units, vectors, pending, name, rev, dim,
                            self.idx.meta("space_changed_from"), tuple(stale), tuple(missing), tuple(extra),
                            tuple(unreadable), tuple(self.idx.recovered), self.idx.embed_error,
                            time.perf_counter() - t0, str(wn.root) if (wn := _lexicon.wordnet()) else None,
-                           tuple(partial), self.reasoner_error)
+                           tuple(partial), self.reasoner_error, fresh, problems)
 
     def close(self) -> None:
         self.idx.close()
