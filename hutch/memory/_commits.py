@@ -274,14 +274,16 @@ class Committer:
             except OSError:
                 pass   # the commit landed; only the flush of the ref's directory failed
 
-    def unstage(self, paths: list[str]) -> None:
+    def unstage(self, paths: list[str], *, check: bool = False) -> None:
+        """The index back to HEAD at `paths`. `check`: MemoryStoreError if git could not (another git holds
+        index.lock), for the recovery of a dead writer, which must not forget its journal before this is done."""
         if paths and self.git.has_head():
             from hutch.memory import _gitindex
 
-            # a dead writer's recovery: the index.lock it may have left would fail the reset (check=False)
+            # a dead writer's recovery: the index.lock it, or its git, may have left would fail the reset
             _gitindex.recover_lock(os.path.join(self.git.root, ".git"))
             data = _nul_list(paths)
-            self.git.run("reset", "-q", "--pathspec-from-file=-", "--pathspec-file-nul", input=data, check=False)
+            self.git.run("reset", "-q", "--pathspec-from-file=-", "--pathspec-file-nul", input=data, check=check)
 
 
 class BlobStream:

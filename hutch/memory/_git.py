@@ -37,6 +37,10 @@ _CONFIG = [
     # a moved ref is flushed before it is renamed into place (git's default flushes only packs)
     "-c", "core.fsync=reference",
 ]
+#: git commands that may take `.git/index.lock`: each runs under a _gitindex.ChildGuard, so that the lock it
+#: leaves if it is killed can be known for ours and removed (_gitindex.recover_lock)
+_INDEX_LOCKERS = frozenset({"update-index", "reset", "write-tree", "read-tree", "add", "rm", "mv", "checkout",
+                            "restore", "switch", "commit", "status", "stash", "merge", "apply", "clean"})
 _SEP_FIELD = "\x1f"
 _SEP_RECORD = "\x1e"
 
@@ -108,14 +112,25 @@ class Git:
         return self.start(*args, input=input, env=env).wait(check)
 
     def start(self, *args: str, input: bytes | None = None, env: dict | None = None) -> "Running":
-        """`git args...` started in the background (it is fed `input`); `.wait()` for its output."""
+        """`git args...` started in the background (it is fed `input`); `.wait()` for its output. A command that may
+        take index.lock runs recorded (_INDEX_LOCKERS)."""
+        guard = None
+        if _subcommand(args) in _INDEX_LOCKERS and (self.root / ".git").is_dir():
+            from hutch.memory._gitindex import ChildGuard
+
+            guard = ChildGuard(str(self.root / ".git"))
         try:
             p = subprocess.Popen(self.argv(*args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, env=self.env(env))
+                                 stderr=subprocess.PIPE, env=self.env(env), pass_fds=guard.fds if guard else ())
+            if guard is not None:
+                guard.started(p.pid)
         except FileNotFoundError as e:
             raise MemoryStoreError(
                 "git is not installed: install the Debian package 'git' (listed in scripts/debian-packages.txt)."
             ) from e
+        finally:
+            if guard is not None:
+                guard.close()
         return Running(self, args, p, input)
 
     def ok(self, *args: str) -> bool:
@@ -203,11 +218,26 @@ class Running:
             self._out, self._err = self.proc.communicate()
         if check and self.proc.returncode != 0:
             words = [a for i, a in enumerate(self.args) if a != "-c" and (i == 0 or self.args[i - 1] != "-c")]
+            rc, err = self.proc.returncode, self._err.decode(errors="replace").strip()
+            how = f"exit {rc}" if rc > 0 else f"killed by signal {-rc}"
             raise MemoryStoreError(
-                f"git {' '.join(words[:2])} failed in {self.git.root} (exit {self.proc.returncode}): "
-                f"{self._err.decode(errors='replace').strip()}. Check the store's git repository with "
-                f"'git -C {self.git.root} status'.")
+                f"git {' '.join(words[:2])} failed in {self.git.root} ({how})" + (f": {err}" if err else "")
+                + (". Nothing was committed; write again (the index.lock it left is removed by the next write)"
+                   if rc < 0 else "") + f". Check the store's git repository with 'git -C {self.git.root} status'.")
         return self._out.decode("utf-8", errors="surrogateescape")
+
+
+def _subcommand(args: tuple[str, ...]) -> str | None:
+    """The git command `args` run (the first word past the `-c key=value` pairs and other options)."""
+    i = 0
+    while i < len(args):
+        if args[i] == "-c":
+            i += 2
+        elif args[i].startswith("-"):
+            i += 1
+        else:
+            return args[i]
+    return None
 
 
 def parse_trailers(message: str) -> dict[str, list[str]]:

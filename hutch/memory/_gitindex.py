@@ -22,6 +22,15 @@ A writer killed while it holds index.lock (SIGKILL in the millisecond between ta
 the index) left the lock behind, and every later write failed with "File exists" until someone removed it by
 hand. The lock is now the file this module recorded under a flock of its own (`_replace_index`), so the next
 writer knows it for a dead writer's and removes it (`recover_lock`); the lock of any other git is left alone.
+
+A git child of the store's (update-index, reset, write-tree: `Git.start`) killed while it holds index.lock
+leaves it too. Each such child runs holding CHILD_FILE's flock, which it inherits and which the parent lets go
+of once the child is started, with its pid and start time recorded there before it can take the lock
+(`ChildGuard`). The next writer removes an index.lock only if all of these hold: the flock is free (no child of
+ours, and no process that inherited it, is alive), the recorded process is dead (its pid gone or reused), the
+lock was made after that child was started (its ctime is not older than the record), and no process on this
+host has the lock open (git keeps its lock open while it writes it). A user's `git` holding the lock has it open,
+and a lock that was there before our child started is older than the record: neither is ever removed.
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ _ENTRY = struct.Struct(">10I20sH")
 OWNER_FILE = "hutch-index-lock.owner"
 #: In .git: the new index before it is linked as index.lock
 TEMP_FILE = "hutch-index.new"  # ctime s/ns, mtime s/ns, dev, ino, mode, uid, gid, size, sha, flags
+#: In .git: the flock each git child that may take index.lock inherits, and the record of that child (ChildGuard)
+CHILD_FILE = "hutch-git-child"
 
 
 class _NotHere(Exception):
@@ -298,19 +309,137 @@ def _clear_stale(git_dir: str, owner: int) -> bool:
 
 
 def recover_lock(git_dir: str) -> bool:
-    """Remove the `.git/index.lock` a hutch writer left when it was killed while it held it (SIGKILL in the
-    millisecond between taking the lock and renaming it over the index: every later write failed with "File
-    exists"). Only that file, and only when no live process holds OWNER_FILE's flock: a lock another git holds
-    is left alone. True if there is no index.lock now."""
+    """Remove the `.git/index.lock` a hutch writer, or a git child of one, left when it was killed while it held
+    it (every later write failed with "File exists"). Only such a lock, and only when no live process of ours holds
+    it (module docstring): a lock another git holds is left alone. True if there is no index.lock now."""
     if not os.path.lexists(os.path.join(git_dir, "index.lock")):
+        _clear_dead_child(git_dir)   # (a record of a child that is gone: cleared, so no later lock is taken for it)
         return True
     owner = _owner(git_dir, wait=False)
     if owner is None:
         return False   # a live hutch writer holds it: its lock is its own
     try:
-        return _clear_stale(git_dir, owner)
+        if _clear_stale(git_dir, owner):
+            return True
     finally:
         os.close(owner)
+    return _clear_dead_child(git_dir)
+
+
+class ChildGuard:
+    """Around the start of a git child that may take index.lock (Git.start): CHILD_FILE flocked, the child
+    recorded, the flock handed to the child (`fds` go to Popen's pass_fds).
+
+    Before the child exists the record names this process ("<pid> <start>", the file's mtime saying when);
+    `started(pid)` names the child and that time ("<pid> <start> <mtime_ns>"); `close()` lets go of this process's
+    copy of the flock, so that it is held exactly as long as the child (and anything it started) lives. None of
+    this may fail a write: where CHILD_FILE cannot be had, the child runs unguarded (`fds` is empty)."""
+
+    def __init__(self, git_dir: str):
+        self.fd: int | None = None
+        self.since = 0
+        try:
+            fd = os.open(os.path.join(git_dir, CHILD_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:   # a child of ours still runs (its parent may be dead): its record stays; git will
+            os.close(fd)          # refuse this child the lock while that one holds it
+            return
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            _record(fd, f"{os.getpid()} {_start_time(os.getpid())}")
+            self.since = os.fstat(fd).st_mtime_ns
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        return () if self.fd is None else (self.fd,)
+
+    def started(self, pid: int) -> None:
+        if self.fd is not None:
+            _record(self.fd, f"{pid} {_start_time(pid)} {self.since}")
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _start_time(pid: int) -> str:
+    """The start time of process `pid` (field 22 of /proc/<pid>/stat, clock ticks since boot); '-' if it is gone
+    (or a zombie): no live process has that start time.
+    A pid reused by a later process has another start time."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return "-"
+    fields = raw[raw.rfind(b")") + 2:].split()   # the name, in parentheses, may hold spaces
+    if len(fields) < 20 or fields[0] == b"Z":    # a zombie has let go of its files and locks
+        return "-"
+    return fields[19].decode()
+
+
+def _open_anywhere(st: os.stat_result) -> bool:
+    """True if any process of this host that we may look at has the file `st` open (git holds its lock open
+    while it writes it)."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return True   # cannot tell: as if it were
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue   # gone, or not ours to look at
+        for fd in fds:
+            try:
+                o = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if (o.st_ino, o.st_dev) == (st.st_ino, st.st_dev):
+                return True
+    return False
+
+
+def _clear_dead_child(git_dir: str) -> bool:
+    """Remove `.git/index.lock` if a git child of ours that died left it (the rule in the module docstring); True
+    if there is no index.lock now. A record whose child is gone is cleared when there is no lock."""
+    lock = os.path.join(git_dir, "index.lock")
+    try:
+        fd = os.open(os.path.join(git_dir, CHILD_FILE), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return not os.path.lexists(lock)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return not os.path.lexists(lock)   # a child of ours lives: whatever lock there is may be its own
+        rec = os.pread(fd, 4096, 0).decode("ascii", "replace").split()
+        since = int(rec[2]) if len(rec) == 3 and rec[2].isdigit() else os.fstat(fd).st_mtime_ns
+        try:
+            st = os.lstat(lock)
+        except FileNotFoundError:
+            if rec:
+                _record(fd, "")
+            return True
+        if len(rec) < 2 or not rec[0].isdigit() or rec[1] != "-" and _start_time(int(rec[0])) == rec[1]:
+            return False   # no record, or the process it names still lives
+        if not stat.S_ISREG(st.st_mode) or st.st_ctime_ns < since or _open_anywhere(st):
+            return False   # there before our child started, or a live git's
+        os.unlink(lock)
+        _record(fd, "")
+        return True
+    finally:
+        os.close(fd)
 
 
     return True
