@@ -37,10 +37,11 @@ _CONFIG = [
     # a moved ref is flushed before it is renamed into place (git's default flushes only packs)
     "-c", "core.fsync=reference",
 ]
-#: git commands that may take `.git/index.lock`: each runs under a _gitindex.ChildGuard, so that the lock it
-#: leaves if it is killed can be known for ours and removed (_gitindex.recover_lock)
-_INDEX_LOCKERS = frozenset({"update-index", "reset", "write-tree", "read-tree", "add", "rm", "mv", "checkout",
-                            "restore", "switch", "commit", "status", "stash", "merge", "apply", "clean"})
+#: git commands that may take `.git/index.lock` or move a ref: each runs under a _gitindex.ChildGuard, so that
+#: the lock it leaves if it is killed can be known for ours and removed (_gitindex.recover_lock), and the
+#: recovery of a writer that died waits for those it left running (_gitindex.wait_for_dead_writers_children)
+_GUARDED = frozenset({"update-index", "reset", "write-tree", "read-tree", "add", "rm", "mv", "checkout",
+                      "restore", "switch", "commit", "status", "stash", "merge", "apply", "clean", "update-ref"})
 _SEP_FIELD = "\x1f"
 _SEP_RECORD = "\x1e"
 
@@ -113,9 +114,9 @@ class Git:
 
     def start(self, *args: str, input: bytes | None = None, env: dict | None = None) -> "Running":
         """`git args...` started in the background (it is fed `input`); `.wait()` for its output. A command that may
-        take index.lock runs recorded (_INDEX_LOCKERS)."""
+        take index.lock or move a ref runs recorded (_GUARDED)."""
         guard = None
-        if _subcommand(args) in _INDEX_LOCKERS and (self.root / ".git").is_dir():
+        if _subcommand(args) in _GUARDED and (self.root / ".git").is_dir():
             from hutch.memory._gitindex import ChildGuard
 
             guard = ChildGuard(str(self.root / ".git"))

@@ -24,13 +24,16 @@ hand. The lock is now the file this module recorded under a flock of its own (`_
 writer knows it for a dead writer's and removes it (`recover_lock`); the lock of any other git is left alone.
 
 A git child of the store's (update-index, reset, write-tree: `Git.start`) killed while it holds index.lock
-leaves it too. Each such child runs holding CHILD_FILE's flock, which it inherits and which the parent lets go
-of once the child is started, with its pid and start time recorded there before it can take the lock
-(`ChildGuard`). The next writer removes an index.lock only if all of these hold: the flock is free (no child of
-ours, and no process that inherited it, is alive), the recorded process is dead (its pid gone or reused), the
-lock was made after that child was started (its ctime is not older than the record), and no process on this
-host has the lock open (git keeps its lock open while it writes it). A user's `git` holding the lock has it open,
-and a lock that was there before our child started is older than the record: neither is ever removed.
+leaves it too. Each such child (and each update-ref) runs holding a shared flock of CHILD_FILE, which it inherits
+and which the parent lets go of once the child is started, with its pid and start time recorded there before it
+can take the lock (`ChildGuard`). The next writer removes an index.lock only if all of these hold: an exclusive
+flock of CHILD_FILE is free (no child of ours, and no process that inherited it, is alive), every recorded
+process is dead (its pid gone or reused), the lock was made after our children were started (its ctime is not
+older than the records), and no process on this host has the lock open (git keeps its lock open while it writes
+it). A user's `git` holding the lock has it open, and a lock that was there before our child started is older
+than the record: neither is ever removed. The same flock tells the recovery of a writer that died when the
+gits it left running are done (`wait_for_dead_writers_children`): an update-ref moving HEAD after the recovery
+looked at it would leave HEAD holding files the recovery had put back.
 """
 
 from __future__ import annotations
@@ -313,7 +316,6 @@ def recover_lock(git_dir: str) -> bool:
     it (every later write failed with "File exists"). Only such a lock, and only when no live process of ours holds
     it (module docstring): a lock another git holds is left alone. True if there is no index.lock now."""
     if not os.path.lexists(os.path.join(git_dir, "index.lock")):
-        _clear_dead_child(git_dir)   # (a record of a child that is gone: cleared, so no later lock is taken for it)
         return True
     owner = _owner(git_dir, wait=False)
     if owner is None:
@@ -327,33 +329,41 @@ def recover_lock(git_dir: str) -> bool:
 
 
 class ChildGuard:
-    """Around the start of a git child that may take index.lock (Git.start): CHILD_FILE flocked, the child
-    recorded, the flock handed to the child (`fds` go to Popen's pass_fds).
+    """Around the start of a git child that may take index.lock or move a ref (Git.start): CHILD_FILE flocked
+    shared, the child recorded, the flock handed to the child (`fds` go to Popen's pass_fds).
 
-    Before the child exists the record names this process ("<pid> <start>", the file's mtime saying when);
-    `started(pid)` names the child and that time ("<pid> <start> <mtime_ns>"); `close()` lets go of this process's
-    copy of the flock, so that it is held exactly as long as the child (and anything it started) lives. None of
-    this may fail a write: where CHILD_FILE cannot be had, the child runs unguarded (`fds` is empty)."""
+    Every such child holds a shared flock of its own open of CHILD_FILE, so several may run at once (update-ref
+    while update-index stages) and an exclusive flock is free exactly when none lives (`_dead_children`). Its
+    record is one line of the file (_LINE bytes: "<pid> <start time> <since>"), "0 - <since>" until the child
+    exists, `since` being the file's mtime then; the first guard taken while no child lives empties the file.
+    `close()` lets go of this process's copy of the flock, so that it is held exactly as long as the child (and
+    anything it started) lives. None of this may fail a write: where CHILD_FILE cannot be had, the child runs
+    unguarded (`fds` is empty)."""
 
     def __init__(self, git_dir: str):
         self.fd: int | None = None
         self.since = 0
+        self.at = 0
         try:
             fd = os.open(os.path.join(git_dir, CHILD_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o600)
         except OSError:
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:   # a child of ours still runs (its parent may be dead): its record stays; git will
-            os.close(fd)          # refuse this child the lock while that one holds it
-            return
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            _record(fd, f"{os.getpid()} {_start_time(os.getpid())}")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if not os.path.lexists(os.path.join(git_dir, "index.lock")):
+                    os.ftruncate(fd, 0)   # no child lives, and none left a lock: their records can go
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            except BlockingIOError:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)   # other children live: one more record
+            self.at = os.fstat(fd).st_size
+            os.pwrite(fd, _line("0 -"), self.at)
             self.since = os.fstat(fd).st_mtime_ns
+            os.pwrite(fd, _line(f"0 - {self.since}"), self.at)
+        except BlockingIOError:   # a recovery holds it exclusive: this child runs unguarded
+            os.close(fd)
+            return
         except BaseException:
             os.close(fd)
             raise
@@ -365,12 +375,70 @@ class ChildGuard:
 
     def started(self, pid: int) -> None:
         if self.fd is not None:
-            _record(self.fd, f"{pid} {_start_time(pid)} {self.since}")
+            os.pwrite(self.fd, _line(f"{pid} {_start_time(pid)} {self.since}"), self.at)
 
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+#: the length of one record line of CHILD_FILE
+_LINE = 64
+
+
+def _line(text: str) -> bytes:
+    return text.encode().ljust(_LINE - 1)[:_LINE - 1] + b"\n"
+
+
+def _records(fd: int) -> list[tuple[int, str, int]]:
+    """(pid, start time, since) of each record of CHILD_FILE (pid 0: a child not started, or not recorded)."""
+    out = []
+    for line in os.pread(fd, 1 << 20, 0).decode("ascii", "replace").splitlines():
+        f = line.split()
+        if len(f) == 3 and f[0].isdigit() and f[2].isdigit():
+            out.append((int(f[0]), f[1], int(f[2])))
+        elif line.strip():
+            out.append((0, "-", 0))   # half written: its child may have been started since 0
+    return out
+
+
+def _lives(pid: int, start: str) -> bool:
+    return pid > 0 and start != "-" and _start_time(pid) == start
+
+
+#: how long the recovery of a dead writer waits for the git commands it left running
+SETTLE_SECONDS = 10.0
+
+
+def wait_for_dead_writers_children(git_dir: str, timeout: float | None = None) -> None:
+    """Before the recovery of a writer that died: wait until no git it started still runs (an update-ref that
+    moves HEAD, or an update-index that stages, after the recovery looked would undo it halfway); at most
+    `timeout` s, then MemoryStoreError naming the process."""
+    import time
+
+    try:
+        fd = os.open(os.path.join(git_dir, CHILD_FILE), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        deadline = time.monotonic() + (SETTLE_SECONDS if timeout is None else timeout)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.01)
+        alive = [pid for pid, start, _ in _records(fd) if _lives(pid, start)]
+        who = f"pid {', '.join(map(str, alive))}" if alive else "its pid is not recorded"
+        raise MemoryStoreError(
+            f"A git process started by a writer of this store that died still runs ({who}; it may hold "
+            f"{os.path.join(git_dir, 'index.lock')}): the dead writer's changes cannot be undone while it runs. "
+            "Write again once it has ended, or end it (kill PID).")
+    finally:
+        os.close(fd)
 
 
 def _start_time(pid: int) -> str:
@@ -412,7 +480,7 @@ def _open_anywhere(st: os.stat_result) -> bool:
 
 def _clear_dead_child(git_dir: str) -> bool:
     """Remove `.git/index.lock` if a git child of ours that died left it (the rule in the module docstring); True
-    if there is no index.lock now. A record whose child is gone is cleared when there is no lock."""
+    if there is no index.lock now."""
     lock = os.path.join(git_dir, "index.lock")
     try:
         fd = os.open(os.path.join(git_dir, CHILD_FILE), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -423,26 +491,21 @@ def _clear_dead_child(git_dir: str) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return not os.path.lexists(lock)   # a child of ours lives: whatever lock there is may be its own
-        rec = os.pread(fd, 4096, 0).decode("ascii", "replace").split()
-        since = int(rec[2]) if len(rec) == 3 and rec[2].isdigit() else os.fstat(fd).st_mtime_ns
         try:
             st = os.lstat(lock)
         except FileNotFoundError:
-            if rec:
-                _record(fd, "")
             return True
-        if len(rec) < 2 or not rec[0].isdigit() or rec[1] != "-" and _start_time(int(rec[0])) == rec[1]:
-            return False   # no record, or the process it names still lives
+        recs = _records(fd)
+        if not recs or any(_lives(pid, start) for pid, start, _ in recs):
+            return False   # no child of ours was recorded, or one still lives
+        since = min(s_ for _, _, s_ in recs)
         if not stat.S_ISREG(st.st_mode) or st.st_ctime_ns < since or _open_anywhere(st):
-            return False   # there before our child started, or a live git's
+            return False   # there before our children started, or a live git's
         os.unlink(lock)
-        _record(fd, "")
+        os.ftruncate(fd, 0)
         return True
     finally:
         os.close(fd)
-
-
-    return True
 
 
 def git_mode(st: os.stat_result) -> int:

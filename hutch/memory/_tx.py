@@ -476,11 +476,15 @@ class Transaction:
 
 
 def recover(root: Path, root_fd: int, hutch_fd: int, head: Callable[[], str | None],
-            unstage: Callable[[list[str]], None]) -> bool:
-    """Undo the transaction of a writer that died holding the lock (see _journal); True if there was one."""
+            unstage: Callable[[list[str]], None], settle: Callable[[], None] | None = None) -> bool:
+    """Undo the transaction of a writer that died holding the lock (see _journal); True if there was one.
+    `settle()` first waits for the git commands the dead writer left running (one moving HEAD after this looked
+    would undo the undo)."""
     undo = _journal.load(hutch_fd)
     if undo is None:
         return False
+    if settle is not None:
+        settle()
     if undo.committing is None or head() == (undo.committing or None):   # its commit never landed
         tx = Transaction(root, root_fd=root_fd)
         try:

@@ -53,7 +53,10 @@ class Writer:
     def _recover(self, root_fd: int, hutch_fd: int) -> None:
         """Run with the lock just taken: undo the transaction of a writer that died holding it."""
         # (the journal stays until its paths are unstaged: a git holding index.lock fails this write, not the index)
-        recover(self.root, root_fd, hutch_fd, self.git.head, lambda paths: self.commits.unstage(paths, check=True))
+        from hutch.memory._gitindex import wait_for_dead_writers_children
+
+        recover(self.root, root_fd, hutch_fd, self.git.head, lambda paths: self.commits.unstage(paths, check=True),
+                lambda: wait_for_dead_writers_children(str(self.root / ".git")))
 
     # ------------------------------------------------------------ the repository
 

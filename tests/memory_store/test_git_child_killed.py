@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -20,7 +21,7 @@ from hutch.memory import _gitindex
 
 _WRAPPER = """#!/bin/sh
 for a in "$@"; do
-  if [ "$a" = update-index ]; then
+  if [ "$a" = "$WRAP_CMD" ]; then
     echo $$ >> "$WRAP_PIDS"
     exec "$WRAP_GIT" "$@" < "$WRAP_FIFO"
   fi
@@ -56,7 +57,7 @@ def _wait_for(cond, what):
 class _Held:
     """A writer process whose update-index is a real git holding index.lock, waiting on the FIFO."""
 
-    def __init__(self, store_dir, tmp):
+    def __init__(self, store_dir, tmp, cmd="update-index"):
         wrap = tmp / "bin"
         wrap.mkdir()
         (wrap / "git").write_text(_WRAPPER)
@@ -64,7 +65,7 @@ class _Held:
         self.fifo, self.pids = tmp / "fifo", tmp / "pids"
         os.mkfifo(self.fifo)
         env = dict(os.environ, PATH=f"{wrap}:{os.environ['PATH']}", WRAP_GIT=shutil.which("git"),
-                   WRAP_FIFO=str(self.fifo), WRAP_PIDS=str(self.pids))
+                   WRAP_FIFO=str(self.fifo), WRAP_PIDS=str(self.pids), WRAP_CMD=cmd)
         self.writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(store_dir)], env=env,
                                        stdout=subprocess.PIPE, text=True)
         self.lock = store_dir / ".git" / "index.lock"
@@ -72,14 +73,19 @@ class _Held:
         self.git_pid = None
         try:
             _wait_for(lambda: self.pids.exists() and self.pids.read_text().strip() or self.writer.poll() is not None,
-                      "the writer never ran update-index")
+                      f"the writer never ran {cmd}")
             assert self.writer.poll() is None
             self.git_pid = int(self.pids.read_text().split()[0])
-            self.w = open(self.fifo, "wb")   # the wrapper's open of the FIFO returns: the real git starts
-            _wait_for(lambda: self.lock.exists(), "git never took index.lock")
+            if cmd == "update-index":
+                self.release()
+                _wait_for(lambda: self.lock.exists(), "git never took index.lock")
         except BaseException:
             self.close()
             raise
+
+    def release(self):
+        """The wrapper's open of the FIFO returns: the real git starts (and finds its stdin open, empty)."""
+        self.w = open(self.fifo, "wb")
 
     def git_alive(self):
         try:
@@ -143,13 +149,14 @@ def test_a_git_child_killed_holding_index_lock_does_not_block_the_next_write(mem
     _after_recovery_all_is_clean(mem, store_dir, head)
 
 
-def test_our_child_alive_after_its_writer_died_keeps_its_lock_until_it_dies(mem, store_dir, held):
+def test_our_child_alive_after_its_writer_died_keeps_its_lock_until_it_dies(mem, store_dir, held, monkeypatch):
     head = git(store_dir, "rev-parse", "HEAD")
     held.writer.kill()   # the writer dies, its git (holding the lock) lives on
     held.writer.wait(60)
     assert held.git_alive() and held.lock.exists()
-    with pytest.raises(hutch.MemoryStoreError, match="index.lock"):
-        mem.put("notes", "Blocked")
+    monkeypatch.setattr(_gitindex, "SETTLE_SECONDS", 0.5)
+    with pytest.raises(hutch.MemoryStoreError, match=f"still runs \\(pid {held.git_pid};"):
+        mem.put("notes", "Blocked")   # the dead writer's recovery waits for its git, then gives up naming it
     assert held.lock.exists() and held.git_alive()
     held.kill_git()
     _after_recovery_all_is_clean(mem, store_dir, head, writer_died=True)
@@ -177,3 +184,29 @@ def test_a_users_git_holding_the_lock_after_our_child_died_is_never_removed(mem,
         g.stdin.close()
         assert g.wait(60) == 0
     _after_recovery_all_is_clean(mem, store_dir, head, writer_died=True)
+
+
+def test_the_recovery_of_a_dead_writer_waits_for_the_update_ref_it_left_running(mem, store_dir, tmp_path):
+    """The writer dies while its update-ref (moving HEAD to its commit) has not run yet: the next writer's
+    recovery must not undo the files and then see HEAD move under it (git status: ' D', HEAD holding a file the
+    work tree lost); it waits for that git, then finds the commit landed."""
+    mem.put("notes", "Before", body="a first write")
+    head = git(store_dir, "rev-parse", "HEAD")
+    held = _Held(store_dir, tmp_path, cmd="update-ref")
+    try:
+        held.writer.kill()   # the writer dies; its update-ref waits on the FIFO
+        held.writer.wait(60)
+        assert held.git_alive()
+        done = []
+        t = threading.Thread(target=lambda: done.append(mem.put("notes", "After", body="the next writer")))
+        t.start()
+        t.join(2)   # (not a timing assert: before the fix the put was done by now, and HEAD moved after it)
+        held.release()   # the orphaned update-ref runs: HEAD moves to the dead writer's commit
+        t.join(120)
+        assert done and not t.is_alive()
+    finally:
+        held.close()
+    assert git(store_dir, "status", "--porcelain", "--untracked-files=all") == ""
+    assert staged_is_head(store_dir) and git(store_dir, "fsck", "--strict", "--no-dangling") == ""
+    assert mem.get("notes/killed").body.strip() == "its git dies holding index.lock"   # it landed: kept
+    assert git(store_dir, "rev-parse", "HEAD~2") == head and mem.check().errors == []
