@@ -115,7 +115,7 @@ class Git:
     def start(self, *args: str, input: bytes | None = None, env: dict | None = None) -> "Running":
         """`git args...` started in the background (it is fed `input`); `.wait()` for its output. A command that may
         take index.lock or move a ref runs recorded (_GUARDED)."""
-        guard = None
+        guard = token = None
         if _subcommand(args) in _GUARDED and (self.root / ".git").is_dir():
             from hutch.memory._gitindex import ChildGuard
 
@@ -125,6 +125,7 @@ class Git:
                                  stderr=subprocess.PIPE, env=self.env(env), pass_fds=guard.fds if guard else ())
             if guard is not None:
                 guard.started(p.pid)
+                token = guard.token()
         except FileNotFoundError as e:
             raise MemoryStoreError(
                 "git is not installed: install the Debian package 'git' (listed in scripts/debian-packages.txt)."
@@ -132,7 +133,7 @@ class Git:
         finally:
             if guard is not None:
                 guard.close()
-        return Running(self, args, p, input)
+        return Running(self, args, p, input, token)
 
     def ok(self, *args: str) -> bool:
         return subprocess.run(self.argv(*args), capture_output=True, env=self.env()).returncode == 0
@@ -190,8 +191,10 @@ class Git:
 class Running:
     """A git command running in the background (Git.start)."""
 
-    def __init__(self, git: Git, args: tuple[str, ...], proc: subprocess.Popen, input: bytes | None):
+    def __init__(self, git: Git, args: tuple[str, ...], proc: subprocess.Popen, input: bytes | None,
+                 guarded: tuple | None = None):
         self.git, self.args, self.proc = git, args, proc
+        self._guarded = guarded   # its record in .git/hutch-git-child (_gitindex.ChildGuard), told how it ended
         self._thread = None
         self._out = self._err = b""
         if input and len(input) > 1 << 15:   # more than a pipe holds: fed by a thread, so nobody blocks
@@ -217,6 +220,11 @@ class Running:
             self._thread.join()
         else:
             self._out, self._err = self.proc.communicate()
+        if self._guarded is not None:
+            from hutch.memory._gitindex import child_ended
+
+            child_ended(self._guarded, self.proc.returncode)
+            self._guarded = None
         if check and self.proc.returncode != 0:
             words = [a for i, a in enumerate(self.args) if a != "-c" and (i == 0 or self.args[i - 1] != "-c")]
             rc, err = self.proc.returncode, self._err.decode(errors="replace").strip()

@@ -333,17 +333,20 @@ class ChildGuard:
     shared, the child recorded, the flock handed to the child (`fds` go to Popen's pass_fds).
 
     Every such child holds a shared flock of its own open of CHILD_FILE, so several may run at once (update-ref
-    while update-index stages) and an exclusive flock is free exactly when none lives (`_dead_children`). Its
-    record is one line of the file (_LINE bytes: "<pid> <start time> <since>"), "0 - <since>" until the child
-    exists, `since` being the file's mtime then; the first guard taken while no child lives empties the file.
-    `close()` lets go of this process's copy of the flock, so that it is held exactly as long as the child (and
-    anything it started) lives. None of this may fail a write: where CHILD_FILE cannot be had, the child runs
-    unguarded (`fds` is empty)."""
+    while update-index stages) and an exclusive flock is free exactly when none lives. Its record is one line of
+    the file (_LINE bytes): "<pid> <start time> <since> <until>", `since` the file's mtime before the child was
+    started ("0 - <since> ?" until it is), `until` '?' while it runs (and for good if its writer dies), '0' once it
+    exited (its lock, if any, it removed itself), or when it was found killed by a signal (`child_ended`); the
+    first guard taken while no child lives and no index.lock is there empties the file. `close()` lets go of this
+    process's copy of the flock, so that it is held exactly as long as the child (and anything it started) lives.
+    None of this may fail a write: where CHILD_FILE cannot be had, the child runs unguarded (`fds` is empty)."""
 
     def __init__(self, git_dir: str):
         self.fd: int | None = None
+        self.git_dir = git_dir
         self.since = 0
         self.at = 0
+        self.pid = 0
         try:
             fd = os.open(os.path.join(git_dir, CHILD_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o600)
@@ -360,7 +363,7 @@ class ChildGuard:
             self.at = os.fstat(fd).st_size
             os.pwrite(fd, _line("0 -"), self.at)
             self.since = os.fstat(fd).st_mtime_ns
-            os.pwrite(fd, _line(f"0 - {self.since}"), self.at)
+            os.pwrite(fd, _line(f"0 - {self.since} ?"), self.at)
         except BlockingIOError:   # a recovery holds it exclusive: this child runs unguarded
             os.close(fd)
             return
@@ -375,7 +378,12 @@ class ChildGuard:
 
     def started(self, pid: int) -> None:
         if self.fd is not None:
-            os.pwrite(self.fd, _line(f"{pid} {_start_time(pid)} {self.since}"), self.at)
+            self.pid = pid
+            os.pwrite(self.fd, _line(f"{pid} {_start_time(pid)} {self.since} ?"), self.at)
+
+    def token(self) -> tuple[str, int, int] | None:
+        """What `child_ended` needs to find this child's record again; None if it runs unguarded."""
+        return (self.git_dir, self.at, self.pid) if self.pid else None
 
     def close(self) -> None:
         if self.fd is not None:
@@ -383,28 +391,64 @@ class ChildGuard:
             self.fd = None
 
 
+def child_ended(token: tuple[str, int, int], returncode: int) -> None:
+    """Tell the record of a guarded child how it ended: exited ('0': whatever lock it took, it removed), or
+    killed by a signal (the time now: a lock it left is older)."""
+    import time
+
+    git_dir, at, pid = token
+    try:
+        fd = os.open(os.path.join(git_dir, CHILD_FILE), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        f = os.pread(fd, _LINE, at).decode("ascii", "replace").split()
+        if len(f) == 4 and f[0] == str(pid) and f[3] == "?":   # (the records may have been emptied meanwhile)
+            until = "0" if returncode >= 0 else str(time.time_ns())
+            os.pwrite(fd, _line(f"{f[0]} {f[1]} {f[2]} {until}"), at)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 #: the length of one record line of CHILD_FILE
-_LINE = 64
+_LINE = 80
+#: a child whose end nobody saw (its writer died too): the lock it may have left is at most this much younger than
+#: the child (git takes it at once: update-index before it reads its paths)
+_UNSEEN_END_NS = 10 * 10**9
 
 
 def _line(text: str) -> bytes:
     return text.encode().ljust(_LINE - 1)[:_LINE - 1] + b"\n"
 
 
-def _records(fd: int) -> list[tuple[int, str, int]]:
-    """(pid, start time, since) of each record of CHILD_FILE (pid 0: a child not started, or not recorded)."""
-    out = []
+def _records(fd: int) -> list[tuple[int, str, int, int | None]]:
+    """(pid, start time, since, until: None if unknown, 0 if it exited) of each record of CHILD_FILE (pid 0: a
+    child not started yet, or its line half written)."""
+    out: list[tuple[int, str, int, int | None]] = []
     for line in os.pread(fd, 1 << 20, 0).decode("ascii", "replace").splitlines():
         f = line.split()
-        if len(f) == 3 and f[0].isdigit() and f[2].isdigit():
-            out.append((int(f[0]), f[1], int(f[2])))
+        if len(f) == 4 and f[0].isdigit() and f[2].isdigit() and (f[3] == "?" or f[3].isdigit()):
+            out.append((int(f[0]), f[1], int(f[2]), None if f[3] == "?" else int(f[3])))
         elif line.strip():
-            out.append((0, "-", 0))   # half written: its child may have been started since 0
+            out.append((0, "-", 0, None))   # half written: unknown
     return out
 
 
 def _lives(pid: int, start: str) -> bool:
     return pid > 0 and start != "-" and _start_time(pid) == start
+
+
+def _left_by(recs: list[tuple[int, str, int, int | None]], ctime: int) -> bool:
+    """True if a lock made at `ctime` falls in the life of a recorded child that did not exit (killed, or its end
+    unseen): made after it started, before it was found dead (or soon after it started, if nobody saw it end)."""
+    for _pid, _start, since, until in recs:
+        if until == 0 or since == 0:
+            continue
+        if since <= ctime <= (until if until is not None else since + _UNSEEN_END_NS):
+            return True
+    return False
 
 
 #: how long the recovery of a dead writer waits for the git commands it left running
@@ -431,7 +475,7 @@ def wait_for_dead_writers_children(git_dir: str, timeout: float | None = None) -
                 if time.monotonic() >= deadline:
                     break
                 time.sleep(0.01)
-        alive = [pid for pid, start, _ in _records(fd) if _lives(pid, start)]
+        alive = [pid for pid, start, _, _ in _records(fd) if _lives(pid, start)]
         who = f"pid {', '.join(map(str, alive))}" if alive else "its pid is not recorded"
         raise MemoryStoreError(
             f"A git process started by a writer of this store that died still runs ({who}; it may hold "
@@ -496,11 +540,10 @@ def _clear_dead_child(git_dir: str) -> bool:
         except FileNotFoundError:
             return True
         recs = _records(fd)
-        if not recs or any(_lives(pid, start) for pid, start, _ in recs):
-            return False   # no child of ours was recorded, or one still lives
-        since = min(s_ for _, _, s_ in recs)
-        if not stat.S_ISREG(st.st_mode) or st.st_ctime_ns < since or _open_anywhere(st):
-            return False   # there before our children started, or a live git's
+        if any(_lives(pid, start) for pid, start, _, _ in recs):
+            return False   # one still lives (the flock says none does: a pid check besides)
+        if not stat.S_ISREG(st.st_mode) or not _left_by(recs, st.st_ctime_ns) or _open_anywhere(st):
+            return False   # not made while a child of ours that died ran, or a live git's
         os.unlink(lock)
         os.ftruncate(fd, 0)
         return True

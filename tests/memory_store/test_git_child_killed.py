@@ -115,7 +115,9 @@ class _Held:
 @pytest.fixture
 def held(mem, store_dir, tmp_path):
     mem.put("notes", "Before", body="a first write")
+    head = git(store_dir, "rev-parse", "HEAD")   # (before the writer starts: it may move HEAD at once)
     h = _Held(store_dir, tmp_path)
+    h.head = head
     try:
         yield h
     finally:
@@ -133,12 +135,13 @@ def _after_recovery_all_is_clean(mem, store_dir, head, writer_died=False):
     if not writer_died:   # it raised: it committed nothing
         assert not in_head and git(store_dir, "rev-parse", "HEAD~1") == head
     else:   # its writer died too: HEAD had moved (the commit landed) or the next writer rolled it back
-        assert git(store_dir, "rev-parse", "HEAD~2" if in_head else "HEAD~1") == head
+        log = git(store_dir, "log", "--format=%H %s", "--name-status")
+        assert git(store_dir, "rev-parse", "HEAD~2" if in_head else "HEAD~1") == head, log
     assert mem.check().errors == []
 
 
 def test_a_git_child_killed_holding_index_lock_does_not_block_the_next_write(mem, store_dir, held):
-    head = git(store_dir, "rev-parse", "HEAD")
+    head = held.head
     assert _gitindex.recover_lock(str(store_dir / ".git")) is False and held.lock.exists()   # it lives: left alone
     held.kill_git()
     out = held.writer.communicate(timeout=120)[0]
@@ -150,7 +153,7 @@ def test_a_git_child_killed_holding_index_lock_does_not_block_the_next_write(mem
 
 
 def test_our_child_alive_after_its_writer_died_keeps_its_lock_until_it_dies(mem, store_dir, held, monkeypatch):
-    head = git(store_dir, "rev-parse", "HEAD")
+    head = held.head
     held.writer.kill()   # the writer dies, its git (holding the lock) lives on
     held.writer.wait(60)
     assert held.git_alive() and held.lock.exists()
@@ -165,7 +168,7 @@ def test_our_child_alive_after_its_writer_died_keeps_its_lock_until_it_dies(mem,
 def test_a_users_git_holding_the_lock_after_our_child_died_is_never_removed(mem, store_dir, held):
     """The record of our killed child is still there, and is older than the lock, but the lock is a live git's
     (it has it open): left alone."""
-    head = git(store_dir, "rev-parse", "HEAD")
+    head = held.head
     held.writer.kill()   # writer and git both die: nothing of ours cleared the record or the lock
     held.writer.wait(60)
     held.kill_git()
