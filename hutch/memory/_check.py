@@ -79,6 +79,13 @@ def check(mem: "Memory") -> CheckReport:
                 continue
             if not e.name.endswith(".md"):
                 continue  # attachments and other files are allowed
+            if not fmt.is_slug(e.name[:-3]):
+                shown = rel.encode("unicode_escape", "backslashreplace").decode("ascii")
+                add("error", "bad-entity-name", shown, "is not a valid entity file name (a control character such "
+                    "as a newline, a leading space, or more than 120 characters): hutch reads no entity from it "
+                    "(ls and search leave it out).",
+                    f"rename it to a valid slug, e.g. mv {_quoted(e.path, root)} {cls}/{fmt.slugify(e.name[:-3])}.md")
+                continue
             if e.is_symlink():
                 add("error", "symlink-entity", rel, "is a symbolic link, not an entity file.",
                     f"replace it with a regular file or remove it: rm {rel}")
@@ -202,6 +209,17 @@ def dangling_message(tid: str) -> str:
 
 def dangling_fix(src: str, relation: str, tid: str, lrel: str) -> str:
     return f"remove it (hutch mem unlink {src} {relation} {tid}, or rm {lrel}) or create {tid}"
+
+
+def _quoted(path: str, root) -> str:
+    """`path` relative to the store, quoted for a POSIX shell ($'...' with escapes when it holds control
+    characters, so that the fix line stays one line and can be pasted)."""
+    import shlex
+
+    rel = os.path.relpath(path, root)
+    if rel.isprintable():
+        return shlex.quote(rel)
+    return "$'" + rel.encode("unicode_escape", "backslashreplace").decode("ascii").replace("'", "\\'") + "'"
 
 
 def _kind(path: str) -> str:

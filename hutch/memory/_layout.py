@@ -94,7 +94,8 @@ class Layout:
         return sorted(out)
 
     def ids(self, cls: str | None = None) -> list[str]:
-        """Sorted ids of every entity file (of one class if `cls` is given); links and dot names are not."""
+        """Sorted ids of every entity file (of one class if `cls` is given); links, dot names and names that are
+        no slug (a newline in one, say: check() names them) are not."""
         out = []
         for c in [fmt.check_class(cls)] if cls else self.classes():
             d = self.root / c
@@ -102,7 +103,7 @@ class Layout:
                 continue
             with os.scandir(d) as it:
                 for e in it:
-                    if e.name.endswith(".md") and not e.name.startswith(".") and e.is_file(follow_symlinks=False):
+                    if e.name.endswith(".md") and fmt.is_slug(e.name[:-3]) and e.is_file(follow_symlinks=False):
                         out.append(f"{c}/{e.name[:-3]}")
         return sorted(out)
 

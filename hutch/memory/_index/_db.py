@@ -324,7 +324,9 @@ class IndexDB:
         except FileNotFoundError:
             raise SearchIndexError(f"The store {self.root} is gone: recreate it or point Memory at another path.")
         for d in top:
-            if d.name.startswith(".") or not _utf8(d.name) or not d.is_dir(follow_symlinks=False):
+            # a class is a valid class name, an entity file a valid slug (check() names the others): no hit whose
+            # entity cannot be read
+            if not _format.is_name(d.name) or not d.is_dir(follow_symlinks=False):
                 continue
             if only is not None and d.name not in only:
                 continue
@@ -335,7 +337,7 @@ class IndexDB:
                     if name.startswith(".") or not _utf8(name):
                         continue
                     if name.endswith(".md"):
-                        if e.is_file(follow_symlinks=False):
+                        if _format.is_slug(name[:-3]) and e.is_file(follow_symlinks=False):
                             st = e.stat(follow_symlinks=False)
                             # plain str paths: 100,000 Path objects cost 1.5 s here
                             files[f"{cls}/{name[:-3]}"] = (e.path, st.st_mtime_ns, st.st_size)
@@ -428,7 +430,7 @@ class IndexDB:
                     fchg |= set(files) | set(inside)
                     lchg |= set(linkdirs) | set(inside)
                 for eid in fchg - set(files):
-                    if not _utf8(eid):
+                    if not _utf8(eid) or not _valid_id(eid):
                         continue
                     p = self.root / f"{eid}.md"
                     try:
@@ -691,6 +693,12 @@ def _upgrade(db: sqlite3.Connection, old: str) -> None:
                "(select distinct eid from units where anchor is not null and speaker is not null)")
     db.execute("update meta set value=? where key='schema'", (SCHEMA_VERSION,))
     db.execute("update meta set value = cast(value as integer) + 1 where key='generation'")
+
+
+def _valid_id(entity_id: str) -> bool:
+    """True for '<a valid class>/<a valid slug>' (what scan() indexes)."""
+    cls, _, slug = entity_id.partition("/")
+    return _format.is_name(cls) and _format.is_slug(slug)
 
 
 def _utf8(name: str) -> bool:

@@ -1,0 +1,78 @@
+"""Files a new user's editor or shell makes (issue 16): a byte order mark, CRLF line ends, front matter of
+megabytes, a name with a newline in it, a class directory whose name is no class. Each is read, or is named by
+check() and doctor() with a fix that works, and never a search hit whose entity cannot be read. Real store,
+real SQLite, the real CLI (click's runner)."""
+
+import os
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+
+import hutch
+
+from hutch.cli import cli
+from hutch.memory import _format
+
+
+def run(store, *args):
+    return CliRunner().invoke(cli, ["mem", "--store", str(store), *args], catch_exceptions=False)
+
+
+def test_a_byte_order_mark_and_crlf_are_read_and_kept(mem, store_dir):
+    mem.put("notes", "Plain", body="plain quokka")
+    (store_dir / "notes" / "bom.md").write_bytes(b"\xef\xbb\xbf---\ntitle: Bom\n---\nbom quokka\n")
+    (store_dir / "notes" / "crlf.md").write_bytes(b"---\r\ntitle: Crlf\r\n---\r\ncrlf quokka\r\n")
+    assert mem.get("notes/bom").title == "Bom" and mem.get("notes/crlf").title == "Crlf"
+    hits = {h.entity_id: h for h in mem.search("quokka", k=10)}
+    assert set(hits) == {"notes/plain", "notes/bom", "notes/crlf"} and hits["notes/bom"].title == "Bom"
+    assert not mem.check().errors and mem.doctor().ok
+    mem.update("notes/bom", title="Bom two")   # the mark and the line ends stay as the editor wrote them
+    mem.update("notes/crlf", title="Crlf two")
+    assert (store_dir / "notes" / "bom.md").read_bytes().startswith(b"\xef\xbb\xbf---\ntitle: Bom two\n")
+    assert b"title: Crlf two\r\n" in (store_dir / "notes" / "crlf.md").read_bytes()
+
+
+def test_front_matter_of_megabytes_is_one_clear_error_for_every_reader(mem, store_dir):
+    mem.put("notes", "Plain", body="plain quokka")
+    huge = "---\ntitle: Huge\n" + "".join(f"k{i}: value {i}\n" for i in range(300_000)) + "---\nhuge quokka\n"
+    (store_dir / "notes" / "huge.md").write_text(huge)   # ~5 MB: the closing line is past what search reads
+    (store_dir / "notes" / "open.md").write_text("---\ntitle: Never closed\nopen quokka\n")
+    r = run(store_dir, "show", "notes/huge")
+    assert r.exit_code == 1 and "front matter longer than 256 KiB" in r.output   # show read it all, and agrees
+    assert "Traceback" not in r.output
+    issues = {i.path: i for i in mem.check().errors}
+    assert "front matter longer than 256 KiB" in issues["notes/huge.md"].message   # was: 'has no front matter'
+    assert "never ends: no closing '---' line" in issues["notes/open.md"].message
+    with pytest.warns(hutch.MalformedEntityWarning, match="longer than 256 KiB"):
+        assert {h.entity_id for h in mem.search("quokka")} == {"notes/plain"}
+    report = mem.doctor()
+    assert [p.split(":", 1)[0] for p in report.problems] == ["notes/huge.md", "notes/open.md"]
+    assert "longer than 256 KiB" in report.problems[0] and "never ends" in report.problems[1]
+    # as the message says: the long values go into the body
+    (store_dir / "notes" / "huge.md").write_text(huge.replace("---\nhuge", "\nhuge").replace(
+        "title: Huge\n", "title: Huge\n---\n", 1))
+    assert mem.get("notes/huge").title == "Huge" and len(mem.get("notes/huge").meta) == 1
+    assert _format.MAX_FRONT_MATTER * 4 <= 1 << 20   # any front matter allowed closes within the MiB search reads
+
+
+def test_a_name_that_is_no_slug_is_no_entity_and_check_says_how_to_rename_it(mem, store_dir):
+    mem.put("notes", "Plain", body="plain quokka")
+    for name in ("new\nline.md", " leading.md", "tab\there.md"):
+        (store_dir / "notes" / name).write_text("---\ntitle: Odd\n---\nodd quokka\n")
+    os.mkdir(store_dir / "My Notes")
+    (store_dir / "My Notes" / "x.md").write_text("---\ntitle: X\n---\nclassless quokka\n")
+    hits = mem.search("quokka", k=10)
+    assert [h.entity_id for h in hits] == ["notes/plain"] and all(h.text for h in hits)   # a hit raised before
+    assert mem.ls() == ["notes/plain"]
+    issues = [i for i in mem.check().errors if i.code == "bad-entity-name"]
+    assert sorted(i.path for i in issues) == ["notes/ leading.md", "notes/new\\nline.md", "notes/tab\\there.md"]
+    for i in issues:
+        assert "\n" not in str(i) and "\t" not in str(i)   # one line each, whatever the name holds
+    fix = next(i.fix for i in issues if "new" in i.path)
+    assert fix == "rename it to a valid slug, e.g. mv $'notes/new\\nline.md' notes/new-line.md"
+    r = run(store_dir, "check")
+    assert r.exit_code == 3 and "bad-class-name" not in r.output and "My Notes/: is not a valid class name" in r.output
+    # the fix, pasted into a shell, works
+    subprocess.run(["bash", "-c", fix.split("e.g. ", 1)[1]], cwd=store_dir, check=True)
+    assert "notes/new-line" in mem.ls() and "notes/new-line" in {h.entity_id for h in mem.search("odd quokka")}
