@@ -76,3 +76,28 @@ def test_a_name_that_is_no_slug_is_no_entity_and_check_says_how_to_rename_it(mem
     # the fix, pasted into a shell, works
     subprocess.run(["bash", "-c", fix.split("e.g. ", 1)[1]], cwd=store_dir, check=True)
     assert "notes/new-line" in mem.ls() and "notes/new-line" in {h.entity_id for h in mem.search("odd quokka")}
+
+
+def test_an_index_made_under_the_old_front_matter_rule_reads_such_files_again(mem, store_dir):
+    """An index that a hutch without the byte order mark rule made holds the BOM file as malformed, and the file
+    does not change: the index of this version reads it again (it stayed left out of search until touched)."""
+    import sqlite3
+
+    mem.put("notes", "Plain", body="plain quokka")
+    (store_dir / "notes" / "bom.md").write_bytes(b"\xef\xbb\xbf---\ntitle: Bom\n---\nbom quokka\n")
+    assert mem.reindex().ok
+    path = mem.doctor().path
+    mem.index.close()
+    db = sqlite3.connect(path)
+    try:   # what the old rule left: the file's row says malformed, the meta says nothing of the parser
+        db.execute("update files set error='has no front matter' where entity_id='notes/bom'")
+        db.execute("delete from meta where key='parser'")
+        db.commit()
+    finally:
+        db.close()
+    again = hutch.Memory(store_dir)
+    try:
+        assert {h.entity_id for h in again.search("quokka")} == {"notes/plain", "notes/bom"}
+        assert again.doctor().ok and again.doctor().unreadable == ()
+    finally:
+        again.index.close()

@@ -154,6 +154,7 @@ class IndexDB:
                 _upgrade(db, ver[0])
             elif ver[0] != SCHEMA_VERSION:
                 raise sqlite3.DatabaseError(f"schema version {ver[0]} is not {SCHEMA_VERSION}")
+            _reparse(db)
             db.execute("commit")
         except BaseException:
             db.execute("rollback")
@@ -692,6 +693,24 @@ def _upgrade(db: sqlite3.Connection, old: str) -> None:
     db.execute("update files set mtime_ns=-1, hash='' where eid in "
                "(select distinct eid from units where anchor is not null and speaker is not null)")
     db.execute("update meta set value=? where key='schema'", (SCHEMA_VERSION,))
+    db.execute("update meta set value = cast(value as integer) + 1 where key='generation'")
+
+
+#: How front matter is read (_format.parse): 2 reads a leading byte order mark and caps front matter at
+#: MAX_FRONT_MATTER. An index made under another rule reads again the files it may now read otherwise.
+PARSER_VERSION = "2"
+
+
+def _reparse(db: sqlite3.Connection) -> None:
+    """If the index was made under another PARSER_VERSION: mark changed the files whose front matter it could
+    not read and those large enough to hold more front matter than the cap, so the next pass reads them anew
+    (a BOM file stayed 'malformed' until it was touched). Inside the caller's write transaction."""
+    row = db.execute("select value from meta where key='parser'").fetchone()
+    if row is not None and row[0] == PARSER_VERSION:
+        return
+    db.execute("update files set mtime_ns=-1, hash='' where error is not null or size > ?",
+               (_format.MAX_FRONT_MATTER,))
+    db.execute("insert or replace into meta values('parser', ?)", (PARSER_VERSION,))
     db.execute("update meta set value = cast(value as integer) + 1 where key='generation'")
 
 
