@@ -126,12 +126,15 @@ def export_(key: str, file: str) -> None:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--base", default=None, metavar="REF",
               help="The base the archive sits on; needed for a directory base (dir:/PATH), which its sandboxes see.")
-def import_(file: str, base: str | None) -> None:
+@click.option("--replace", is_flag=True,
+              help="Move a name this host gives another image to the archive's image (refused otherwise).")
+def import_(file: str, base: str | None, replace: bool) -> None:
     """Import an archive made by `hutch image export`; prints the image reference.
 
     The archive is untrusted input: nothing is stored unless every layer is well formed and
     matches its digest (docs/images.md). An archive on a host directory is refused unless
-    --base names that directory.
+    --base names that directory. A name the archive gives an image is refused
+    if it names another image here, unless --replace.
 
     \b
     Example: hutch image import agent.tar
@@ -139,4 +142,4 @@ def import_(file: str, base: str | None) -> None:
     """
     import hutch
 
-    click.echo(hutch.Image.import_(file, base=base).ref)
+    click.echo(hutch.Image.import_(file, base=base, replace=replace).ref)

@@ -316,7 +316,7 @@ def export_image(image, path) -> None:
     client.download(f"/v1/images/{image.ref[len(PREFIX):]}/export", path)
 
 
-def import_image(path, base: str | None = None):
+def import_image(path, base: str | None = None, replace: bool = False):
     from hutch.sandbox.image import Image
 
     src = Path(path)
@@ -324,7 +324,8 @@ def import_image(path, base: str | None = None):
         raise NotFoundError(f"{src} is not a file; give the path of an archive made by Image.export().")
     with open(src, "rb") as f:
         d = _client.default_client().json("POST", "/v1/images/import", content=f,
-                                          params={"base": base} if base is not None else None)
+                                          params={**({"base": base} if base is not None else {}),
+                                                  **({"replace": "1"} if replace else {})} or None)
     return Image(d["ref"])
 
 

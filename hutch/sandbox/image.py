@@ -114,16 +114,18 @@ class Image:
         return cls(node["ref"])
 
     @classmethod
-    def import_(cls, path: str | os.PathLike, *, base: "Image | str | None" = None) -> "Image":
+    def import_(cls, path: str | os.PathLike, *, base: "Image | str | None" = None, replace: bool = False) -> "Image":
         """Import an image archive written by `Image.export` (on this or another host); returns the image.
 
         Its base (the default image, or the same directory path) must exist here. An archive on a directory
         base is refused unless `base` names that directory (`Image.from_directory(path)` or "dir:/path"):
         its sandboxes see that host directory as their root, which an archive must not choose.
+        A name the archive gives an image never moves from another image here (nor off this image, here under
+        another name) unless `replace=True`: else the import is refused (StateError) and stores nothing.
         """
         from hutch.sandbox import _build
 
-        return _build.import_image(path, base=None if base is None else Image.of(base).ref)
+        return _build.import_image(path, base=None if base is None else Image.of(base).ref, replace=replace)
 
     @classmethod
     def of(cls, value: "Image | str | None") -> "Image":

@@ -521,6 +521,11 @@ def test_a_tenant_exports_its_images_but_imports_none(world, tmp_path):
     unknown = a.post("/v1/images/no-such-route", content=b"x")
     assert r.status_code == unknown.status_code == 404
     assert r.json() == {**unknown.json(), "message": unknown.json()["message"].replace("no-such-route", "import")}
+    # nor with replace=1 (which moves an operator's name to an archive's image) or a digest (a fleet's transfer)
+    for params in ({"replace": "1"}, {"replace": "1", "digest": "0" * 64}):
+        r = a.post("/v1/images/import", params=params, content=out.read_bytes(),
+                   headers={"Content-Type": "application/x-tar"})
+        assert (r.status_code, r.json()["message"]) == (404, unknown.json()["message"].replace("no-such-route", "import"))
     assert sorted(p.name for p in (w.remote.run_dir / "state" / "layers").iterdir()) == before   # nothing kept
 
 

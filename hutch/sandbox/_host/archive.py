@@ -16,10 +16,10 @@ import json
 import tarfile
 import time
 
-from hutch._core.errors import InvalidArchiveError
+from hutch._core.errors import ConfigError, InvalidArchiveError, StateError
 from hutch.sandbox._host.layers import (
-    ID_RE, KINDS, NAME_RE, PREFIX, chain, chain_digest, commit_dir, find, layer_fs, layers_dir, measure_tree, private_dir,
-    put_node,
+    ID_RE, KINDS, NAME_POLICIES, NAME_RE, PREFIX, chain, chain_digest, commit_dir, find, layer_fs, layers_dir,
+    measure_tree, name_moves, private_dir, put_nodes,
 )
 from hutch.sandbox._host.untar import MANIFEST, ImportLimits, components, read_archive, refuse
 
@@ -168,17 +168,49 @@ def _expected(manifest: dict, digest: str | None) -> dict:
     return manifest
 
 
+def _name_refusal(manifest: dict, moves: list[tuple[dict, dict]]) -> StateError:
+    """The refusal of an import that would move a name of this host (layers.name_moves), naming the image that
+    has it here, the archive's image (its digest: what it runs) and the flag that would move it."""
+    node, here = moves[0]
+    ids = [n["id"] for n in manifest["nodes"]]
+    digest = chain_digest(manifest["nodes"][:ids.index(node["id"]) + 1], manifest["base"]) \
+        if node["id"] in ids else "?"
+    if here["id"] != node["id"]:
+        what = (f"the name {node['name']!r} names image {PREFIX}{here['id'][:12]} here, and the archive gives it to "
+                f"its image {PREFIX}{node['id'][:12]} (digest {digest[:12]})")
+    else:
+        what = (f"image {PREFIX}{here['id'][:12]} is here under the name {here['name']!r}, and the archive names it "
+                f"{node['name']!r} (digest {digest[:12]}), which would take {here['name']!r} from it")
+    more = f" (and {len(moves) - 1} more name(s) of it)" if len(moves) > 1 else ""
+    return StateError(f"{what}{more}; an import does not move a name to other content unless told to, so nothing "
+                      "was imported. If that name is to run the archive's image, import it with replace=True "
+                      "(`hutch image import FILE --replace`, POST /v1/images/import?replace=1); else remove or rename "
+                      "the image here first (`hutch image rm`).")
+
+
+def _names_free(manifest: dict, names: str) -> dict:
+    """With names="refuse", an archive whose names would move one of this host's is refused before any layer
+    is read (put_nodes checks again under the store lock, where it counts)."""
+    if names == "refuse" and (moves := name_moves(manifest["nodes"])):
+        raise _name_refusal(manifest, moves)
+    return manifest
+
+
 def import_(fileobj, limits: ImportLimits | None = None, *, digest: str | None = None,
-            base: str | None = None) -> dict:
+            base: str | None = None, names: str = "refuse") -> dict:
     """Read a tar made by export(); nothing is stored unless every layer matches its digest (see above) and,
     given `digest` (the source's chain_digest of the image), the manifest's chain has that digest; its base
-    must be the `base` the importer names, and may be a host directory only then (`_base_allowed`). Both are
-    checked before any layer is read."""
+    must be the `base` the importer names, and may be a host directory only then (`_base_allowed`). A name the
+    archive gives a node never moves from another image of this host, nor off a node here under another name,
+    unless `names` (layers.NAME_POLICIES) is "replace": "refuse" refuses such an archive (StateError), "keep"
+    stores it with this host's names left where they are. All of it is checked before any layer is read."""
+    if names not in NAME_POLICIES:
+        raise ConfigError(f"names={names!r} must be one of {', '.join(NAME_POLICIES)}.")
     limits = limits or ImportLimits.from_env()
     store = layers_dir()
     private_dir(store)
-    manifest, trees = read_archive(fileobj, store, limits,
-                                   lambda m: _base_allowed(_expected(check_manifest(m, limits), digest), base))
+    manifest, trees = read_archive(fileobj, store, limits, lambda m: _names_free(
+        _base_allowed(_expected(check_manifest(m, limits), digest), base), names))
     try:
         metas = {}
         for layer, tree in trees.items():
@@ -190,13 +222,12 @@ def import_(fileobj, limits: ImportLimits | None = None, *, digest: str | None =
             metas[layer] = meta
         for layer, tree in trees.items():
             commit_dir(tree.dir, layer, {**metas[layer], "created_at": time.time()})
-        for n in manifest["nodes"]:
-            # A step's id is its recipe's hash, not its content's: an archive's "step" is no build cache of this
-            # host (a build of that recipe makes its own and replaces it), unless the importer was given the
-            # chain's digest by its source (ANY_BASE: a fleet's transfer between its own nodes).
-            kind = "import" if n["kind"] == "step" and base != ANY_BASE else n["kind"]
-            put_node(n["id"], n["parent"], layer=n["layer"], kind=kind, env=n["env"], workdir=n["workdir"],
-                     name=n["name"], description=n["description"], pinned=n["id"] == manifest["top"] or n["pinned"])
+        # A step's id is its recipe's hash, not its content's: an archive's "step" is no build cache of this
+        # host (a build of that recipe makes its own and replaces it), unless the importer was given the
+        # chain's digest by its source (ANY_BASE: a fleet's transfer between its own nodes).
+        put_nodes([{**n, "kind": "import" if n["kind"] == "step" and base != ANY_BASE else n["kind"],
+                    "pinned": n["id"] == manifest["top"] or n["pinned"]} for n in manifest["nodes"]],
+                  names=names, refuse=lambda moves: _name_refusal(manifest, moves))
         return {"ref": PREFIX + manifest["top"], "id": manifest["top"], "base": manifest["base"],
                 "layers": len(manifest["layers"]), "digest": chain_digest(manifest["nodes"], manifest["base"])}
     finally:

@@ -28,6 +28,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 from hutch._core import paths
 from hutch._core.atomic import atomic_write
@@ -364,30 +365,84 @@ def put_node(node_id: str, parent: str, *, layer: str | None, kind: str, env: di
     _check_fields(kind, env, workdir, name)
     private_dir(nodes_dir())   # an image's env, name and description are the daemon's, as its layers are
     with store_lock():
-        path = nodes_dir() / f"{node_id}.json"
-        if name:   # a name names one image: it moves from any other (also when this node exists already)
-            for other in list_nodes():
-                if other.get("name") == name and other["id"] != node_id:
-                    other["name"] = None
-                    atomic_write(nodes_dir() / f"{other['id']}.json", json.dumps(other).encode(), fsync_file=False)
-                    _cache.pop(other["id"], None)
-        node = json.loads(path.read_text()) if path.exists() else None
-        if node is not None and node.get("kind") == "import" and kind == "step":
-            # a build step recorded under the id an import had (its recipe's hash): the build's own content wins
-            name, pinned = name or node.get("name"), bool(pinned or node.get("pinned"))
-            node = None
-        if node is not None:
-            if (name and node.get("name") != name) or (pinned and not node.get("pinned")):
-                node.update(name=name or node.get("name"), pinned=bool(pinned or node.get("pinned")))
-                atomic_write(path, json.dumps(node).encode(), fsync_file=False)
-            _cache.pop(node_id, None)
-            return node
-        node = {"id": node_id, "ref": PREFIX + node_id, "parent": parent, "layer": layer, "kind": kind,
-                "env": dict(env or {}), "workdir": workdir, "name": name, "pinned": bool(pinned),
-                "description": description, "created_at": time.time()}
-        atomic_write(path, json.dumps(node).encode(), fsync_file=False)
-        _cache.pop(node_id, None)   # an imported node replaced by a build's
+        return _put(node_id, parent, layer=layer, kind=kind, env=env, workdir=workdir, name=name,
+                    description=description, pinned=pinned)
+
+
+#: What an import does with a name one of its nodes carries when that name would move (`name_moves`): refuse
+#: the import, leave every name of this host where it is (the node comes in without it), or move the name.
+NAME_POLICIES = ("refuse", "keep", "replace")
+
+
+def name_moves(nodes: list[dict], here: list[dict] | None = None) -> list[tuple[dict, dict]]:
+    """The (node, this host's node) pairs where recording `nodes` (put_node fields: id, name) with their names
+    would move a name of this host: the name names another image here, or the node is here under another name
+    (which it would lose). A node already here under its own name moves nothing."""
+    here = list_nodes() if here is None else here
+    by_id = {n["id"]: n for n in here}
+    by_name = {n["name"]: n for n in here if n.get("name")}
+    out = []
+    for n in nodes:
+        name = n.get("name")
+        if not name:
+            continue
+        holder = by_name.get(name)
+        if holder is not None and holder["id"] != n["id"]:
+            out.append((n, holder))
+        elif (own := by_id.get(n["id"])) is not None and own.get("name") and own["name"] != name:
+            out.append((n, own))
+    return out
+
+
+def put_nodes(nodes: list[dict], *, names: str, refuse: Callable[[list[tuple[dict, dict]]], Exception]) -> None:
+    """Record `nodes` (each put_node's fields, with id and parent) under one hold of the store lock, so what
+    name_moves finds is what is written. `names` (NAME_POLICIES) decides a name that would move: "refuse" raises
+    `refuse(moves)` before anything is written, "keep" records those nodes without their names."""
+    if names not in NAME_POLICIES:
+        raise ConfigError(f"names={names!r} must be one of {', '.join(NAME_POLICIES)}.")
+    for n in nodes:
+        if not isinstance(n.get("id"), str) or not ID_RE.match(n["id"]):
+            raise ConfigError(f"image id {n.get('id')!r} must be 64 hex digits.")
+        _check_fields(n["kind"], n.get("env"), n.get("workdir"), n.get("name"))
+    private_dir(nodes_dir())
+    with store_lock():
+        moves = name_moves(nodes) if names != "replace" else []
+        if moves and names == "refuse":
+            raise refuse(moves)
+        kept = {id(n) for n, _ in moves}
+        for n in nodes:
+            _put(n["id"], n["parent"], layer=n.get("layer"), kind=n["kind"], env=n.get("env"),
+                 workdir=n.get("workdir"), name=None if id(n) in kept else n.get("name"),
+                 description=n.get("description", ""), pinned=bool(n.get("pinned")))
+
+
+def _put(node_id: str, parent: str, *, layer: str | None, kind: str, env: dict | None, workdir: str | None,
+         name: str | None, description: str, pinned: bool) -> dict:
+    """put_node under the store lock (its caller holds it)."""
+    path = nodes_dir() / f"{node_id}.json"
+    if name:   # a name names one image: it moves from any other (also when this node exists already)
+        for other in list_nodes():
+            if other.get("name") == name and other["id"] != node_id:
+                other["name"] = None
+                atomic_write(nodes_dir() / f"{other['id']}.json", json.dumps(other).encode(), fsync_file=False)
+                _cache.pop(other["id"], None)
+    node = json.loads(path.read_text()) if path.exists() else None
+    if node is not None and node.get("kind") == "import" and kind == "step":
+        # a build step recorded under the id an import had (its recipe's hash): the build's own content wins
+        name, pinned = name or node.get("name"), bool(pinned or node.get("pinned"))
+        node = None
+    if node is not None:
+        if (name and node.get("name") != name) or (pinned and not node.get("pinned")):
+            node.update(name=name or node.get("name"), pinned=bool(pinned or node.get("pinned")))
+            atomic_write(path, json.dumps(node).encode(), fsync_file=False)
+        _cache.pop(node_id, None)
         return node
+    node = {"id": node_id, "ref": PREFIX + node_id, "parent": parent, "layer": layer, "kind": kind,
+            "env": dict(env or {}), "workdir": workdir, "name": name, "pinned": bool(pinned),
+            "description": description, "created_at": time.time()}
+    atomic_write(path, json.dumps(node).encode(), fsync_file=False)
+    _cache.pop(node_id, None)   # an imported node replaced by a build's
+    return node
 
 
 def snapshot_id(parent: str, layer: str) -> str:

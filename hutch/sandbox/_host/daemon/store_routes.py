@@ -205,6 +205,9 @@ class StoreRoutes:
                               "(debian-slim or dir:/PATH).")
         if digest is not None and base is None:
             base = archive.ANY_BASE   # the digest, from the source the importer runs, vouches for the whole chain
+        # A name of this host moves to the archive's content only when asked (?replace=1). A transfer by digest
+        # asks for that image by id: it comes in, and this host's names stay where they are.
+        names = "replace" if query_flag(request, "replace") else "keep" if digest is not None else "refuse"
         layers.private_dir(layers.layers_dir())
         fd, tmp = tempfile.mkstemp(prefix=".tmp-import-", dir=layers.layers_dir())
         try:
@@ -217,7 +220,7 @@ class StoreRoutes:
                                          "(HUTCH_IMPORT_MAX_BYTES of the daemon); raise that limit if it is yours.")
                     f.write(chunk)
             with open(tmp, "rb") as f:
-                result = await _run(archive.import_, f, limits, digest=digest, base=base)
+                result = await _run(archive.import_, f, limits, digest=digest, base=base, names=names)
             return web.json_response(result, status=201)
         finally:
             os.unlink(tmp)
@@ -329,7 +332,7 @@ __all__ = ["add_routes"]
 
 
 _FLAG = {"type": "string", "enum": ["0", "1", "true", "false", "yes", "no"]}
-_QUERY = {"path": {"type": "string", "minLength": 1}, "force": _FLAG, "recursive": _FLAG,
+_QUERY = {"path": {"type": "string", "minLength": 1}, "force": _FLAG, "recursive": _FLAG, "replace": _FLAG,
           "mode": {"type": "string", "pattern": "^[0-7]{1,4}$"}, "digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
           "base": {"type": "string", "minLength": 1, "maxLength": 4096}}
 _STR = {"type": "string"}
@@ -365,8 +368,9 @@ OPERATIONS = {
             "kind": {"type": "string", "enum": ["step", "snapshot"]}}}),
     ("post", "/v1/images/prune"): _op("Remove unpinned build cache and unused layers"),
     ("post", "/v1/images/import"): _op("Import an image archive (tar); with digest, only the image of that digest; "
-                                       "a dir: base only if named by base", "201", "application/x-tar",
-                                       query=("digest?", "base?")),
+                                       "a dir: base only if named by base; a name of this host moves to the "
+                                       "archive's image only with replace (409 otherwise; with digest it stays)",
+                                       "201", "application/x-tar", query=("digest?", "base?", "replace")),
     ("get", "/v1/images/{key}"): _op("One image (id, prefix or name), 404 unless every layer is present"),
     ("delete", "/v1/images/{key}"): _op("Remove an image", query=("force",)),
     ("get", "/v1/images/{key}/export"): _op("The image as a tar archive (its layers, not its base)"),

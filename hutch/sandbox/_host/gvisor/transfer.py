@@ -289,7 +289,9 @@ def import_(fileobj, *, runsc_version: str, flags: list[str], limits: ImportLimi
             im = _next(tar, IMAGE_MEMBER, image_size)
             src = _Hashing(tar.extractfile(im))
             try:
-                got = archive.import_(src, limits, digest=chain, base=archive.ANY_BASE if digest else base)
+                # the snapshot names its image by id: this host's names stay where they are
+                got = archive.import_(src, limits, digest=chain, base=archive.ANY_BASE if digest else base,
+                                      names="keep")
             except InvalidArchiveError as e:
                 raise InvalidArchiveError(f"the snapshot archive's filesystem is refused: {e}") from None
             if src.n != image_size or got["ref"] != meta.spec["image"]:
