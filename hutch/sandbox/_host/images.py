@@ -133,7 +133,23 @@ def _resolve_layered(ref: str) -> ResolvedImage:
         env.update(node.get("env") or {})
         workdir = node.get("workdir") or workdir
     lowers = tuple(layers.layer_fs(n["layer"]) for n in nodes if n.get("layer"))
-    return ResolvedImage(ref=ref, id=nid, lowerdirs=lowers + base.lowerdirs, env=tuple(env.items()), workdir=workdir)
+    return ResolvedImage(ref=ref, id=nid, lowerdirs=_once(lowers + base.lowerdirs), env=tuple(env.items()),
+                         workdir=workdir)
+
+
+def _once(lowerdirs: tuple) -> tuple:
+    """Each layer once, where it is topmost. Layers are named by their content, so a snapshot whose writes
+    equal a layer below it (a gVisor copy of a restore writes the few directories its image's first snapshot
+    held) lists that layer twice, and overlayfs refuses a lowerdir it already has (ELOOP, "conflicting lowerdir
+    path": a fork of a restore with a volume answered 500). The lower copy changes nothing: its every path,
+    whiteout and opaque directory is the upper copy's too, which hides the same below."""
+    seen: set = set()
+    out = []
+    for d in lowerdirs:
+        if d not in seen:
+            seen.add(d)
+            out.append(d)
+    return tuple(out)
 
 
 def list_images() -> list[dict]:
