@@ -243,3 +243,50 @@ def test_another_gateways_sandboxes_are_never_dialed(sandbox, world):
             gw2.close()
             sh("ip", "netns", "del", name, check=False)
 
+
+HOLD_HELLOS = """
+import socket, sys, time
+part = bytes.fromhex(sys.argv[1])
+socks = []
+end = time.monotonic() + 9
+while len(socks) < int(sys.argv[2]) and time.monotonic() < end:
+    try:
+        s = socket.create_connection(("203.0.113.10", 443), timeout=3)
+        s.sendall(part)
+        socks.append(s)
+    except OSError:
+        pass
+print(len(socks), flush=True)
+sys.stdin.readline()
+"""
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) * 1024
+
+
+def test_unfinished_client_hellos_hold_a_bounded_share_of_the_daemons_memory(sandbox, world):
+    """1,900 connections each send all but the last 100 bytes of a 60 KB ClientHello, and wait: the proxy (here in
+    this process, as in the daemon) holds at most HELD_MAX of them for the sandbox and refuses the connections
+    beyond it (before, it held every one until its 10 s were up: 211 MiB more of this process)."""
+    from hutch.sandbox._host.egress.proxy import HELD_MAX
+
+    sb = sandbox(Network.allow(domains=["www.example.test"]))
+    part = b"".join(records(client_hello(extra=[(0x15, b"\0" * 60000)])))[:-100]
+    before = _rss()
+    p = subprocess.Popen(["ip", "netns", "exec", sb.netns, sys.executable, "-c", HOLD_HELLOS, part.hex(), "1900"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        opened = int(p.stdout.readline().strip() or 0)
+        grown = _rss() - before
+    finally:
+        p.kill()
+        p.wait()
+        p.stdin.close()
+        p.stdout.close()
+        p.stderr.close()
+    assert opened > 1000, opened
+    refused = [d for d in sb.log() if "unfinished ClientHellos" in d.reason]
+    assert refused and sb.log().refusals_by_reason, sb.log().refusals_by_reason
+    assert grown < 2 * HELD_MAX + (48 << 20), grown >> 20

@@ -74,6 +74,7 @@ class _SandboxNet:
     conns_refused: int = 0     # connections reset for going over the proxy's per-sandbox limit
     connects_dropped: int = 0  # SYNs the host dropped over netns.CONNECT_RATE, on links it no longer has
     relayed: int = 0           # bytes the proxy moved for it, both ways (a tenant's egress quota is charged from it)
+    held: int = 0              # bytes of its connections the proxy holds while reading them (proxy.HELD_MAX)
     plain: bool = False        # its link takes a plain address (a gVisor sandbox: see netns.Plumber.add)
     # link changes (attach, set_policy, detach) take turns: a detach must not close the netns fd
     # while a link is being built through it (a reused fd number would name another namespace)

@@ -53,6 +53,10 @@ ACCEPT_BATCH = 16          # connections accepted per turn of the event loop
 #: some MiB, and the host's TCP memory limit is one for every socket of the host: a few hundred such connections
 #: of one sandbox reached it.
 SANDBOX_BUFFERS = 16 << 20
+#: Bytes one sandbox's connections may hold together in the proxy's own memory while they are read: ClientHellos
+#: and HTTP request heads not yet complete. A connection that would take it past this is refused (each may hold
+#: up to 64 KiB: 1,900 connections holding 60 KB of a ClientHello each grew the daemon by 211 MiB).
+HELD_MAX = 4 << 20
 CONN_BUF_MAX = 2 << 20
 CONN_BUF_MIN = 4 << 10
 _F_SETPIPE_SZ = 1031
@@ -138,6 +142,14 @@ class Conn:
         self.closed = False
         self.tasks: list[asyncio.Task] = []
         self.buffers = CONN_BUF_MAX    # the size of its socket buffers and pipes (buffer_share)
+        self.held = 0                  # bytes of it the proxy holds while reading it (HELD_MAX)
+
+    def hold(self, n: int) -> bool:
+        """The proxy now holds `n` bytes of this connection; False if its sandbox's connections then hold more
+        than HELD_MAX together (the caller refuses it)."""
+        self.sandbox.held += n - self.held
+        self.held = n
+        return self.sandbox.held <= HELD_MAX
 
     def shrink(self, size: int) -> None:
         """Give its sockets smaller buffers (the sandbox has more connections now)."""
@@ -159,6 +171,7 @@ class Conn:
                 self.loop.remove_writer(s.fileno())
         _hard_close(self.client, reset)
         _hard_close(self.upstream, reset)
+        self.hold(0)
         me = asyncio.current_task()
         for t in self.tasks:
             if t is not me:
@@ -238,12 +251,16 @@ class Conn:
     async def copy_checked(self, src: socket.socket, dst: socket.socket, stream: sniff.RequestStream) -> None:
         """Client -> server for plain HTTP: every request head is checked before it is forwarded."""
         while True:
-            data = await self.loop.sock_recv(src, 65536)
+            # no more at once than its share of buffers: what the server does not take waits here
+            data = await self.loop.sock_recv(src, min(65536, self.buffers))
             if not data:
                 if not self.closed:
                     dst.shutdown(socket.SHUT_WR)
                 return
             out = stream.feed(data)
+            if not self.hold(len(stream.buf)):   # a request head not yet complete
+                raise sniff.Refused(f"the sandbox's connections hold more than {HELD_MAX >> 20} MiB of "
+                                    "unfinished ClientHellos and request heads")
             if out:
                 self.sandbox.relayed += len(out)
                 if self.meter is not None:
@@ -384,7 +401,7 @@ class Proxy:
                 return
             await self._dial(conn, odst, oport)
             self.gw._record(sb, None, odst, oport, "tcp", "allow", av.reason)
-            await self._relay(conn, b"", None)
+            await self._relay(conn, bytearray(), None)
             return
         # no address rule admits it: the connection must name an allowed server
         buf = bytearray()
@@ -433,6 +450,9 @@ class Proxy:
             buf += data
             if len(buf) > sniff.MAX_HELLO + 16:
                 return self._deny(conn, "no server name in the first 64 KiB", address=odst, port=oport)
+            if not conn.hold(len(buf)):
+                return self._deny(conn, f"the sandbox's connections hold more than {HELD_MAX >> 20} MiB of "
+                                  "unfinished ClientHellos and request heads", address=odst, port=oport)
 
         n = normalize_name(name)
         if n is None:
@@ -470,9 +490,11 @@ class Proxy:
         if conn.kind == "http":
             stream = sniff.RequestStream(n, rewrite=_counting(conn.meter, n))
             try:
-                first = stream.feed(bytes(buf))
+                first = bytearray(stream.feed(bytes(buf)))
             except sniff.Refused as e:
                 return self._deny(conn, str(e), name=n, address=target, port=oport, protocol="http")
+            del buf                      # not held for the connection's life
+            conn.hold(len(stream.buf))
             await self._dial(conn, target, oport)
             self.gw._record(sb, n, target, oport, "http", "allow", why)
             return await self._relay(conn, first, stream)
@@ -491,7 +513,10 @@ class Proxy:
         if conn.meter is not None:
             conn.meter.add(len(answer) + end)   # the ClientHello and the server's first answer count too
         await loop.sock_sendall(conn.client, answer)
-        await self._relay(conn, bytes(buf[end:]), None)
+        rest = bytearray(buf[end:])
+        del buf, answer                  # not held for the connection's life
+        conn.hold(0)
+        await self._relay(conn, rest, None)
 
     def _take_connection(self, conn: Conn, policy) -> bool:
         """A connection relayed unread counts as one request of its entry's budget; False (and refused) if over."""
@@ -556,7 +581,7 @@ class Proxy:
                             f"dialing {addr}:{port} failed: {e.__class__.__name__}")
             raise
 
-    async def _relay(self, conn: Conn, first: bytes, stream) -> None:
+    async def _relay(self, conn: Conn, first: bytearray, stream) -> None:
         loop = conn.loop
         conn.client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if first:
@@ -572,6 +597,7 @@ class Proxy:
             elif conn.meter is not None:
                 conn.meter.add(len(first))
             await loop.sock_sendall(conn.upstream, first)
+        first.clear()                    # the caller's too: not held for the connection's life
         down = loop.create_task(conn.splice(conn.upstream, conn.client))
         conn.tasks.append(down)
 
