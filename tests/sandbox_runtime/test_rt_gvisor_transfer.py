@@ -224,3 +224,28 @@ def test_a_spec_the_host_would_not_run_is_refused(hosts, exported):
     _refused(hosts, _with_manifest(data, lambda m: m["meta"]["spec"].update(runtime="native")), 400, "gVisor")
     other = "image:" + hashlib.sha256(b"another").hexdigest()
     _refused(hosts, _with_manifest(data, lambda m: m["meta"]["spec"].update(image=other)), 400, "not the snapshot's")
+
+
+def test_a_snapshots_filesystem_takes_no_name_of_the_importing_host(hosts, exported):
+    """The snapshot runs its image by id: a name its filesystem's node carries that names another image on the
+    importing host stays there (an import moves no name unless told to, docs/images.md "Names")."""
+    _, b, _, api = hosts
+    data, _ = exported
+    mine = "ef" * 32
+    r = api.http.post("/v1/images/nodes", json={"id": mine, "parent": api.base, "name": "snap-fs-name"})
+    assert r.status_code == 201, r.text
+    members = _members(data)
+    m = json.loads(members[0][1])
+    inner = _members(members[-1][1])
+    im = json.loads(inner[0][1])
+    im["nodes"][-1]["name"] = "snap-fs-name"
+    image_tar = _pack([(inner[0][0], json.dumps(im).encode())] + inner[1:])
+    m["image"]["size"] = len(image_tar)
+    r = _import(api, _pack([(members[0][0], json.dumps(m).encode())] + members[1:-1] + [(members[-1][0], image_tar)]))
+    assert r.status_code == 201, r.text
+    snap = r.json()
+    assert api.http.get("/v1/images/snap-fs-name").json()["id"] == mine
+    assert api.http.get(f"/v1/images/{snap['image'].split(':', 1)[1]}").json()["name"] is None
+    assert api.http.delete(f"/v1/memory-snapshots/{snap['id']}").status_code == 204
+    assert api.http.delete(f"/v1/images/{mine}").status_code in (200, 204)
+    assert _left(b) == []
