@@ -40,6 +40,7 @@ from hutch._core.errors import (
     SandboxLostError,
     SandboxTimeout,
     SearchIndexError,
+    SnapshotLostError,
     StateError,
     StorePathError,
     UnsupportedError,
@@ -138,6 +139,6 @@ __all__ = [
     "NetworkLog", "NetworkPolicyError", "NotFoundError", "OpenAIEmbeddings", "OpenAIExtractor", "OpenAIReasoner",
     "OutOfMemoryError", "Process", "PtyProcess", "QuotaExceededError", "ReasonerWarning", "Result", "Sandbox",
     "SandboxError", "SandboxFile", "SandboxFileError", "SandboxLostError", "SandboxPool", "SandboxTimeout",
-    "SearchIndexError", "Secret", "Snapshot", "StateError", "StorePathError", "UnsupportedError", "Version", "Volume",
+    "SearchIndexError", "Secret", "Snapshot", "SnapshotLostError", "StateError", "StorePathError", "UnsupportedError", "Version", "Volume",
     "connect",
 ]

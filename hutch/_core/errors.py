@@ -7,6 +7,7 @@
     │   ├── NetworkPolicyError an egress policy entry is invalid; names the entry
     │   └── UnsupportedError   not on this runtime or host (a memory snapshot of a native sandbox); names the one that has it
     ├── NotFoundError          a sandbox, image, entity, volume ... that does not exist
+    │   └── SnapshotLostError  a memory snapshot whose only holder, a fleet node, is gone
     ├── StateError             an operation on something in the wrong state (exec on a terminated sandbox)
     ├── SandboxError           a sandbox failed to start or broke while running
     │   ├── SandboxLostError   the fleet node that ran it is gone (its sandboxes with it): status "lost"
@@ -64,6 +65,12 @@ class UnsupportedError(ConfigError):
 
 class NotFoundError(Error, LookupError):
     """A named thing (sandbox, image, entity, volume) does not exist."""
+
+
+class SnapshotLostError(NotFoundError):
+    """A memory snapshot lived only on a fleet node that is gone (its Ray node died, or its daemon does not answer):
+    the message names the node. It comes back if that node returns with its state directory; export the
+    snapshots you need to keep (`Snapshot.export`) and import them elsewhere (docs/fleet.md)."""
 
 
 class StateError(Error):
@@ -213,6 +220,7 @@ __all__ = [
     "SandboxLostError",
     "SandboxTimeout",
     "SearchIndexError",
+    "SnapshotLostError",
     "StateError",
     "StorePathError",
     "UnsupportedError",

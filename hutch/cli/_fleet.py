@@ -66,21 +66,25 @@ _RAY = click.option("--ray", "address", default="auto", show_default=True, metav
 @click.option("--state-dir", type=click.Path(file_okay=False),
               help="The daemons' state directory (default /var/lib/hutch, shared by the nodes of one host).")
 @click.option("--state-per-node", is_flag=True, help="One state directory per node (STATE_DIR/KEY).")
+@click.option("--tenants", "tenants_file", metavar="FILE",
+              help="Every node's daemon serves this tenants file (docs/tenants.md); it must be on every host.")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for every node.")
 @click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
-def up(address, max_per_node, listen_host, run_root, state_dir, state_per_node, timeout, as_json):
+def up(address, max_per_node, listen_host, run_root, state_dir, state_per_node, tenants_file, timeout, as_json):
     """Start a hutch daemon on every Ray node (nodes that join later get one too).
 
     \b
     Examples:
       hutch fleet up --ray auto
       hutch fleet up --ray 10.0.0.1:6379 --max-per-node 500
+      hutch fleet up --ray auto --tenants /etc/hutch/tenants.json
     """
     from hutch.fleet import up as fleet_up
 
     with _as_driver():
         rows = fleet_up(address, max_per_node=max_per_node, listen_host=listen_host, run_root=run_root,
-                        state_dir=state_dir, state_per_node=state_per_node, timeout=timeout)
+                        state_dir=state_dir, state_per_node=state_per_node, tenants=tenants_file,
+                        timeout=timeout)
     _print(rows, as_json)
 
 

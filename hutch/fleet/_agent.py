@@ -161,6 +161,8 @@ class NodeAgent:
                 "--listen", f"{host}:{self.port}", "--token-file", str(self.token_file),
                 "--max-tcp-per-peer", str(self.options.get("max_tcp_per_peer", 256)),
                 "--max-sandboxes", str(int(self.options.get("max_per_node", 1000)))]   # the daemon holds the cap
+        if self.options.get("tenants"):
+            argv += ["--tenants", str(self.options["tenants"])]
         with open(self.log, "ab") as lf:
             return subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=lf, stderr=lf,
                                     start_new_session=True, preexec_fn=_pdeathsig)

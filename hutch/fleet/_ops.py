@@ -38,14 +38,15 @@ def _controller(ray, address: str):
 
 def up(address: str = "auto", *, max_per_node: int = DEFAULT_MAX_PER_NODE, listen_host: str | None = None,
        run_root: str | Path = DEFAULT_RUN_ROOT, state_dir: str | Path | None = None, state_per_node: bool = False,
-       timeout: float = UP_TIMEOUT) -> list[dict]:
+       tenants: str | Path | None = None, timeout: float = UP_TIMEOUT) -> list[dict]:
     """Start the fleet on the Ray cluster at `address` (a no-op for a fleet that runs) and return its table once
     every live Ray node's daemon answers.
 
     One agent per Ray node starts that node's hutch daemon (docs/fleet.md). `max_per_node`: sandboxes a node
     takes at most; `listen_host`: the address the daemons' TLS listeners bind (default: each Ray node's own);
     `run_root`: where each node's run directory goes (`<run_root>/<key>`); `state_dir`: the daemons' state
-    directory (default /var/lib/hutch, shared by the nodes of one host; `state_per_node=True`: one per node).
+    directory (default /var/lib/hutch, shared by the nodes of one host; `state_per_node=True`: one per node);
+    `tenants`: a tenants file every node's daemon serves (`hutch serve --tenants`: the same path on every host).
     """
     from hutch.fleet._agent import new_token
     from hutch.fleet._controller import Controller
@@ -61,7 +62,8 @@ def up(address: str = "auto", *, max_per_node: int = DEFAULT_MAX_PER_NODE, liste
         head = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n.get("Resources", {})]
         strategy = NodeAffinitySchedulingStrategy(head[0], soft=False) if head else "DEFAULT"
         options = {"max_per_node": max_per_node, "listen_host": listen_host, "run_root": str(run_root),
-                   "state_dir": str(state_dir) if state_dir else None, "state_per_node": state_per_node}
+                   "state_dir": str(state_dir) if state_dir else None, "state_per_node": state_per_node,
+                   "tenants": str(Path(tenants).absolute()) if tenants else None}
         ctl = ray.remote(Controller).options(
             name=CONTROLLER, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=-1,
             max_concurrency=64, scheduling_strategy=strategy, get_if_exists=True,

@@ -32,7 +32,7 @@ from urllib.parse import quote
 import httpx
 
 from hutch._core import paths, settings
-from hutch._core.errors import DaemonError, NotFoundError, QuotaExceededError, SandboxLostError
+from hutch._core.errors import DaemonError, NotFoundError, QuotaExceededError, SandboxLostError, SnapshotLostError
 from hutch._core.tokens import from_env_or_file
 from hutch.sandbox import _fleet
 from hutch.sandbox._remote import Remote
@@ -53,7 +53,8 @@ def connect(url: str, *, token: str | None = None, token_file: "str | os.PathLik
     `url`: ``ray://auto`` (the hutch fleet of the Ray cluster this host is part of), ``ray://HEAD:10001`` (one
     reached through Ray Client), ``https://HOST:PORT`` (one remote daemon; `token`, else HUTCH_TOKEN /
     HUTCH_TOKEN_FILE, and HUTCH_FINGERPRINT or HUTCH_CA verify it), or ``unix:/path/to.sock`` (a daemon of this
-    host; a tenant's `token` scopes the calls to that tenant, as on TCP).
+    host; a tenant's `token` scopes the calls to that tenant, as on TCP; on a fleet too, whose daemons serve
+    `hutch fleet up --tenants FILE`).
     `token_file`: a file (mode 0600) holding the token, instead of `token`.
 
     Example: `hutch.connect("ray://auto"); hutch.Sandbox.create()` (placed on a node of the fleet, docs/fleet.md)
@@ -280,6 +281,11 @@ def _lost_node(ep: Endpoint, path: str, e: BaseException) -> DaemonError:
         sid = rest.split("/", 1)[0].split("?", 1)[0]
         return SandboxLostError(f"sandbox {sid} is lost: its {ep.describe()} does not answer ({e}); the node or "
                                 "its daemon is gone, and its sandboxes with it. Create a new one.")
+    if ep.node and (snap := _snapshot_of(path)):
+        return SnapshotLostError(f"memory snapshot {snap} is on {ep.describe()}, which does not answer ({e}): the "
+                                 "node or its daemon is gone, and the snapshot with it unless another node holds a "
+                                 "copy (found once the fleet marks the node unhealthy: `hutch fleet ls`). Export "
+                                 "the snapshots you need to keep (`snap.export(path)`) and import them elsewhere.")
     return DaemonError(f"the {ep.describe()} does not answer ({e}); `hutch fleet ls` shows the fleet's health.")
 
 
@@ -607,7 +613,7 @@ class FleetClient:
 
     def __init__(self, endpoint: Endpoint):
         self.ep = endpoint
-        self.fleet = _fleet.fleet(endpoint.fleet_url, node_client)
+        self.fleet = _fleet.fleet(endpoint.fleet_url, node_client, token=endpoint.token)
 
     def create_sandbox(self, attempt):
         return self.fleet.create(attempt)
@@ -687,21 +693,22 @@ def _snapshot_of(path: str) -> str:
     return "" if sid == "import" else sid
 
 
-def node_endpoint(node: "_fleet.Node") -> Endpoint:
+def node_endpoint(node: "_fleet.Node", token: str | None = None) -> Endpoint:
     """How this process reaches a fleet node's daemon: its Unix socket when the node runs on this host (the same
-    boot) and the socket lets us in, else its TLS listener with the fleet's token, its certificate pinned."""
+    boot) and the socket lets us in, else its TLS listener with the fleet's token, its certificate pinned.
+    `token`: a tenant's (hutch.connect("ray://auto", token=...)), sent instead: the calls are that tenant's."""
     if node.socket and node.boot_id and node.boot_id == _fleet.local_boot_id() and os.access(node.socket, os.W_OK):
-        return Endpoint(url="", socket_path=node.socket, node=node.key)
+        return Endpoint(url="", token=token, socket_path=node.socket, node=node.key)
     if not node.url:
         raise DaemonError(f"fleet node {node.name} ({node.key}) runs on another host and has no TCP listener; start "
                           "the fleet with `hutch fleet up --listen`.")
     u = httpx.URL(node.url)
-    return Endpoint(remote=Remote(node.url, u.host, u.port or 443, node.token, None, node.fingerprint or None),
-                    node=node.key)
+    return Endpoint(remote=Remote(node.url, u.host, u.port or 443, token or node.token, None,
+                                  node.fingerprint or None), node=node.key)
 
 
-def node_client(node: "_fleet.Node") -> Client:
-    return Client(node_endpoint(node))
+def node_client(node: "_fleet.Node", token: str | None = None) -> Client:
+    return Client(node_endpoint(node, token))
 
 
 class AsyncClient:
@@ -774,7 +781,7 @@ class AsyncFleetClient:
 
     def __init__(self, endpoint: Endpoint):
         self.ep = endpoint
-        self.fleet = _fleet.fleet(endpoint.fleet_url, node_client)
+        self.fleet = _fleet.fleet(endpoint.fleet_url, node_client, token=endpoint.token)
         self._nodes: dict[tuple, AsyncClient] = {}
 
     @property
@@ -789,7 +796,7 @@ class AsyncFleetClient:
         k = (n.key, n.socket, n.url, n.fingerprint, n.started)
         c = self._nodes.get(k)
         if c is None:
-            c = self._nodes[k] = AsyncClient(node_endpoint(n))
+            c = self._nodes[k] = AsyncClient(node_endpoint(n, self.fleet.token))
             sync = self.fleet.client(n).ep
             c.ep.restarted, c.ep.fetch_image = sync.restarted, sync.fetch_image
         return c

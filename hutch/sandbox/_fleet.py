@@ -28,6 +28,7 @@ from pathlib import Path
 
 from hutch._core.errors import (
     ConfigError, DaemonError, ImageError, NotFoundError, QuotaExceededError, SandboxError, SandboxLostError,
+    SnapshotLostError,
 )
 
 SCHEME = "ray://"
@@ -156,15 +157,17 @@ def key_of(sandbox_id: str) -> str | None:
 class Fleet:
     """A process's view of one fleet: the node table (refreshed at most every REFRESH s) and a client per node."""
 
-    def __init__(self, url: str, make_client):
+    def __init__(self, url: str, make_client, token: str | None = None):
         self.url = url
-        self._make_client = make_client   # (Node) -> a _client.Client of that node's daemon
+        self._make_client = make_client   # (Node, token) -> a _client.Client of that node's daemon
+        self.token = token   # a tenant's (connect(url, token=)): the caller's calls are its; None: the fleet's
         self._controller = controller(url)
         self._lock = threading.Lock()
         self._nodes: dict[str, Node] = {}
         self._at = -1e9
         self._pending: dict[str, int] = {}   # creates placed since the last table, per node
         self._clients: dict[tuple, object] = {}
+        self._op_clients: dict[tuple, object] = {}   # with the fleet's token: moving images and snapshots
         self._transfers: dict[tuple[str, str], threading.Lock] = {}   # (node key, image) -> one transfer at once
         self._snapshots: dict[str, str] = {}   # memory snapshot id -> the key of the node that holds it
         self._refresh()
@@ -257,8 +260,9 @@ class Fleet:
     def close(self) -> None:
         """Close the node clients (their pooled connections; nothing is sent)."""
         with self._lock:
-            clients = list(self._clients.values())
+            clients = list(self._clients.values()) + list(self._op_clients.values())
             self._clients.clear()
+            self._op_clients.clear()
         for c in clients:
             try:
                 c.http.close()
@@ -266,15 +270,28 @@ class Fleet:
                 pass
 
     def client(self, node: Node):
+        """The caller's client of `node`'s daemon (a tenant's token if the caller gave one, else the fleet's)."""
+        return self._client(node, self._clients, self.token)
+
+    def op_client(self, node: Node):
+        """The fleet's (the operator's) client of `node`'s daemon: what moves images and memory snapshots between
+        nodes (export and import are the operator's; the caller is a Ray driver, which the fleet trusts: its
+        table carries the fleet's token). The same as client() for a caller without a tenant's token."""
+        if self.token is None:
+            return self.client(node)
+        return self._client(node, self._op_clients, None)
+
+    def _client(self, node: Node, cache: dict, token: str | None):
         k = (node.key, node.socket, node.url, node.fingerprint, node.started)
-        c = self._clients.get(k)
+        c = cache.get(k)
         if c is None:
             with self._lock:
-                c = self._clients.get(k)
+                c = cache.get(k)
                 if c is None:
-                    c = self._clients[k] = self._make_client(node)
+                    c = self._make_client(node, token) if token is not None else self._make_client(node)
                     c.ep.restarted = lambda key=node.key, started=node.started: self.restarted(key, started)
                     c.ep.fetch_image = lambda ref, key=node.key: self.fetch_image(key, ref)
+                    cache[k] = c
         return c
 
     # --- images -------------------------------------------------------------------------
@@ -307,20 +324,21 @@ class Fleet:
                 raise NotFoundError(f"image {ref!r} is on no node of the fleet {self.url}: build it (`hutch image "
                                     "build`) or import it (`hutch image import`) on one, and the others fetch it.")
             src, info = min(found, key=lambda ca: peers[id(ca[0])].key)
-            resp = src.request("GET", f"/v1/images/{info['id']}/export", stream=True)
+            src_node = peers[id(src)]
+            resp = self.op_client(src_node).request("GET", f"/v1/images/{info['id']}/export", stream=True)
             try:
-                got = dst.json("POST", "/v1/images/import", params={"digest": info["digest"]},
-                               content=resp.iter_bytes(TRANSFER_CHUNK))
+                got = self.op_client(target).json("POST", "/v1/images/import", params={"digest": info["digest"]},
+                                                  content=resp.iter_bytes(TRANSFER_CHUNK))
             finally:
                 resp.close()
             if got.get("id") != info["id"] or got.get("digest") != info["digest"]:
                 raise ImageError(f"node {key} imported {got.get('id')!r} (digest {got.get('digest')!r}) for image "
-                                 f"{info['id']} of digest {info['digest']} from node {peers[id(src)].key}; "
+                                 f"{info['id']} of digest {info['digest']} from node {src_node.key}; "
                                  "remove it (`hutch image rm`) and try again.")
             if got.get("base") == "debian-slim":   # the base every host builds itself
                 from hutch.sandbox._ensure import ensure_image
 
-                ensure_image(dst, "debian-slim")
+                ensure_image(self.op_client(target), "debian-slim")
         return True
 
     def restarted(self, key: str, started: float) -> bool:
@@ -359,12 +377,36 @@ class Fleet:
         if node is not None and node.healthy:
             return node
         nodes = {id(self.client(n)): n for n in self.nodes().values() if n.healthy}
-        for c, answer in self.fan_out(lambda c: c.json("GET", f"/v1/memory-snapshots/{snapshot_id}"), strict=False):
+        answers = self.fan_out(lambda c: c.json("GET", f"/v1/memory-snapshots/{snapshot_id}"), strict=False)
+        for c, answer in answers:
             if isinstance(answer, dict) and id(c) in nodes:
                 self._snapshots[snapshot_id] = nodes[id(c)].key
                 return nodes[id(c)]
-        raise NotFoundError(f"no memory snapshot {snapshot_id!r} on any node of the fleet {self.url} (a snapshot "
-                            "stays on the node that took it; hutch.Snapshot.list() lists them).")
+        unreachable = {nodes[id(c)].key for c, a in answers
+                       if id(c) in nodes and isinstance(a, (SandboxLostError, SnapshotLostError, DaemonError))}
+        raise self._snapshot_missing(snapshot_id, key, unreachable)
+
+    def _snapshot_missing(self, snapshot_id: str, cached: str | None, unreachable: set[str]) -> NotFoundError:
+        """The error of a memory snapshot that no node which answers holds: SnapshotLostError when the node
+        that took it (its id starts with the node's key; or the one this process last found it on) is dead,
+        unhealthy, unreachable or no longer in the fleet; else NotFoundError (deleted, or never this fleet's)."""
+        nodes = self.nodes()
+        took = next((k for k in nodes if snapshot_id.startswith(k)), None)
+        for origin in dict.fromkeys(k for k in (cached, took) if k):
+            n = nodes.get(origin)
+            if n is not None and n.healthy and origin not in unreachable:
+                continue
+            what = ("which is not in the fleet now" if n is None else
+                    f"which is lost ({n.problem or 'unhealthy'})" if not n.healthy else
+                    "which does not answer")
+            name = f"{n.name} ({origin})" if n is not None else origin
+            return SnapshotLostError(
+                f"memory snapshot {snapshot_id} lived on fleet node {name}, {what}, and no other node holds a copy: "
+                "it cannot be restored until that node returns with its state directory. A snapshot is kept on the "
+                "node that took it (and on nodes a restore moved it to); export the snapshots you need to keep "
+                "(`snap.export(path)`, `hutch snapshot export`) and import them anywhere, or take a new one.")
+        return NotFoundError(f"no memory snapshot {snapshot_id!r} on any node of the fleet {self.url} (a snapshot "
+                             "stays on the node that took it; hutch.Snapshot.list() lists them).")
 
     def restore_node(self, snapshot_id: str) -> Node:
         """The node a restore of memory snapshot `snapshot_id` goes to: a node that holds it and takes new
@@ -399,19 +441,21 @@ class Fleet:
         with self._lock:
             lock = self._transfers.setdefault((key, "memory-snapshot:" + snapshot_id), threading.Lock())
         with lock:
-            dst, src = self.client(target), self.client(source)
+            dst, src = self.op_client(target), self.op_client(source)
+            have = src.json("GET", f"/v1/memory-snapshots/{snapshot_id}/digest")
+            want, owner = have["digest"], have.get("owner")
             try:
-                dst.json("GET", f"/v1/memory-snapshots/{snapshot_id}")
-                return   # another thread brought it meanwhile
+                if dst.json("GET", f"/v1/memory-snapshots/{snapshot_id}/digest").get("owner") == owner:
+                    return   # another thread brought it meanwhile (the same owner recorded: else import it again)
             except NotFoundError:
                 pass
             info = src.json("GET", f"/v1/memory-snapshots/{snapshot_id}")
             if info.get("image"):
                 self.fetch_image(key, info["image"])
-            want = src.json("GET", f"/v1/memory-snapshots/{snapshot_id}/digest")["digest"]
+            params = {"digest": want, **({"owner": owner} if owner else {})}   # its owner travels with it
             resp = src.request("GET", f"/v1/memory-snapshots/{snapshot_id}/export", stream=True)
             try:
-                got = dst.json("POST", "/v1/memory-snapshots/import", params={"digest": want},
+                got = dst.json("POST", "/v1/memory-snapshots/import", params=params,
                                content=resp.iter_bytes(TRANSFER_CHUNK))
             finally:
                 resp.close()
@@ -491,13 +535,13 @@ def close_all() -> None:
         f.close()
 
 
-def fleet(url: str, make_client) -> Fleet:
-    """The process's Fleet of `url` (one per process and URL)."""
-    k = (os.getpid(), url)
+def fleet(url: str, make_client, token: str | None = None) -> Fleet:
+    """The process's Fleet of `url` and caller's token (one per process, URL and token)."""
+    k = (os.getpid(), url, token)
     with _fleets_lock:
         f = _fleets.get(k)
         if f is None:
-            f = _fleets[k] = Fleet(url, make_client)
+            f = _fleets[k] = Fleet(url, make_client, token)
         return f
 
 

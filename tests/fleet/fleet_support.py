@@ -22,6 +22,8 @@ RUN_TAG = {"suite": f"fleet-{uuid.uuid4().hex[:8]}"}
 NODES = 3
 #: sandboxes each node takes at most (`hutch fleet up --max-per-node`; its daemon holds it: --max-sandboxes)
 CAP = 40
+#: the tenants of the fleet's tenants file (`hutch fleet up --tenants`): every node's daemon serves them
+TENANTS = ("ta", "tb")
 
 
 def node_args() -> dict:
@@ -57,6 +59,8 @@ class RayFleet:
         self.tmp = Path(tempfile.mkdtemp(prefix="hutch-fleet-test-"))
         self.run_root = self.tmp / "run"
         self.state_root = self.tmp / "state"   # each node its own image store (STATE/KEY), as on separate hosts
+        self.tenants_file = self.tmp / "etc" / "tenants.json"
+        self.tokens = {name: self._add_tenant(name) for name in TENANTS}
         self.cluster = None
         for attempt in range(3):   # a raylet that does not register in Ray's 30 s (a loaded machine): start again
             try:
@@ -83,7 +87,7 @@ class RayFleet:
             self.env.pop("HUTCH_URL", None)
             self.up_output = self.cli("fleet", "up", "--ray", self.address, "--run-root", str(self.run_root),
                                       "--state-dir", str(self.state_root), "--state-per-node", "--max-per-node",
-                                      str(CAP), "--json")
+                                      str(CAP), "--tenants", str(self.tenants_file), "--json")
         except BaseException:   # a cluster that did not come up (an overloaded machine) leaves nothing either
             if self.cluster is not None:
                 if hasattr(self, "address"):
@@ -92,6 +96,14 @@ class RayFleet:
             shutil.rmtree(self.run_root, ignore_errors=True)
             shutil.rmtree(self.state_root, ignore_errors=True)
             raise
+
+    def _add_tenant(self, name: str) -> str:
+        tf = self.tmp / f"{name}.token"
+        r = hutch_cli("tenant", "add", name, "--file", str(self.tenants_file), "--token-file", str(tf), timeout=60)
+        if r.returncode != 0:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise AssertionError(f"hutch tenant add {name} exited {r.returncode}: {r.stderr[-2000:]}")
+        return tf.read_text().strip()
 
     def cli(self, *args: str, check: bool = True, timeout: float = 180) -> str:
         r = hutch_cli(*args, env=self.env, timeout=timeout)
@@ -122,12 +134,12 @@ class RayFleet:
             out.append(f"\n--- {log}:\n" + log.read_text(errors="replace")[-1500:])
         return "".join(out)
 
-    def sdk(self) -> None:
-        """Point this process's SDK at the fleet."""
+    def sdk(self, tenant: str | None = None) -> None:
+        """Point this process's SDK at the fleet, as the operator or as `tenant` (its token)."""
         import hutch
 
         os.environ["RAY_ADDRESS"] = self.address
-        hutch.connect("ray://auto")
+        hutch.connect("ray://auto", token=self.tokens[tenant] if tenant else None)
 
     def close(self) -> None:
         from hutch.sandbox import _client

@@ -255,7 +255,7 @@ class Gvisor:
                                f"up to {sb.spec.limits.memory} would pass HUTCH_MEMORY_SNAPSHOTS_MAX "
                                f"({total_max}); delete some (hutch.Snapshot.list()).")
         gv, mgr = sb.gv, self.mgr
-        snap_id = snapshots.new_id()
+        snap_id = snapshots.new_id(self.mgr.id_prefix[:-1])   # a fleet node's: its key first
         async with gv.lock:   # an exec or file call arriving from here on waits for the snapshot (GvisorChannel)
             if not sb.active:
                 raise StateError(f"sandbox {sb.id} ended while its snapshot waited; only a running one can be "

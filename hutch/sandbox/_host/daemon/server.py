@@ -373,7 +373,10 @@ class Handlers:
     async def memory_snapshot_digest(self, request):
         sid = request.match_info["sid"]
         memsnaps.path_of(sid)   # a malformed id: ConfigError
-        return web.json_response(await self.mgr.gvisor.digest(sid))
+        d = await self.mgr.gvisor.digest(sid)
+        # the operator's route: who owns it here goes with it (a fleet's import is told it: ?owner=)
+        d["owner"] = self.tenancy.owners.memsnaps.get(sid) if self.tenancy is not None else None
+        return web.json_response(d)
 
     async def import_memory_snapshot(self, request):
         digest = request.query.get("digest")
@@ -384,8 +387,10 @@ class Handlers:
         if base is not None and (base == archive.ANY_BASE or "\0" in base or len(base) > 4096):
             raise errors.ConfigError(f"base={base[:80]!r} must be the image reference of the base the snapshot's "
                                      "filesystem sits on (debian-slim or dir:/PATH).")
+        owner = self._import_owner(request.query.get("owner"), digest)
         limits = ImportLimits.from_env()
         memsnaps.store_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
+        before = set(os.listdir(memsnaps.store_dir()))
         fd, tmp = tempfile.mkstemp(prefix=memsnaps.spool_prefix("import"), suffix=".tmp",
                                    dir=memsnaps.store_dir())
         try:
@@ -400,9 +405,47 @@ class Handlers:
                     f.write(chunk)
             with open(tmp, "rb") as f:
                 snap = await asyncio.shield(self.mgr.gvisor.import_(f, limits, digest=digest, base=base))
+            if owner is not None:
+                await asyncio.shield(self._own_imported(owner, snap, new=snap["id"] not in before))
             return web.json_response(snap, status=201)
         finally:
             os.unlink(tmp)
+
+    def _import_owner(self, name: str | None, digest: str | None):
+        """The tenant `?owner=NAME` names (a fleet moving a tenant's snapshot: the holder's digest answer said
+        who owns it there), checked before anything is read: this daemon must serve tenants and know it."""
+        if name is None:
+            return None
+        if digest is None:
+            raise errors.ConfigError("owner= goes with digest=: only a snapshot checked against its source's digest "
+                                     "(GET /v1/memory-snapshots/ID/digest answers both) is imported for a tenant.")
+        if self.tenancy is None:
+            raise errors.ConfigError(f"owner={name[:80]!r}: this daemon serves no tenants, so it cannot keep the "
+                                     "snapshot as a tenant's; start it with --tenants FILE (`hutch fleet up "
+                                     "--tenants FILE` for every node), or import it without owner=.")
+        t = self.tenancy.registry.get(name)
+        if t is None:
+            raise errors.ConfigError(f"owner={name[:80]!r} is no tenant of this daemon's tenants file; add it "
+                                     "(`hutch tenant add`) with the same file on every node, then import again.")
+        return t
+
+    async def _own_imported(self, t, snap: dict, *, new: bool) -> None:
+        """Record `t` as the owner of the imported snapshot and a holder of its image, as its snapshot_memory did
+        on the source; a snapshot of another tenant here is refused; a new one whose record fails is not kept."""
+        sid = snap["id"]
+        try:
+            have = self.tenancy.owners.memsnaps.get(sid)
+            if have is not None and have != t.name:
+                raise errors.StateError(f"memory snapshot {sid} is here already as another tenant's; nothing was "
+                                        "imported for tenant " + t.name + ": delete it here first.")
+            await self.tenancy.own_memsnap(t, sid)
+            await self.tenancy.own_image(t, layers.node_id_of(snap["image"]) or snap["image"])
+        except BaseException:
+            if new:   # keep no snapshot nobody may reach
+                await asyncio.to_thread(_drop_snapshot_id, sid)
+                with contextlib.suppress(Exception):
+                    await self.tenancy.drop_memsnap(sid)
+            raise
 
     async def wait(self, request):
         sb = self._sb(request)

@@ -44,7 +44,11 @@ def store_dir() -> Path:
     return paths.state_dir() / "memory-snapshots"
 
 
-def new_id() -> str:
+def new_id(node: str = "") -> str:
+    """32 hex digits; on a fleet node (`node`: its key, when hex of at most 8 digits, as fleet keys are) the id
+    starts with the key, so a caller that finds the snapshot on no node can say which node took it."""
+    if node and len(node) <= 8 and not set(node) - set("0123456789abcdef"):
+        return node + secrets.token_hex(16)[len(node):]
     return secrets.token_hex(16)
 
 
