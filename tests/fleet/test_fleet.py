@@ -12,7 +12,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fleet_support import CAP, LOOPBACK, NODES, RUN_TAG, cgroup_children, cgroup_parent_of, node_args, read_line
+from fleet_support import (
+    CAP, GUARD, LOOPBACK, NODES, RUN_TAG, cgroup_children, cgroup_parent_of, node_args, read_line,
+)
 
 import hutch
 
@@ -170,7 +172,7 @@ def test_a_client_that_dies_leaves_no_sandbox_on_any_node(fleet_sdk, fleet_busyb
         assert len({i.split("-")[0] for i in ids}) > 1
         p.kill()
         p.wait()
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + GUARD
         while time.monotonic() < deadline and hutch.Sandbox.list(tags={**RUN_TAG, "t": "orphan"}):
             time.sleep(0.2)
         assert hutch.Sandbox.list(tags={**RUN_TAG, "t": "orphan"}) == []   # the leases closed with the process
@@ -209,14 +211,14 @@ def test_a_dead_node_loses_its_sandboxes_fast_and_its_return_reaps_them(fleet_sd
     with pytest.raises(hutch.SandboxLostError):
         hutch.Sandbox.from_id(doomed[0].id).run("true")
     doomed[-1].terminate()                      # harmless
-    assert time.monotonic() - t0 < 60   # a hang guard (each call's connect times out in 3 s), not a speed target
+    assert time.monotonic() - t0 < 120   # a hang guard (each call's connect times out in 3 s), not a speed target
     others = [make(fleet_busybox) for _ in range(6)]   # creates go on, on the nodes left
     assert not [sb.id for sb in others if sb.id.startswith(victim["key"] + "-")]
     fleet_sdk.wait(lambda rs: any(r["key"] == victim["key"] and not r["healthy"] for r in rs), what="node down")
     # the node comes back: a new Ray node, an agent on it, the dead one's slot, key and run directory
     fleet_sdk.workers.append(fleet_sdk.cluster.add_node(**node_args()))
     back = fleet_sdk.wait(lambda rs: any(r["key"] == victim["key"] and r["healthy"] and r["pid"] != victim["pid"]
-                                         for r in rs), timeout=90, what="the node's return")
+                                         for r in rs), what="the node's return")
     row = next(r for r in back if r["key"] == victim["key"])
     assert row["run_dir"] == victim["run_dir"]
     assert before & set(cgroup_children(parent)) == set()   # the instance's new daemon reaped the old one's

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from fleet_support import CAP, NODES, RUN_TAG, read_line
+from fleet_support import CAP, GUARD, NODES, RUN_TAG, read_line
 
 import hutch
 
@@ -93,7 +93,7 @@ def test_many_processes_creating_at_once_never_overshoot_a_node_cap(fleet_sdk, f
             p.wait()
             for f in (p.stdin, p.stdout, p.stderr):   # our ends of its pipes (left to the gc: ResourceWarning)
                 f.close()
-    deadline = time.monotonic() + 30   # the clients' leases closed with them: every node's sandboxes end
+    deadline = time.monotonic() + GUARD   # the clients' leases closed with them: every node's sandboxes end
     while time.monotonic() < deadline and hutch.Sandbox.list(tags=tags):
         time.sleep(0.3)
     assert hutch.Sandbox.list(tags=tags) == []

@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from fleet_support import RUN_TAG
+from fleet_support import GUARD, RUN_TAG
 from hutch_testing import restore_env, sandbox_maker, start_daemon, stop_daemon
 
 import hutch
@@ -235,7 +235,7 @@ def test_terminate_status_reasons_and_the_errors_that_name_the_fix(make, image, 
     with pytest.raises(hutch.StateError, match="Sandbox.create"):
         sb.exec("true")
     timed = make(timeout=1)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + GUARD
     while timed.status not in ENDED and time.monotonic() < deadline:
         time.sleep(0.2)
     assert timed.status == "timeout" and timed.reason == "timeout"

@@ -9,7 +9,7 @@ import signal
 import time
 from pathlib import Path
 
-from fleet_support import NODES, RUN_TAG
+from fleet_support import GUARD, NODES, RUN_TAG
 
 import hutch
 
@@ -32,13 +32,13 @@ def test_a_cordon_outlives_the_daemon_the_controller_and_fleet_up(fleet_sdk, fle
         # the node's daemon dies and its agent starts another: still cordoned
         os.kill(victim["pid"], signal.SIGKILL)
         rows = fleet_sdk.wait(lambda rs: any(r["key"] == key and r["healthy"] and r["pid"] != victim["pid"]
-                                             for r in rs), timeout=90, what="the daemon's restart")
+                                             for r in rs), what="the daemon's restart")
         assert _cordoned(rows, key)
         # the controller dies (Ray starts it again, with an empty table): its agents tell it
         ctl = _fleet.controller("ray://auto")
         started = ray.get(ctl.ping.remote())["started"]
         ray.kill(ctl, no_restart=False)
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + GUARD
         while time.monotonic() < deadline:
             try:
                 if ray.get(ctl.ping.remote(), timeout=10)["started"] != started:
@@ -47,8 +47,8 @@ def test_a_cordon_outlives_the_daemon_the_controller_and_fleet_up(fleet_sdk, fle
                 pass
             time.sleep(0.3)
         else:
-            raise AssertionError("the controller was not restarted in 90 s")
-        rows = fleet_sdk.wait(lambda rs: len(rs) == NODES and all(r["healthy"] for r in rs), timeout=60,
+            raise AssertionError(f"the controller was not restarted in {GUARD:.0f} s")
+        rows = fleet_sdk.wait(lambda rs: len(rs) == NODES and all(r["healthy"] for r in rs),
                               what="the restarted controller's table")
         assert _cordoned(rows, key) and sum(r["cordoned"] for r in rows) == 1
         # `hutch fleet up` again: the same fleet, the same cordon
@@ -67,4 +67,4 @@ def test_a_cordon_outlives_the_daemon_the_controller_and_fleet_up(fleet_sdk, fle
     pid = next(r for r in rows if r["key"] == key)["pid"]
     os.kill(pid, signal.SIGKILL)   # --off outlives a restart too
     fleet_sdk.wait(lambda rs: any(r["key"] == key and r["healthy"] and r["pid"] != pid for r in rs)
-                   and not _cordoned(rs, key), timeout=90, what="the daemon's restart, uncordoned")
+                   and not _cordoned(rs, key), what="the daemon's restart, uncordoned")

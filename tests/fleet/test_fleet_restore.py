@@ -20,7 +20,7 @@ COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /tmp/n.tmp; mv /tmp/n.tmp /tmp
 
 
 def _n(sb) -> int:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while True:
         try:
             return int(sb.files.read("/tmp/n"))

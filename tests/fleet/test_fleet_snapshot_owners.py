@@ -24,7 +24,7 @@ TAGS = {**RUN_TAG, "t": "snap-owners"}
 
 
 def _n(sb) -> int:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while True:
         try:
             return int(sb.files.read("/tmp/n"))
@@ -182,9 +182,8 @@ def test_a_snapshot_whose_only_node_is_gone_is_lost_not_hung(fleet_sdk, fleet_bu
     for what in (snap, snap.id):
         with pytest.raises(hutch.SnapshotLostError, match=f"(?s){snap.id}.*{victim['key']}.*snap.export"):
             hutch.Sandbox.restore(what, tags=TAGS)
-    assert time.monotonic() - t0 < 60   # a hang guard (a node's connect times out in 3 s), not a speed target
-    fleet_sdk.wait(lambda rs: any(r["key"] == victim["key"] and not r["healthy"] for r in rs), timeout=180,
-                   what="node down")
+    assert time.monotonic() - t0 < 120   # a hang guard (a node's connect times out in 3 s), not a speed target
+    fleet_sdk.wait(lambda rs: any(r["key"] == victim["key"] and not r["healthy"] for r in rs), what="node down")
     time.sleep(1.2)
     with pytest.raises(hutch.SnapshotLostError, match=f"(?s){victim['key']}.*which is lost"):
         hutch.Sandbox.restore(snap.id, tags=TAGS)
@@ -193,7 +192,7 @@ def test_a_snapshot_whose_only_node_is_gone_is_lost_not_hung(fleet_sdk, fleet_bu
     # the node comes back: the same slot, key and state directory, and the snapshot with them
     fleet_sdk.workers.append(fleet_sdk.cluster.add_node(**node_args()))
     fleet_sdk.wait(lambda rs: any(r["key"] == victim["key"] and r["healthy"] and r["pid"] != victim["pid"]
-                                  for r in rs), timeout=240, what="the node's return")
+                                  for r in rs), what="the node's return")
     time.sleep(1.2)
     copy = hutch.Sandbox.restore(snap.id, tags=TAGS)
     try:
