@@ -86,8 +86,18 @@ def cluster():
     # every agent port chosen (fleet_support.node_args): left to Ray, a loaded host's raylet dies waiting for them
     c = None
     try:
-        c = Cluster(initialize_head=True, head_node_args={"include_dashboard": False, **node_args()})
-        workers = [c.add_node(**node_args(), resources={"WRITER": 1}) for _ in range(2)]
+        for attempt in range(3):   # a raylet that does not register in Ray's own 30 s (a loaded machine): again
+            try:
+                c = Cluster(initialize_head=True, head_node_args={"include_dashboard": False, **node_args()})
+                workers = [c.add_node(**node_args(), resources={"WRITER": 1}) for _ in range(2)]
+                break
+            except Exception:
+                if c is not None:
+                    c.shutdown()
+                    c = None
+                if attempt == 2:
+                    raise
+                time.sleep(10)
         env = dict(os.environ, RAY_ADDRESS=c.address)
         env.pop("HUTCH_URL", None)
         yield SimpleNamespace(cluster=c, workers=workers, tmp=tmp, env=env)
