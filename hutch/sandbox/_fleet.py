@@ -443,16 +443,18 @@ class Fleet:
         with lock:
             dst, src = self.op_client(target), self.op_client(source)
             have = src.json("GET", f"/v1/memory-snapshots/{snapshot_id}/digest")
-            want, owner = have["digest"], have.get("owner")
+            want, owner, shown = have["digest"], have.get("owner"), have.get("owner_image")
             try:
-                if dst.json("GET", f"/v1/memory-snapshots/{snapshot_id}/digest").get("owner") == owner:
+                there = dst.json("GET", f"/v1/memory-snapshots/{snapshot_id}/digest")
+                if (there.get("owner"), there.get("owner_image")) == (owner, shown):
                     return   # another thread brought it meanwhile (the same owner recorded: else import it again)
             except NotFoundError:
                 pass
             info = src.json("GET", f"/v1/memory-snapshots/{snapshot_id}")
             if info.get("image"):
                 self.fetch_image(key, info["image"])
-            params = {"digest": want, **({"owner": owner} if owner else {})}   # its owner travels with it
+            params = {"digest": want, **({"owner": owner} if owner else {}),   # its owner travels with it
+                      **({"owner_image": shown} if owner and shown else {})}
             resp = src.request("GET", f"/v1/memory-snapshots/{snapshot_id}/export", stream=True)
             try:
                 got = dst.json("POST", "/v1/memory-snapshots/import", params=params,

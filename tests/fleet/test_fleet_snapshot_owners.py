@@ -45,6 +45,11 @@ def _owners(fleet, key: str) -> dict:
     return json.loads(p.read_text()) if p.exists() else {}
 
 
+def _maker(record) -> str | None:
+    """The tenant of an ownership file's memory-snapshot record (TENANT, or {"tenant", "image"})."""
+    return record.get("tenant") if isinstance(record, dict) else record
+
+
 def _cordon(fleet, keys, on: bool = True) -> None:
     for k in keys:
         fleet.cli("fleet", "cordon", "--ray", fleet.address, *([] if on else ["--off"]), k)
@@ -84,7 +89,8 @@ def test_a_tenants_snapshot_moved_to_another_node_stays_its_own(fleet_sdk, share
         assert snap.id.startswith(holder)   # a fleet node's snapshot ids start with its key
         h = _node_client(rows[holder])
         want = h.json("GET", f"/v1/memory-snapshots/{snap.id}/digest")
-        assert want["owner"] == "ta" and _owners(fleet_sdk, holder)["memory_snapshots"][snap.id] == "ta"
+        record = _owners(fleet_sdk, holder)["memory_snapshots"][snap.id]
+        assert want["owner"] == "ta" and _maker(record) == "ta"
 
         # another tenant: the snapshot is no more there for it than an unknown id
         fleet_sdk.sdk("tb")
@@ -110,7 +116,7 @@ def test_a_tenants_snapshot_moved_to_another_node_stays_its_own(fleet_sdk, share
         moved = _node_client(rows[there])
         assert moved.json("GET", f"/v1/memory-snapshots/{snap.id}/digest") == want   # the same, and ta's
         owners = _owners(fleet_sdk, there)
-        assert owners["memory_snapshots"][snap.id] == "ta"
+        assert owners["memory_snapshots"][snap.id] == record   # the holder's record: ta's, the image it showed ta
         assert any("ta" in holders for holders in owners["images"].values())   # its image is ta's there too
         assert _node_client(rows[there], fleet_sdk.tokens["ta"]).json(
             "GET", f"/v1/memory-snapshots/{snap.id}")["id"] == snap.id
@@ -140,6 +146,9 @@ def test_a_tenants_snapshot_moved_to_another_node_stays_its_own(fleet_sdk, share
             third_op.json("POST", "/v1/memory-snapshots/import", params={"owner": "ta"}, content=archive)
         assert (sorted(p.name for p in store.iterdir()) if store.is_dir() else []) == before
         assert snap.id not in _owners(fleet_sdk, third).get("memory_snapshots", {})
+        with pytest.raises(hutch.ConfigError, match="owner_image= goes with owner="):
+            third_op.json("POST", "/v1/memory-snapshots/import", params={"digest": want["digest"],
+                          "owner_image": "x"}, content=archive)
 
         # ta deletes it: every copy, and its records
         hutch.Snapshot.of(snap.id).delete()

@@ -86,7 +86,7 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                                                   "responses": {"200": {"description": "application/x-tar"}}},
     ("get", "/v1/memory-snapshots/{sid}/digest"): {"summary": "A memory snapshot's digest (its metadata, memory "
                                                              "files and image; what an import's digest= expects)",
-                                                  "responses": {"200": {"description": "{id, digest, owner}"}}},
+                                                  "responses": {"200": {"description": "{id, digest, owner, owner_image}"}}},
     ("post", "/v1/memory-snapshots/import"): {"summary": "Import a memory snapshot archive (checked as hostile input); "
                                                          "with digest, only the snapshot of that digest, under its "
                                                          "own id",
@@ -98,7 +98,9 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                                                                schema={"type": "string", "minLength": 1,
                                                                        "maxLength": 4096}),
                                                             _q("owner", "with digest: the tenant to keep it as (the "
-                                                               "owner the source's digest answer names)")],
+                                                               "owner the source's digest answer names)"),
+                                                            _q("owner_image", "with owner: the image its source showed "
+                                                               "that tenant (the digest answer's owner_image)")],
                                              "requestBody": {"required": True, "content": {"application/x-tar": {
                                                  "schema": {"type": "string", "format": "binary"}}}},
                                              "responses": {"201": {"description": "the new snapshot"}}},

@@ -376,6 +376,7 @@ class Handlers:
         d = await self.mgr.gvisor.digest(sid)
         # the operator's route: who owns it here goes with it (a fleet's import is told it: ?owner=)
         d["owner"] = self.tenancy.owners.memsnaps.get(sid) if self.tenancy is not None else None
+        d["owner_image"] = self.tenancy.owners.memsnap_image(sid) if d["owner"] is not None else None
         return web.json_response(d)
 
     async def import_memory_snapshot(self, request):
@@ -388,6 +389,10 @@ class Handlers:
             raise errors.ConfigError(f"base={base[:80]!r} must be the image reference of the base the snapshot's "
                                      "filesystem sits on (debian-slim or dir:/PATH).")
         owner = self._import_owner(request.query.get("owner"), digest)
+        shown = request.query.get("owner_image")   # the image its source showed its owner (the holder's record)
+        if shown is not None and (owner is None or "\0" in shown or not 0 < len(shown) <= 200):
+            raise errors.ConfigError("owner_image= goes with owner=: the image the snapshot's source showed its "
+                                     "tenant, as the holder's digest answer names it (1-200 characters).")
         limits = ImportLimits.from_env()
         memsnaps.store_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
         before = set(os.listdir(memsnaps.store_dir()))
@@ -406,7 +411,7 @@ class Handlers:
             with open(tmp, "rb") as f:
                 snap = await asyncio.shield(self.mgr.gvisor.import_(f, limits, digest=digest, base=base))
             if owner is not None:
-                await asyncio.shield(self._own_imported(owner, snap, new=snap["id"] not in before))
+                await asyncio.shield(self._own_imported(owner, snap, shown, new=snap["id"] not in before))
             return web.json_response(snap, status=201)
         finally:
             os.unlink(tmp)
@@ -429,7 +434,7 @@ class Handlers:
                                      "(`hutch tenant add`) with the same file on every node, then import again.")
         return t
 
-    async def _own_imported(self, t, snap: dict, *, new: bool) -> None:
+    async def _own_imported(self, t, snap: dict, shown: str | None, *, new: bool) -> None:
         """Record `t` as the owner of the imported snapshot and a holder of its image, as its snapshot_memory did
         on the source; a snapshot of another tenant here is refused; a new one whose record fails is not kept."""
         sid = snap["id"]
@@ -438,7 +443,7 @@ class Handlers:
             if have is not None and have != t.name:
                 raise errors.StateError(f"memory snapshot {sid} is here already as another tenant's; nothing was "
                                         "imported for tenant " + t.name + ": delete it here first.")
-            await self.tenancy.own_memsnap(t, sid)
+            await self.tenancy.own_memsnap(t, sid, shown)
             await self.tenancy.own_image(t, layers.node_id_of(snap["image"]) or snap["image"])
         except BaseException:
             if new:   # keep no snapshot nobody may reach
