@@ -6,6 +6,7 @@ overlayfs refuses a lowerdir twice (ELOOP, "conflicting lowerdir path"), and the
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import httpx
@@ -123,3 +124,34 @@ def test_forks_of_a_restore_and_of_a_fork_mount_the_volume(world, who):
         for s in snaps:
             c.delete(f"/v1/memory-snapshots/{s}")
         c.delete(f"/v1/volumes/{vol}", params={"force": "1"})
+
+
+def test_a_chain_longer_than_one_overlay_mount_takes_is_a_409_naming_it_and_leaves_nothing(tmp_path):
+    """mount(2) reads one page of options: a longer lowerdir list was cut short by the kernel, and overlayfs
+    answered ELOOP for a lowerdir the cut made a prefix of another, or ENOENT (a fork of a fork ~70 deep: a 500).
+    mount_root refuses such a chain before it makes anything; one that fits is mounted, every layer seen."""
+    from hutch._core.errors import StateError
+    from hutch.sandbox._host.gvisor import runtime as R
+
+    layers = []
+    for i in range(120):
+        d = tmp_path / "layers" / f"l{i}"
+        d.mkdir(parents=True)
+        (d / f"f{i}").write_text("x")
+        layers.append(d)
+    gv = R.GvSandbox("forkvol-deep", tmp_path / "sb", network=False)
+    try:
+        with pytest.raises(StateError, match=r"chain of 120 layers.*more than one overlay mount takes here "
+                                             r"\(about \d+\)"):
+            R.mount_root(gv, layers, 1 << 20, 0, -1)
+        assert not gv.dir.exists() and gv.mounts == []
+    finally:
+        R.unmount_root(gv)
+    fits = 20
+    try:
+        R.mount_root(gv, layers[:fits], 1 << 20, 0, -1)
+        assert sorted(os.listdir(gv.merged)) == sorted(f"f{i}" for i in range(fits))
+    finally:
+        R.unmount_root(gv)
+    with open("/proc/self/mountinfo") as f:
+        assert not any(str(tmp_path) in ln.split()[4] for ln in f)

@@ -37,6 +37,7 @@ from hutch.sandbox._host.native.runtime import Channel
 
 START_TIMEOUT = 20.0   # seconds for a keeper to report ready and runsc to start the sandbox
 ROOTS = "/run/hutch-gvisor"
+MOUNT_DATA_MAX = 4096   # bytes of mount(2) options the kernel reads (a page), its NUL included
 #: runsc exec's PATH for a command whose env has none (its error names this list)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -138,9 +139,20 @@ def _unmount_all(d: Path) -> None:
 def mount_root(gv: GvSandbox, lowerdirs, disk: int, uid_base: int, userns_fd: int) -> None:
     """The sandbox's root: a tmpfs of `disk` bytes for upper and work, the layers idmapped through `userns_fd`
     (host root's files are root's inside; -1: plain), an overlay of both at gv.merged."""
+    lowerdirs = list(lowerdirs)
+    disk_dir = gv.dir / "disk"
+    lowers = [str(gv.dir / f"lower{i}") for i in range(len(lowerdirs))]
+    data = f"lowerdir={':'.join(lowers)},upperdir={disk_dir}/upper,workdir={disk_dir}/work"
+    if len(data.encode()) >= MOUNT_DATA_MAX:
+        fits = (MOUNT_DATA_MAX - 1 - len(data.encode()) + len(":".join(lowers).encode())) // (len(lowers[-1]) + 1)
+        # mount(2) reads one page of options: the kernel cut the list short, and overlayfs answered ELOOP (a
+        # lowerdir the cut made a prefix of another: "lower6" of "lower65") or ENOENT, a 500 of a fork of a fork
+        raise StateError(f"the image of sandbox {gv.id} is a chain of {len(lowerdirs)} layers (a snapshot of a "
+                         "restore or fork adds one each time), more than one overlay mount takes here (about "
+                         f"{fits}); restore or fork from a sandbox "
+                         "with fewer snapshots under it, or start a new one from a shorter image.")
     gv.dir.mkdir(mode=0o700)
     os.chown(gv.dir, uid_base, uid_base)
-    disk_dir = gv.dir / "disk"
     disk_dir.mkdir(mode=0o700)
     linux.mount("hutch-gvisor-disk", str(disk_dir), "tmpfs", linux.MS_NOSUID | linux.MS_NODEV,
                 f"size={disk},mode=0700")
@@ -148,9 +160,8 @@ def mount_root(gv: GvSandbox, lowerdirs, disk: int, uid_base: int, userns_fd: in
     for name in ("upper", "work"):
         (disk_dir / name).mkdir(mode=0o755)
         os.chown(disk_dir / name, uid_base, uid_base)
-    lowers = []
     for i, d in enumerate(lowerdirs):
-        at = gv.dir / f"lower{i}"
+        at = Path(lowers[i])
         at.mkdir(mode=0o700)
         if userns_fd >= 0:
             tree = linux.idmapped_tree(str(d), userns_fd, readonly=True)
@@ -163,10 +174,8 @@ def mount_root(gv: GvSandbox, lowerdirs, disk: int, uid_base: int, userns_fd: in
             linux.mount(None, str(at), None, linux.MS_BIND | linux.MS_REMOUNT | linux.MS_RDONLY | linux.MS_NOSUID |
                         linux.MS_NODEV)
         gv.mounts.append(str(at))
-        lowers.append(str(at))
     gv.merged.mkdir(mode=0o755)
-    linux.mount("hutch-gvisor-root", str(gv.merged), "overlay", linux.MS_NOSUID | linux.MS_NODEV,
-                f"lowerdir={':'.join(lowers)},upperdir={disk_dir}/upper,workdir={disk_dir}/work")
+    linux.mount("hutch-gvisor-root", str(gv.merged), "overlay", linux.MS_NOSUID | linux.MS_NODEV, data)
     gv.mounts.append(str(gv.merged))
 
 
