@@ -299,7 +299,7 @@ class Fleet:
     def fetch_image(self, key: str, ref: str) -> bool:
         """Bring image `ref` (an `image:` id or a built image's name) to node `key` from a node of the fleet that
         has it: the source's export streamed into the node's import, which is told the digest the source reports
-        (GET /v1/images/{id} -> "digest") and refuses, storing nothing, an archive of any other image (besides
+        (GET /v1/images/{id} -> "digest") and the tenants that hold it there ("owners": it records them) and refuses, storing nothing, an archive of any other image (besides
         checking every layer against its content digest, as any import does). False for a reference a node
         resolves on its own host (a dir: or the default base); NotFoundError when no node has the image."""
         if ref.startswith(_LOCAL_REFS):
@@ -325,9 +325,12 @@ class Fleet:
                                     "build`) or import it (`hutch image import`) on one, and the others fetch it.")
             src, info = min(found, key=lambda ca: peers[id(ca[0])].key)
             src_node = peers[id(src)]
+            # the tenants that hold it there hold it here too (the operator's answer names them; a tenant's not)
+            owners = self.op_client(src_node).json("GET", f"/v1/images/{info['id']}").get("owners") or []
+            params = {"digest": info["digest"], **({"owner": list(owners)} if owners else {})}
             resp = self.op_client(src_node).request("GET", f"/v1/images/{info['id']}/export", stream=True)
             try:
-                got = self.op_client(target).json("POST", "/v1/images/import", params={"digest": info["digest"]},
+                got = self.op_client(target).json("POST", "/v1/images/import", params=params,
                                                   content=resp.iter_bytes(TRANSFER_CHUNK))
             finally:
                 resp.close()

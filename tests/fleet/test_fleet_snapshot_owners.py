@@ -6,6 +6,7 @@ node's return."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -210,3 +211,98 @@ def test_a_snapshot_whose_only_node_is_gone_is_lost_not_hung(fleet_sdk, fleet_bu
     finally:
         copy.terminate()
         hutch.Snapshot.of(snap.id).delete()
+
+
+def _has_image(row, image_id: str) -> bool:
+    try:
+        _node_client(row).json("GET", f"/v1/images/{image_id}")
+        return True
+    except hutch.NotFoundError:
+        return False
+
+
+def test_a_tenants_image_moved_to_another_node_stays_its_own(fleet_sdk, shared_image):
+    """A tenant's own image (a snapshot_filesystem of its sandbox) that a create moves to another node is recorded
+    as the tenant's there (the holder's answer names its holders, the import is told them), so the tenant's create
+    runs on that node, and another tenant's create and lookups of it answer as an unknown image's there too."""
+    rows = {r["key"]: r for r in fleet_sdk.table()}
+    fleet_sdk.sdk("ta")
+    src = hutch.Sandbox.create("sleep", "600", image=shared_image, timeout=120, tags=TAGS)
+    holder = src.id.split("-")[0]
+    img, iid, there = None, None, None
+    try:
+        src.files.write("/mine", b"ta's own\n")
+        img = src.snapshot_filesystem()
+        iid = img.ref[len("image:"):]
+        src.terminate()
+        assert _owners(fleet_sdk, holder)["images"][iid] == ["ta"]
+        info = _node_client(rows[holder]).json("GET", f"/v1/images/{iid}")
+        assert info["owners"] == ["ta"]   # the operator's answer names its holders ...
+        assert "owners" not in _node_client(rows[holder], fleet_sdk.tokens["ta"]).json(
+            "GET", f"/v1/images/{iid}")   # ... a tenant's does not
+
+        # its holder cordoned: ta's create goes to another node, which fetches the image and records it as ta's
+        _cordon(fleet_sdk, [holder])
+        try:
+            sb = hutch.Sandbox.create("sleep", "600", image=img, timeout=120, tags=TAGS)
+            there = sb.id.split("-")[0]
+            try:
+                assert sb.files.read("/mine") == b"ta's own\n"
+            finally:
+                sb.terminate()
+            # another tenant: the image is on that node now, but no more there for it than an unknown one
+            fleet_sdk.sdk("tb")
+            with pytest.raises(hutch.NotFoundError, match="no image .* on this host|is on no node of the fleet"):
+                hutch.Sandbox.create("true", image=img, timeout=120, tags=TAGS)
+        finally:
+            fleet_sdk.sdk("ta")
+            _cordon(fleet_sdk, [holder], on=False)
+        assert there != holder and _has_image(rows[there], iid)
+        assert _owners(fleet_sdk, there)["images"][iid] == ["ta"]   # the holder's record
+        assert _node_client(rows[there]).json("GET", f"/v1/images/{iid}")["owners"] == ["ta"]
+        tb = _node_client(rows[there], fleet_sdk.tokens["tb"])
+        answers = []
+        for key in (iid, "f" * 64):
+            with pytest.raises(hutch.NotFoundError) as e:
+                tb.json("GET", f"/v1/images/{key}")
+            answers.append(str(e.value).replace(key, "KEY"))
+        assert answers[0] == answers[1]   # exactly as an unknown image answers
+
+        # an import for a tenant is refused, with nothing kept, unless the daemon knows the tenant and the digest
+        h = _node_client(rows[holder])
+        archive = b"".join(h.request("GET", f"/v1/images/{iid}/export", stream=True).iter_bytes())
+        third = next(k for k in rows if k not in (holder, there))
+        third_op, owners_file = _node_client(rows[third]), fleet_sdk.state_root / third / "tenant-owners.json"
+        before = owners_file.read_bytes() if owners_file.exists() else None
+        with pytest.raises(hutch.ConfigError, match="no tenant of this daemon"):
+            third_op.json("POST", "/v1/images/import", params={"digest": info["digest"], "owner": ["ta", "nobody"]},
+                          content=archive)
+        with pytest.raises(hutch.ConfigError, match="owner= goes with digest="):
+            third_op.json("POST", "/v1/images/import", params={"owner": "ta"}, content=archive)
+        assert not _has_image(rows[third], iid)
+        assert (owners_file.read_bytes() if owners_file.exists() else None) == before
+        # a record that fails (the ownership file is not one): the image it brought is not kept either
+        owners_file.write_text("not the records")
+        os.chmod(owners_file, 0o600)
+        try:
+            with pytest.raises(hutch.DaemonError, match="ownership file"):
+                third_op.json("POST", "/v1/images/import", params={"digest": info["digest"], "owner": "ta"},
+                              content=archive)
+        finally:
+            if before is None:
+                owners_file.unlink()
+            else:
+                owners_file.write_bytes(before)
+        assert not _has_image(rows[third], iid)
+        # the operator's import by digest for ta: kept, and ta's
+        got = third_op.json("POST", "/v1/images/import", params={"digest": info["digest"], "owner": "ta"},
+                            content=archive)
+        assert got["id"] == iid and _owners(fleet_sdk, third)["images"][iid] == ["ta"]
+    finally:
+        fleet_sdk.sdk()
+        src.terminate()
+        if img is not None:   # ta removes its image on every node: its records go with it
+            for row in rows.values():
+                with contextlib.suppress(hutch.NotFoundError):
+                    _node_client(row, fleet_sdk.tokens["ta"]).json("DELETE", f"/v1/images/{iid}",
+                                                                   params={"force": 1})

@@ -152,6 +152,9 @@ class StoreRoutes:
         t = request.get("tenant")
         if t is not None:
             node = self.mgr.tenancy.list_images(t, [node])[0]
+        else:   # the operator's answer: who holds it here goes with it (a fleet's import is told it: ?owner=)
+            ten = self.mgr.tenancy
+            node = {**node, "owners": list(ten.owners.images.get(node["id"], ())) if ten is not None else []}
         return web.json_response(node)
 
     async def remove(self, request):
@@ -208,7 +211,9 @@ class StoreRoutes:
         # A name of this host moves to the archive's content only when asked (?replace=1). A transfer by digest
         # asks for that image by id: it comes in, and this host's names stay where they are.
         names = "replace" if query_flag(request, "replace") else "keep" if digest is not None else "refuse"
+        owners = self._import_owners(request.query.getall("owner", []), digest)
         layers.private_dir(layers.layers_dir())
+        before = set(os.listdir(layers.nodes_dir())) if owners and layers.nodes_dir().is_dir() else set()
         fd, tmp = tempfile.mkstemp(prefix=".tmp-import-", dir=layers.layers_dir())
         try:
             with os.fdopen(fd, "wb") as f:
@@ -221,9 +226,57 @@ class StoreRoutes:
                     f.write(chunk)
             with open(tmp, "rb") as f:
                 result = await _run(archive.import_, f, limits, digest=digest, base=base, names=names)
+            if owners:
+                await asyncio.shield(self._own_imported(owners, result["id"], before))
             return web.json_response(result, status=201)
         finally:
             os.unlink(tmp)
+
+    def _import_owners(self, names: list[str], digest: str | None) -> list:
+        """The tenants `?owner=NAME` (once per holder) names: a fleet moving an image its source records as
+        theirs (the source's GET /v1/images/ID answers "owners"), checked before anything is read: only with a
+        digest, and this daemon must serve tenants and know each of them."""
+        if not names:
+            return []
+        if digest is None:
+            raise ConfigError("owner= goes with digest=: only an image checked against its source's digest (GET "
+                              "/v1/images/ID answers both) is imported for a tenant.")
+        ten = self.mgr.tenancy
+        if ten is None:
+            raise ConfigError(f"owner={names[0][:80]!r}: this daemon serves no tenants, so it cannot keep the image "
+                              "as a tenant's; start it with --tenants FILE (`hutch fleet up --tenants FILE` for "
+                              "every node), or import it without owner=.")
+        if len(names) > len(ten.registry.by_name):
+            raise ConfigError(f"{len(names)} owner= values, more than this daemon's {len(ten.registry.by_name)} "
+                              "tenants; name each holder once.")
+        out = []
+        for name in dict.fromkeys(names):
+            t = ten.registry.get(name)
+            if t is None:
+                raise ConfigError(f"owner={name[:80]!r} is no tenant of this daemon's tenants file; add it "
+                                  "(`hutch tenant add`) with the same file on every node, then import again.")
+            out.append(t)
+        return out
+
+    async def _own_imported(self, owners: list, node_id: str, before: set[str]) -> None:
+        """Record each of `owners` as a holder of the imported image, as its snapshot did on the source (an image
+        has as many holders as tenants made it: one already others' here gains these). If a record fails, the
+        nodes this import brought, which nobody may reach, go again."""
+        ten = self.mgr.tenancy
+        held = set(ten.owners.images.get(node_id, ()))
+        try:
+            for t in owners:
+                await ten.own_image(t, node_id)
+        except BaseException:
+            brought = {n[:-len(".json")] for n in set(os.listdir(layers.nodes_dir())) - before if n.endswith(".json")}
+            for t in (t for t in owners if t.name not in held):
+                with contextlib.suppress(Exception):
+                    await ten.disown_image(t, node_id)
+            for nid in sorted(brought):
+                if not ten.owners.images.get(nid):
+                    with contextlib.suppress(Error):
+                        await _run(layers.remove, nid, self._in_use()[0], force=True)
+            raise
 
     # --- volumes -------------------------------------------------------------------------------
 
@@ -334,7 +387,8 @@ __all__ = ["add_routes"]
 _FLAG = {"type": "string", "enum": ["0", "1", "true", "false", "yes", "no"]}
 _QUERY = {"path": {"type": "string", "minLength": 1}, "force": _FLAG, "recursive": _FLAG, "replace": _FLAG,
           "mode": {"type": "string", "pattern": "^[0-7]{1,4}$"}, "digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
-          "base": {"type": "string", "minLength": 1, "maxLength": 4096}}
+          "base": {"type": "string", "minLength": 1, "maxLength": 4096},
+          "owner": {"type": "string", "minLength": 1}}
 _STR = {"type": "string"}
 _ENV = {"type": "object", "additionalProperties": {"type": "string"}}
 _HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
@@ -369,8 +423,9 @@ OPERATIONS = {
     ("post", "/v1/images/prune"): _op("Remove unpinned build cache and unused layers"),
     ("post", "/v1/images/import"): _op("Import an image archive (tar); with digest, only the image of that digest; "
                                        "a dir: base only if named by base; a name of this host moves to the "
-                                       "archive's image only with replace (409 otherwise; with digest it stays)",
-                                       "201", "application/x-tar", query=("digest?", "base?", "replace")),
+                                       "archive's image only with replace (409 otherwise; with digest it stays); owner "
+                                       "(with digest, once per tenant): recorded as a holder of it",
+                                       "201", "application/x-tar", query=("digest?", "base?", "replace", "owner?")),
     ("get", "/v1/images/{key}"): _op("One image (id, prefix or name), 404 unless every layer is present"),
     ("delete", "/v1/images/{key}"): _op("Remove an image", query=("force",)),
     ("get", "/v1/images/{key}/export"): _op("The image as a tar archive (its layers, not its base)"),
