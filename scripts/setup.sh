@@ -71,21 +71,24 @@ if [ ! -x .venv/bin/python ] || [ ! -x .venv/bin/pip ]; then
   rm -f .venv/.hutch-installed
 fi
 # pip, retried while the package index cannot be reached (a DNS or network fault outside the machine; a CI run
-# once failed on a few minutes of it): up to 25 minutes, then the error. Any other failure stops at once.
+# once failed on a few minutes of it), for up to HUTCH_SETUP_NET_WAIT seconds (default 40 minutes) of wall
+# clock, counted from the first failure: one attempt against a dead resolver takes minutes of its own (pip
+# retries each package), so the clock, not the number of attempts, bounds the wait. Then the error.
+# Any other failure stops at once.
 pip_install() {
-  local log=.venv/.pip-install.log waited=0
+  local log=.venv/.pip-install.log start=$SECONDS limit=${HUTCH_SETUP_NET_WAIT:-2400} waited
   until .venv/bin/pip install "$@" 2>"$log"; do
     cat "$log" >&2
     if ! grep -qE 'name resolution|NameResolutionError|NewConnectionError|ConnectTimeout|ReadTimeout|Connection (reset|refused)|Network is unreachable' "$log"; then
       return 1
     fi
-    if [ "$waited" -ge 1500 ]; then
+    waited=$((SECONDS - start))
+    if [ $((waited + 60)) -ge "$limit" ]; then
       echo "setup: the package index has been unreachable for $waited s; check the machine's DNS and network (pip's errors above), then run scripts/setup.sh again" >&2
       return 1
     fi
-    echo "setup: the package index is unreachable (a network fault, above); trying again in 60 s ($waited s so far)" >&2
+    echo "setup: the package index is unreachable (a network fault, above); trying again in 60 s ($waited s of $limit so far)" >&2
     sleep 60
-    waited=$((waited + 60))
   done
   cat "$log" >&2
 }
