@@ -60,3 +60,94 @@ def owned_by_root(path: Path, what: str = "HUTCH_RUN_DIR / HUTCH_SOCKET (the def
             raise ConfigError(f"{p} is writable by other users ({stat.S_IMODE(st.st_mode):04o}): they could plant "
                               f"links there or swap what is inside; `chmod go-w {p}`, or give the daemon a directory "
                               f"of root's own in {what}.")
+
+
+def _code_refusal(p: str, st: os.stat_result | None, why: str) -> ConfigError:
+    fix = (f"`chown -R root {p}` and `chmod -R go-w {p}`" if st is not None and stat.S_ISDIR(st.st_mode)
+           else f"`chown root {p}` and `chmod go-w {p}`")
+    return ConfigError(f"{p} {why}, and the root daemon runs the code found there (its interpreter, the Python it "
+                       f"imports, the programs on its PATH): that user would run code as root. {fix}, or install "
+                       "hutch, its Python and its PATH's programs where only root can write (`hutch serve` refuses "
+                       "to start until then).")
+
+
+def _root_only(p: str, st: os.stat_result, *, sticky_ok: bool = False) -> None:
+    """`p` (stat `st`) is root's and writable by nobody else (its group may write only if it is root's group);
+    `sticky_ok`: a sticky directory may be writable by all (/tmp, as a parent: nobody renames root's names)."""
+    if st.st_uid != 0:
+        raise _code_refusal(p, st, f"belongs to uid {st.st_uid}, not root")
+    writable = st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0)
+    if writable and not (sticky_ok and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+        raise _code_refusal(p, st, f"is writable by other users ({stat.S_IMODE(st.st_mode):04o})")
+
+
+def _code_path(path: str, *, children: bool = False) -> None:
+    """`path` and every directory above it (as given and as its links resolve) are root's and writable by no
+    other user (a sticky ancestor may be: /tmp); with `children`, so is each entry directly in it (a package
+    or module a search path holds). A path that does not exist is checked where it would be made: its nearest
+    existing directory may not be writable by others at all (sticky or not: they would make it)."""
+    path = os.path.abspath(path)
+    for form in dict.fromkeys([path, os.path.realpath(path)]):
+        p, first = form, True
+        while True:
+            try:
+                st = os.stat(p)
+            except (FileNotFoundError, NotADirectoryError):
+                st = None
+            if st is not None:
+                _root_only(p, st, sticky_ok=not first and p != form)
+                first = False
+            parent = os.path.dirname(p)
+            if parent == p:
+                break
+            p = parent
+    if children and os.path.isdir(path):
+        with os.scandir(path) as it:
+            for e in it:
+                st = e.stat(follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    _code_path(e.path)   # where it leads, and the directories above that
+                else:
+                    _root_only(e.path, st)
+
+
+def code_owned_by_root(extra: tuple[str, ...] = ()) -> None:
+    """Refuse (ConfigError naming the path and the chown/chmod that fixes it) unless everything the root daemon
+    runs is root's and writable by no other user: the interpreter, each directory on sys.path and what it holds
+    directly (the current directory too, which `python -m` and `-c` search first), every file of the hutch
+    package, every module imported so far, and each directory on PATH (the daemon runs ip, nft, git, runsc by
+    name). Called by `hutch serve` before it makes anything. Not walked: the deeper files of third-party
+    packages not yet imported (a root-owned package directory that another user owns files in is not seen)."""
+    import sys
+
+    seen: set[str] = set()
+
+    def check(p: str, **kw) -> None:
+        if p not in seen:
+            seen.add(p)
+            _code_path(p, **kw)
+
+    check(sys.executable)
+    check(os.path.realpath(sys.executable))
+    for entry in sys.path:
+        check(entry or os.getcwd(), children=True)
+    check(str(PACKAGE_PARENT), children=True)   # the zygote's and the keeper's sys.path[0]
+    pkg = str(Path(__file__).resolve().parents[1])
+    check(pkg)
+    for dirpath, dirnames, filenames in os.walk(pkg):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                check(p)
+            else:
+                _root_only(p, st)
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if isinstance(f, str) and os.path.isabs(f):
+            check(f)
+    search = settings.PATH.get()
+    for d in (os.defpath if search is None else search).split(os.pathsep):
+        check(d or os.getcwd())
+    for p in extra:
+        check(p)

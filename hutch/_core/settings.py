@@ -208,6 +208,11 @@ TERM = _setting(
     "TERM", "text", _text, None,
     "The terminal type a terminal session (`hutch run -it`) gives the sandbox's programs.", "caller")
 
+PATH = _setting(
+    "PATH", "text", _text, None,
+    "Where the daemon finds the programs it runs by name (ip, nft, git, runsc): `hutch serve` refuses to start "
+    "if another user owns or may write one of its directories.", "daemon", shown_default="the system's")
+
 USERNS = _setting(
     "HUTCH_USERNS", "flag", _flag, True,
     "1: each sandbox in a user namespace of its own; 0 opts out (root inside is host root without "

@@ -1,0 +1,130 @@
+"""The root daemon refuses to run code another local user could change: a hutch package, a directory on its
+Python path or on its PATH that a second account owns or may write would let that account run code as root
+(edit a module the daemon imports later, plant a module or a program found before the real one).
+
+The second account is a real host account, made and removed here. Each refused start names the path and the
+chown/chmod that fixes it, and makes nothing (no run directory).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from hutch_testing import HOST_PYTHON, host_user, run_as
+
+import hutch
+
+pytestmark = pytest.mark.skipif(HOST_PYTHON is None, reason="needs the host's python3.11 for the second account")
+
+PACKAGE = Path(hutch.__file__).resolve().parent
+
+
+@pytest.fixture
+def public():
+    """A sticky directory every user may write, as /tmp is (root's, 1777)."""
+    d = Path(tempfile.mkdtemp(prefix="hutch-code-"))
+    os.chmod(d, 0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _copy(into: Path) -> Path:
+    """A copy of the hutch package in `into` (root's, 0755 directories, 0644 files, as a clone's)."""
+    into.mkdir(mode=0o755, exist_ok=True)
+    shutil.copytree(PACKAGE, into / "hutch", ignore=shutil.ignore_patterns("__pycache__"))
+    return into
+
+
+def _serve(cwd: Path, run: Path, **env) -> subprocess.CompletedProcess:
+    """`python -m hutch serve` in `cwd` (so the hutch it runs is cwd's, as `python -m` searches it first)."""
+    e = dict(os.environ, HUTCH_RUN_DIR=str(run), HUTCH_SOCKET=str(run / "hutch.sock"), **env)
+    e.pop("HUTCH_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "hutch", "serve"], cwd=cwd, env=e, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)   # a hang guard: a refused start ends in about a second
+    except subprocess.TimeoutExpired:
+        proc.terminate()   # started: the old code served; the test fails below
+        out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _refused(got: subprocess.CompletedProcess, path: Path, run: Path, why: str) -> None:
+    assert got.returncode != 0, got.stderr
+    assert f"{path} {why}" in got.stderr, got.stderr
+    assert "chmod" in got.stderr and "chown" in got.stderr, got.stderr
+    assert not run.exists()   # refused before anything was made
+
+
+def test_a_hutch_package_another_user_owns_is_refused(public):
+    with host_user() as other:
+        src = _copy(public / "src")
+        # Theirs: they could edit any module the daemon imports after it started (an import route's archive.py).
+        subprocess.run(["chown", "-R", f"{other.pw_uid}:{other.pw_gid}", str(src / "hutch")], check=True)
+        r = run_as(other, "import sys; open(sys.argv[1], 'a').close(); print('writable')",
+                   str(src / "hutch" / "sandbox" / "_host" / "archive.py"))
+        assert r.returncode == 0 and "writable" in r.stdout, r.stderr
+        run = public / "run"
+        _refused(_serve(src, run), src / "hutch", run, f"belongs to uid {other.pw_uid}, not root")
+
+
+def test_one_module_others_may_write_is_refused(public):
+    with host_user() as other:
+        src = _copy(public / "src")
+        victim = src / "hutch" / "sandbox" / "_host" / "archive.py"
+        os.chmod(victim, 0o666)
+        r = run_as(other, "import sys; open(sys.argv[1], 'a').close(); print('writable')", str(victim))
+        assert r.returncode == 0 and "writable" in r.stdout, r.stderr
+        run = public / "run"
+        _refused(_serve(src, run), victim, run, "is writable by other users (0666)")
+
+
+def test_a_python_path_directory_another_user_owns_is_refused(public):
+    # PYTHONPATH (or the directory `python -m` is started in) searched before site-packages: a module planted
+    # there (aiohttp.py) is imported by the root daemon instead of the real one.
+    with host_user() as other:
+        theirs = public / "theirs"
+        r = run_as(other, "import os, sys; os.mkdir(sys.argv[1], 0o755); print('made')", str(theirs))
+        assert r.returncode == 0, r.stderr
+        src = _copy(public / "src")
+        run = public / "run"
+        _refused(_serve(src, run, PYTHONPATH=str(theirs)), theirs, run, f"belongs to uid {other.pw_uid}")
+        _refused(_serve(theirs, run), theirs, run, f"belongs to uid {other.pw_uid}")   # python -m in their dir
+
+
+def test_a_path_directory_others_may_write_is_refused(public):
+    # The daemon runs ip, nft, git, runsc by name: a program planted in a PATH directory others may write (or
+    # in one not made yet, in a directory every user may write) runs as root.
+    src = _copy(public / "src")
+    shared = public / "bin"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    run = public / "run"
+    _refused(_serve(src, run, PATH=f"{shared}:{os.environ['PATH']}"), shared, run, "is writable by other users")
+    _refused(_serve(src, run, PATH=f"{public / 'later'}:{os.environ['PATH']}"), public, run,
+             "is writable by other users")
+
+
+def test_a_copy_of_roots_in_a_sticky_directory_passes(public):
+    # Root's own clone under /tmp (a sticky directory every user may write) is fine: nobody else can rename or
+    # change what root made there. The check itself, in the copy, passes; a directory of the other user's
+    # between them does not.
+    src = _copy(public / "src")
+    check = [sys.executable, "-c", "from hutch._core import paths; paths.code_owned_by_root(); print('ok')"]
+    got = subprocess.run(check, cwd=src, capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0 and got.stdout == "ok\n", got.stderr
+    with host_user() as other:
+        mid = public / "mid"
+        mid.mkdir()
+        os.chown(mid, other.pw_uid, other.pw_gid)
+        inner = _copy(mid / "src")
+        got = subprocess.run(check, cwd=inner, capture_output=True, text=True, timeout=60)
+        assert got.returncode != 0 and f"{mid} belongs to uid {other.pw_uid}" in got.stderr, got.stderr
