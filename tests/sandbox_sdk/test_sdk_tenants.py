@@ -759,3 +759,73 @@ def test_fair_slots_let_a_light_tenant_past_a_burst():
         assert acc.inflight == {} and not acc.turn
 
     asyncio.run(main())
+
+
+def _renamed(archive: bytes, name: str) -> bytes:
+    """The image archive with its top node named `name` (what an operator might be handed)."""
+    import io
+    import tarfile
+
+    from hutch.sandbox._host.archive import MANIFEST
+
+    src, out = tarfile.open(fileobj=io.BytesIO(archive)), io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst:
+        for m in src.getmembers():
+            data = src.extractfile(m).read() if m.isfile() else None
+            if m.name == MANIFEST:
+                doc = json.loads(data)
+                for n in doc["nodes"]:
+                    n["name"] = name if n["id"] == doc["top"] else None
+                data = json.dumps(doc).encode()
+                m.size = len(data)
+            dst.addfile(m, io.BytesIO(data) if data is not None else None)
+    return out.getvalue()
+
+
+def test_an_operators_import_gives_no_tenants_name_to_other_content(world):
+    """A tenant's image names are t.TENANT.NAME in the host's one namespace of names. An operator's import of an
+    archive carrying such a name (with replace=1 it moved the name off the tenant's own image) would hand the
+    tenant content it never made under a name it uses: refused, before anything is stored, unless the import is
+    for that tenant (owner=, with the digest its source answered: a fleet's transfer)."""
+    w = world
+    sa = _create(w, "a")
+    sb = _create(w, "b")
+    try:
+        sa.files.write("/who", b"a's own\n")
+        mine = sa.snapshot_filesystem(name="app")
+        sb.files.write("/who", b"b's\n")
+        theirs = sb.snapshot_filesystem()
+    finally:
+        sa.terminate()
+        sb.terminate()
+    op = w.client(None).http
+    tid = theirs.ref.split(":", 1)[1]
+    info = op.get(f"/v1/images/{tid}").json()
+    exported = op.get(f"/v1/images/{tid}/export").content
+    layers_dir = w.remote.run_dir / "state" / "layers"
+    before = sorted(p.name for p in layers_dir.iterdir())
+    from hutch.sandbox._host.archive import MANIFEST
+    base = json.loads(__import__("tarfile").open(fileobj=__import__("io").BytesIO(exported))
+                      .extractfile(MANIFEST).read())["base"]   # the busybox root, the shared image's base
+    for name, params in (("t.a.app", {"replace": "1"}), ("t.a.app", {}), ("t.a.later", {}),
+                         ("t.a.app", {"replace": "1", "digest": info["digest"], "owner": "b"})):
+        r = op.post("/v1/images/import", params={"base": base, **params}, content=_renamed(exported, name),
+                    headers={"Content-Type": "application/x-tar"})
+        assert r.status_code == 409, (name, params, r.text)
+        msg = r.json()["message"]
+        assert "a name of tenant 'a'" in msg and "owner=a" in msg, msg
+        assert sorted(p.name for p in layers_dir.iterdir()) == before   # nothing stored
+    w.as_tenant("a")
+    with hutch.Sandbox.create(image="app", tags=RUN_TAG) as s:
+        assert s.run("cat", "/who").stdout == "a's own\n"
+    assert hutch.Image.from_name("app").ref == mine.ref
+    # the owners= checks are one for both imports: no owner without a digest, one owner for a memory snapshot
+    r = op.post("/v1/images/import", params={"owner": "a"}, content=exported)
+    assert r.status_code == 400 and "owner= goes with digest=" in r.json()["message"], r.text
+    r = op.post("/v1/memory-snapshots/import", params={"owner": ["a", "b"], "digest": "0" * 64}, content=b"")
+    assert r.status_code == 400 and "more than a memory snapshot may have here (1)" in r.json()["message"], r.text
+    # for the tenant itself (a fleet moving a's image with the digest its source answered), the name comes
+    r = op.post("/v1/images/import", params={"base": base, "replace": "1", "digest": info["digest"], "owner": "a"},
+                content=_renamed(exported, "t.a.app"), headers={"Content-Type": "application/x-tar"})
+    assert r.status_code == 201, r.text
+    assert hutch.Image.from_name("app").ref == theirs.ref

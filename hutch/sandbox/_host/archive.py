@@ -196,21 +196,37 @@ def _names_free(manifest: dict, names: str) -> dict:
     return manifest
 
 
+#: import_'s `names`: layers.NAME_POLICIES, or "none": no name of the archive's is taken (a memory snapshot's
+#: filesystem, which its snapshot names by id).
+IMPORT_NAMES = (*NAME_POLICIES, "none")
+
+
 def import_(fileobj, limits: ImportLimits | None = None, *, digest: str | None = None,
-            base: str | None = None, names: str = "refuse") -> dict:
+            base: str | None = None, names: str = "refuse", name_check=None) -> dict:
     """Read a tar made by export(); nothing is stored unless every layer matches its digest (see above) and,
     given `digest` (the source's chain_digest of the image), the manifest's chain has that digest; its base
     must be the `base` the importer names, and may be a host directory only then (`_base_allowed`). A name the
     archive gives a node never moves from another image of this host, nor off a node here under another name,
     unless `names` (layers.NAME_POLICIES) is "replace": "refuse" refuses such an archive (StateError), "keep"
-    stores it with this host's names left where they are. All of it is checked before any layer is read."""
-    if names not in NAME_POLICIES:
-        raise ConfigError(f"names={names!r} must be one of {', '.join(NAME_POLICIES)}.")
+    stores it with this host's names left where they are, "none" takes none of the archive's. `name_check(name)`
+    raises for a name the archive may not bring (the daemon's: a tenant's, unless imported for that tenant).
+    All of it is checked before any layer is read."""
+    if names not in IMPORT_NAMES:
+        raise ConfigError(f"names={names!r} must be one of {', '.join(IMPORT_NAMES)}.")
     limits = limits or ImportLimits.from_env()
     store = layers_dir()
     private_dir(store)
-    manifest, trees = read_archive(fileobj, store, limits, lambda m: _names_free(
-        _base_allowed(_expected(check_manifest(m, limits), digest), base), names))
+
+    def check(m):
+        m = _base_allowed(_expected(check_manifest(m, limits), digest), base)
+        if names == "none":
+            m = {**m, "nodes": [{**n, "name": None} for n in m["nodes"]]}
+        for n in m["nodes"]:
+            if n["name"] and name_check is not None:
+                name_check(n["name"])
+        return _names_free(m, names)
+
+    manifest, trees = read_archive(fileobj, store, limits, check)
     try:
         metas = {}
         for layer, tree in trees.items():
@@ -227,7 +243,7 @@ def import_(fileobj, limits: ImportLimits | None = None, *, digest: str | None =
         # chain's digest by its source (ANY_BASE: a fleet's transfer between its own nodes).
         put_nodes([{**n, "kind": "import" if n["kind"] == "step" and base != ANY_BASE else n["kind"],
                     "pinned": n["id"] == manifest["top"] or n["pinned"]} for n in manifest["nodes"]],
-                  names=names, refuse=lambda moves: _name_refusal(manifest, moves))
+                  names="keep" if names == "none" else names, refuse=lambda moves: _name_refusal(manifest, moves))
         return {"ref": PREFIX + manifest["top"], "id": manifest["top"], "base": manifest["base"],
                 "layers": len(manifest["layers"]), "digest": chain_digest(manifest["nodes"], manifest["base"])}
     finally:
@@ -235,4 +251,4 @@ def import_(fileobj, limits: ImportLimits | None = None, *, digest: str | None =
             tree.discard()   # a committed one was renamed away: nothing left to remove
 
 
-__all__ = ["ANY_BASE", "MANIFEST", "ImportLimits", "check_manifest", "export", "import_"]
+__all__ = ["ANY_BASE", "IMPORT_NAMES", "MANIFEST", "ImportLimits", "check_manifest", "export", "import_"]

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from hutch._core import paths
 from hutch._core.atomic import atomic_write
-from hutch._core.errors import ConfigError, Error, NotFoundError, QuotaExceededError
+from hutch._core.errors import ConfigError, Error, NotFoundError, QuotaExceededError, StateError
 from hutch.sandbox._host import images, layers, volumes
+from hutch.sandbox._host.daemon.tenants import NAME_RE as TENANT_NAME_RE
 from hutch.sandbox._host.daemon.tenants import VOLUME_PREFIX, Accounts, Owners, Registry, Tenant, over_quota
 from hutch.sandbox._host.daemon.volume_stores import VolumeStores
 from hutch.sandbox._spec import VOLUME_NAME_RE
@@ -48,6 +49,60 @@ def egress_file() -> Path:
     daemons sharing a state dir (fleet nodes on one host) do not overwrite each other's counts."""
     key = hashlib.sha256(str(paths.run_dir().absolute()).encode()).hexdigest()[:16]
     return paths.state_dir() / "tenant-egress" / f"{key}.json"
+
+
+def import_owners(tenancy: "Tenancy | None", names: list[str], digest: str | None, what: str, source: str,
+                  *, most: int | None = None) -> list[Tenant]:
+    """The tenants an import's `?owner=NAME` (once per holder) names: a fleet moving a `what` its source records
+    as theirs (the source's `source` route answers its digest and owners), checked before anything is read:
+    only with a digest, at most `most` of them, and this daemon must serve tenants and know each of them. The
+    image and the memory snapshot imports both ask here."""
+    if not names:
+        return []
+    if digest is None:
+        raise ConfigError(f"owner= goes with digest=: only {what} checked against its source's digest ({source} "
+                          "answers both) is imported for a tenant.")
+    if tenancy is None:
+        raise ConfigError(f"owner={names[0][:80]!r}: this daemon serves no tenants, so it cannot keep {what} as a "
+                          "tenant's; start it with --tenants FILE (`hutch fleet up --tenants FILE` for every "
+                          "node), or import it without owner=.")
+    most = len(tenancy.registry.by_name) if most is None else min(most, len(tenancy.registry.by_name))
+    if len(names) > most:
+        raise ConfigError(f"{len(names)} owner= values, more than {what} may have here ({most}); name each "
+                          "holder once.")
+    out = []
+    for name in dict.fromkeys(names):
+        t = tenancy.registry.get(name)
+        if t is None:
+            raise ConfigError(f"owner={name[:80]!r} is no tenant of this daemon's tenants file; add it (`hutch "
+                              "tenant add`) with the same file on every node, then import again.")
+        out.append(t)
+    return out
+
+
+def tenant_of_name(name: str) -> str | None:
+    """The tenant whose namespace the image or volume name `name` is in (t.TENANT.NAME), else None."""
+    if not name.startswith(VOLUME_PREFIX):
+        return None
+    tenant, dot, _ = name[len(VOLUME_PREFIX):].partition(".")
+    return tenant if dot and TENANT_NAME_RE.match(tenant) else None
+
+
+def import_name_check(owners: list[Tenant]):
+    """archive.import_'s `name_check` for an import for `owners`: a name in a tenant's namespace (t.T.NAME, the
+    image T calls NAME) comes in only with T among the owners. Else the operator's import would give T's name
+    to content T never made (with replace, moving it off T's own image): a tenant's names are its own."""
+    allowed = {t.name for t in owners}
+
+    def check(name: str) -> None:
+        tenant = tenant_of_name(name)
+        if tenant is not None and tenant not in allowed:
+            raise StateError(
+                f"the archive names an image {name!r}, a name of tenant {tenant!r} (the image it calls "
+                f"{name[len(VOLUME_PREFIX) + len(tenant) + 1:]!r}); an import gives a tenant's name only to an image "
+                f"imported for that tenant (owner={tenant} with the digest= its source answers), so nothing was "
+                "imported. Import it for the tenant, or give the image another name where it was exported.")
+    return check
 
 
 class Tenancy:

@@ -22,7 +22,7 @@ from hutch.sandbox._host.daemon.http import json_body, query_flag, query_mode, q
 from hutch.sandbox._host.daemon.manager import Manager
 from hutch.sandbox._host.daemon.terminal import serve_pty
 from hutch.sandbox._host.daemon.openapi import openapi_document
-from hutch.sandbox._host.daemon.scope import unknown_memsnap
+from hutch.sandbox._host.daemon.scope import import_owners, unknown_memsnap
 from hutch.sandbox._host.daemon.store_routes import add_routes as add_store_routes
 from hutch.sandbox._host.daemon.tenants import ROUTES as TENANT_ROUTES
 from hutch.sandbox._host.daemon.tenants import Tenant
@@ -388,7 +388,9 @@ class Handlers:
         if base is not None and (base == archive.ANY_BASE or "\0" in base or len(base) > 4096):
             raise errors.ConfigError(f"base={base[:80]!r} must be the image reference of the base the snapshot's "
                                      "filesystem sits on (debian-slim or dir:/PATH).")
-        owner = self._import_owner(request.query.get("owner"), digest)
+        owners = import_owners(self.tenancy, request.query.getall("owner", []), digest, "a memory snapshot",
+                               "GET /v1/memory-snapshots/ID/digest", most=1)
+        owner = owners[0] if owners else None
         shown = request.query.get("owner_image")   # the image its source showed its owner (the holder's record)
         if shown is not None and (owner is None or "\0" in shown or not 0 < len(shown) <= 200):
             raise errors.ConfigError("owner_image= goes with owner=: the image the snapshot's source showed its "
@@ -415,24 +417,6 @@ class Handlers:
             return web.json_response(snap, status=201)
         finally:
             os.unlink(tmp)
-
-    def _import_owner(self, name: str | None, digest: str | None):
-        """The tenant `?owner=NAME` names (a fleet moving a tenant's snapshot: the holder's digest answer said
-        who owns it there), checked before anything is read: this daemon must serve tenants and know it."""
-        if name is None:
-            return None
-        if digest is None:
-            raise errors.ConfigError("owner= goes with digest=: only a snapshot checked against its source's digest "
-                                     "(GET /v1/memory-snapshots/ID/digest answers both) is imported for a tenant.")
-        if self.tenancy is None:
-            raise errors.ConfigError(f"owner={name[:80]!r}: this daemon serves no tenants, so it cannot keep the "
-                                     "snapshot as a tenant's; start it with --tenants FILE (`hutch fleet up "
-                                     "--tenants FILE` for every node), or import it without owner=.")
-        t = self.tenancy.registry.get(name)
-        if t is None:
-            raise errors.ConfigError(f"owner={name[:80]!r} is no tenant of this daemon's tenants file; add it "
-                                     "(`hutch tenant add`) with the same file on every node, then import again.")
-        return t
 
     async def _own_imported(self, t, snap: dict, shown: str | None, *, new: bool) -> None:
         """Record `t` as the owner of the imported snapshot and a holder of its image, as its snapshot_memory did

@@ -15,6 +15,7 @@ from hutch._core.errors import ConfigError, Error, InvalidArchiveError, QuotaExc
 from hutch.sandbox._host import archive, images, layers, volumes
 from hutch.sandbox._host.daemon.execs import error_from_reply, live_channel
 from hutch.sandbox._host.daemon.http import json_body, query_flag, query_mode, query_path, send_fd
+from hutch.sandbox._host.daemon.scope import import_name_check, import_owners
 from hutch.sandbox._spec import NAME_PATTERN, check_volume_name
 
 CHUNK = 1 << 18
@@ -211,7 +212,8 @@ class StoreRoutes:
         # A name of this host moves to the archive's content only when asked (?replace=1). A transfer by digest
         # asks for that image by id: it comes in, and this host's names stay where they are.
         names = "replace" if query_flag(request, "replace") else "keep" if digest is not None else "refuse"
-        owners = self._import_owners(request.query.getall("owner", []), digest)
+        owners = import_owners(self.mgr.tenancy, request.query.getall("owner", []), digest, "an image",
+                               "GET /v1/images/ID")
         layers.private_dir(layers.layers_dir())
         before = set(os.listdir(layers.nodes_dir())) if owners and layers.nodes_dir().is_dir() else set()
         fd, tmp = tempfile.mkstemp(prefix=".tmp-import-", dir=layers.layers_dir())
@@ -225,38 +227,13 @@ class StoreRoutes:
                                          "(HUTCH_IMPORT_MAX_BYTES of the daemon); raise that limit if it is yours.")
                     f.write(chunk)
             with open(tmp, "rb") as f:
-                result = await _run(archive.import_, f, limits, digest=digest, base=base, names=names)
+                result = await _run(archive.import_, f, limits, digest=digest, base=base, names=names,
+                                    name_check=import_name_check(owners))
             if owners:
                 await asyncio.shield(self._own_imported(owners, result["id"], before))
             return web.json_response(result, status=201)
         finally:
             os.unlink(tmp)
-
-    def _import_owners(self, names: list[str], digest: str | None) -> list:
-        """The tenants `?owner=NAME` (once per holder) names: a fleet moving an image its source records as
-        theirs (the source's GET /v1/images/ID answers "owners"), checked before anything is read: only with a
-        digest, and this daemon must serve tenants and know each of them."""
-        if not names:
-            return []
-        if digest is None:
-            raise ConfigError("owner= goes with digest=: only an image checked against its source's digest (GET "
-                              "/v1/images/ID answers both) is imported for a tenant.")
-        ten = self.mgr.tenancy
-        if ten is None:
-            raise ConfigError(f"owner={names[0][:80]!r}: this daemon serves no tenants, so it cannot keep the image "
-                              "as a tenant's; start it with --tenants FILE (`hutch fleet up --tenants FILE` for "
-                              "every node), or import it without owner=.")
-        if len(names) > len(ten.registry.by_name):
-            raise ConfigError(f"{len(names)} owner= values, more than this daemon's {len(ten.registry.by_name)} "
-                              "tenants; name each holder once.")
-        out = []
-        for name in dict.fromkeys(names):
-            t = ten.registry.get(name)
-            if t is None:
-                raise ConfigError(f"owner={name[:80]!r} is no tenant of this daemon's tenants file; add it "
-                                  "(`hutch tenant add`) with the same file on every node, then import again.")
-            out.append(t)
-        return out
 
     async def _own_imported(self, owners: list, node_id: str, before: set[str]) -> None:
         """Record each of `owners` as a holder of the imported image, as its snapshot did on the source (an image

@@ -289,9 +289,10 @@ def import_(fileobj, *, runsc_version: str, flags: list[str], limits: ImportLimi
             im = _next(tar, IMAGE_MEMBER, image_size)
             src = _Hashing(tar.extractfile(im))
             try:
-                # the snapshot names its image by id: this host's names stay where they are
+                # the snapshot names its image by id: this host's names stay where they are, and an archive
+                # not vouched for by its source's digest brings none (a name another party builds later)
                 got = archive.import_(src, limits, digest=chain, base=archive.ANY_BASE if digest else base,
-                                      names="keep")
+                                      names="keep" if digest else "none")
             except InvalidArchiveError as e:
                 raise InvalidArchiveError(f"the snapshot archive's filesystem is refused: {e}") from None
             if src.n != image_size or got["ref"] != meta.spec["image"]:
