@@ -32,6 +32,7 @@ from urllib.parse import quote
 import httpx
 
 from hutch._core import paths, settings
+from hutch._core.atomic import replace_file
 from hutch._core.errors import DaemonError, NotFoundError, QuotaExceededError, SandboxLostError, SnapshotLostError
 from hutch._core.tokens import from_env_or_file
 from hutch.sandbox import _fleet
@@ -564,25 +565,13 @@ class Client:
     def download(self, path: str, dest: "str | os.PathLike") -> None:
         """GET `path` streamed into the file `dest`, whole or not at all: written beside it under a temporary
         name and renamed into place once complete (an error or an interrupt removes the partial file)."""
-        import tempfile
-
-        dest = Path(dest).resolve()
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=dest.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                resp = self.request("GET", path, stream=True)
-                try:
-                    for chunk in resp.iter_bytes(1 << 20):
-                        f.write(chunk)
-                finally:
-                    resp.close()
-            os.replace(tmp, dest)
-        except BaseException:
+        with replace_file(Path(dest).resolve(), mode=None, fsync_file=False, fsync_dir=False) as f:
+            resp = self.request("GET", path, stream=True)
             try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+                for chunk in resp.iter_bytes(1 << 20):
+                    f.write(chunk)
+            finally:
+                resp.close()
 
     # the three calls a fleet answers differently (FleetClient): where a sandbox is made, found, listed
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hutch._core import settings
+from hutch._core.atomic import atomic_write
 from hutch._core.errors import (
     ConfigError,
     DaemonError,
@@ -801,9 +802,8 @@ class Manager:
             del self.sandboxes[s.id]
 
     def _write_record(self, sb: LiveSandbox) -> None:
-        path = self.records / f"{sb.id}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"id": sb.id, "created_at": sb.created_at, "daemon_pid": os.getpid()}))
-        os.replace(tmp, path)
+        atomic_write(self.records / f"{sb.id}.json",
+                     json.dumps({"id": sb.id, "created_at": sb.created_at, "daemon_pid": os.getpid()}).encode(),
+                     fsync_file=False, fsync_dir=False)
 
 __all__ = ["LiveSandbox", "Manager"]

@@ -21,6 +21,7 @@ import ssl
 from pathlib import Path
 
 from hutch._core import paths
+from hutch._core.atomic import atomic_write
 from hutch._core.errors import ConfigError
 
 CERT_NAME = "daemon.crt"
@@ -104,20 +105,8 @@ def _make_self_signed(crt: Path, key_path: Path) -> None:
             .sign(key, hashes.SHA256()))
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
-    _write(key_path, key_pem, 0o600)
-    _write(crt, cert.public_bytes(serialization.Encoding.PEM), 0o644)
-
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        os.fchmod(fd, mode)
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
+    atomic_write(key_path, key_pem, mode=0o600)   # mkstemp's 0600 from the start: never readable by others
+    atomic_write(crt, cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
 
 
 def fingerprint(cert: str | os.PathLike) -> str:
