@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -98,6 +99,30 @@ def sdk_pointed_at(run_dir: Path, **extra: str):
         restore_env(saved)
 
 
+@contextmanager
+def session_daemon(prefix: str, tags: dict | None):
+    """A private daemon (its run dir a new temp dir named `prefix`...), the SDK pointed at it (sdk_pointed_at);
+    yields the run dir. At the end every sandbox whose tags include `tags` (None: every sandbox) is terminated
+    while the daemon runs, then the daemon stops and its run dir is removed, also when a test failed."""
+    run_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    proc = None
+    try:
+        with sdk_pointed_at(run_dir):
+            proc = start_daemon(run_dir)
+            try:
+                yield run_dir
+            finally:
+                if proc.poll() is None:
+                    import hutch
+
+                    for sb in hutch.Sandbox.list(tags=tags):
+                        sb.terminate()
+    finally:
+        if proc is not None:
+            stop_daemon(proc)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def restore_env(saved: dict) -> None:
     """Put back environment variables saved as {name: value or None (was unset)}."""
     for k, v in saved.items():
@@ -108,16 +133,17 @@ def restore_env(saved: dict) -> None:
 
 
 @contextmanager
-def sandbox_maker(root: Path, tags: dict):
-    """Yield make(*command, **create_kwargs) -> a Sandbox from the busybox `root`, carrying `tags`;
-    every sandbox it made is terminated on exit, also when the test failed."""
+def sandbox_maker(image, tags: dict, timeout: float = 120):
+    """Yield make(*command, **create_kwargs) -> a Sandbox from `image` (a hutch.Image, or a root directory such
+    as the busybox one), carrying `tags`, by default living `timeout` seconds; every sandbox it made is
+    terminated on exit, also when the test failed."""
     import hutch
 
     made = []
 
     def make(*command, **kw):
-        kw.setdefault("image", hutch.Image.from_directory(root))
-        kw.setdefault("timeout", 120)
+        kw.setdefault("image", image if isinstance(image, hutch.Image) else hutch.Image.from_directory(image))
+        kw.setdefault("timeout", timeout)
         kw["tags"] = {**tags, **(kw.get("tags") or {})}
         sb = hutch.Sandbox.create(*command, **kw)
         made.append(sb)

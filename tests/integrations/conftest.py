@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import hutch
-from hutch_testing import make_busybox_root, sdk_pointed_at, start_daemon, stop_daemon
+from hutch_testing import make_busybox_root, session_daemon
 from integ_support import RUN_TAG, running
 
 
@@ -23,21 +23,8 @@ from integ_support import RUN_TAG, running
 @pytest.fixture(scope="session")
 def daemon():
     """A private hutch daemon for the session (the SDK points at it); every sandbox is gone at the end."""
-    run_dir = Path(tempfile.mkdtemp(prefix="hutch-integ-run-"))
-    proc = None
-    try:
-        with sdk_pointed_at(run_dir):
-            proc = start_daemon(run_dir)
-            try:
-                yield {"HUTCH_RUN_DIR": str(run_dir), "HUTCH_SOCKET": str(run_dir / "hutch.sock")}
-            finally:
-                if proc.poll() is None:
-                    for sb in hutch.Sandbox.list():
-                        sb.terminate()
-    finally:
-        if proc is not None:
-            stop_daemon(proc)
-        shutil.rmtree(run_dir, ignore_errors=True)
+    with session_daemon("hutch-integ-run-", None) as run_dir:
+        yield {"HUTCH_RUN_DIR": str(run_dir), "HUTCH_SOCKET": str(run_dir / "hutch.sock")}
 
 
 @pytest.fixture

@@ -8,12 +8,8 @@ only this suite and the adapters' run_code tests use it, so no other module wait
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
-from hutch_testing import sdk_pointed_at, start_daemon, stop_daemon
+from hutch_testing import sandbox_maker, session_daemon
 from interp_support import RUN_TAG
 
 import hutch
@@ -22,21 +18,8 @@ import hutch
 
 @pytest.fixture(scope="session")
 def daemon():
-    run_dir = Path(tempfile.mkdtemp(prefix="hutch-interp-run-"))
-    proc = None
-    try:
-        with sdk_pointed_at(run_dir):
-            proc = start_daemon(run_dir)
-            try:
-                yield {"HUTCH_RUN_DIR": str(run_dir), "HUTCH_SOCKET": str(run_dir / "hutch.sock")}
-            finally:
-                if proc.poll() is None:
-                    for sb in hutch.Sandbox.list(tags=RUN_TAG):
-                        sb.terminate()
-    finally:
-        if proc is not None:
-            stop_daemon(proc)
-        shutil.rmtree(run_dir, ignore_errors=True)
+    with session_daemon("hutch-interp-run-", RUN_TAG) as run_dir:
+        yield {"HUTCH_RUN_DIR": str(run_dir), "HUTCH_SOCKET": str(run_dir / "hutch.sock")}
 
 
 @pytest.fixture(scope="session")
@@ -48,21 +31,8 @@ def image(daemon):
 @pytest.fixture
 def make(image):
     """make(**create_kwargs) -> a code-interpreter Sandbox tagged for this run, terminated when the test ends."""
-    made = []
-
-    def make_one(**kw):
-        kw.setdefault("image", image)
-        kw.setdefault("timeout", 180)
-        kw["tags"] = {**RUN_TAG, **(kw.get("tags") or {})}
-        sb = hutch.Sandbox.create(**kw)
-        made.append(sb)
-        return sb
-
-    try:
+    with sandbox_maker(image, RUN_TAG, timeout=180) as make_one:
         yield make_one
-    finally:
-        for sb in made:
-            sb.terminate()
 
 
 @pytest.fixture

@@ -13,30 +13,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hutch_testing import make_busybox_root, sandbox_maker, sdk_pointed_at, start_daemon, stop_daemon
+from hutch_testing import make_busybox_root, sandbox_maker, session_daemon
 from sdk_support import RUN_TAG
 
 
 @pytest.fixture(scope="session")
 def daemon():
     """A private hutch daemon for the session; HUTCH_RUN_DIR/HUTCH_SOCKET point the SDK at it."""
-    run_dir = Path(tempfile.mkdtemp(prefix="hutch-sdk-run-"))
-    proc = None
-    try:
-        with sdk_pointed_at(run_dir):
-            proc = start_daemon(run_dir)
-            try:
-                yield run_dir
-            finally:
-                if proc.poll() is None:
-                    import hutch
-
-                    for sb in hutch.Sandbox.list(tags=RUN_TAG):
-                        sb.terminate()
-    finally:
-        if proc is not None:
-            stop_daemon(proc)
-        shutil.rmtree(run_dir, ignore_errors=True)
+    with session_daemon("hutch-sdk-run-", RUN_TAG) as run_dir:
+        yield run_dir
 
 
 @pytest.fixture(scope="session")
