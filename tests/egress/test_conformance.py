@@ -29,6 +29,50 @@ def pyclient(body: str) -> str:
     return textwrap.dedent(body)
 
 
+def reach_by_udp_and_tcp(addr: str) -> str:
+    """A client that sends a UDP datagram to `addr` port 8000, then connects there by TCP: prints "connected" or
+    "error" (shared with the gVisor tests)."""
+    return pyclient(f"""
+        import socket
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            u.sendto(b"x", ({addr!r}, 8000))
+        except OSError:
+            pass
+        try:
+            socket.create_connection(({addr!r}, 8000), timeout=3); print("connected")
+        except OSError:
+            print("error")
+    """)
+
+
+#: A client that holds a slow HTTP connection to www.example.test and one to api.example.test, prints "open", waits
+#: for a line on stdin, then prints for each "<name> reset", "<name> eof" or (still served after 1 s) "<name> alive"
+#: (shared with the gVisor tests)
+HOLD_WWW_AND_API = pyclient("""
+        import socket, sys, time
+        conns = {}
+        for name in ("www.example.test", "api.example.test"):
+            s = socket.create_connection((name, 80), timeout=20)
+            s.sendall(("GET /slow HTTP/1.1\\r\\nHost: %s\\r\\n\\r\\n" % name).encode())
+            s.recv(100)
+            conns[name] = s
+        print("open", flush=True)
+        sys.stdin.readline()
+        t0 = time.monotonic()
+        for name, s in conns.items():
+            try:
+                while True:
+                    d = s.recv(4096)
+                    if not d:
+                        print(name, "eof", flush=True); break
+                    if time.monotonic() - t0 > 1.0:
+                        print(name, "alive", flush=True); break
+            except ConnectionResetError:
+                print(name, "reset", flush=True)
+    """)
+
+
 # --- allowed traffic works -------------------------------------------------
 
 
@@ -415,18 +459,7 @@ def test_another_sandbox_is_unreachable(sandbox, world):
     try:
         assert p.stdout.readline().strip() == "ready"
         baddr = b.address
-        r = a.py(pyclient(f"""
-            import socket
-            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            try:
-                u.sendto(b"x", ({baddr!r}, 8000))
-            except OSError:
-                pass
-            try:
-                socket.create_connection(({baddr!r}, 8000), timeout=3); print("connected")
-            except OSError as e:
-                print("error")
-        """))
+        r = a.py(reach_by_udp_and_tcp(baddr))
         assert r.stdout.strip() == "error", r.stdout
         out, _ = p.communicate(timeout=10)
         assert "accepted" not in out and "noudp" in out, out
@@ -483,28 +516,7 @@ def test_policy_change_resets_a_now_forbidden_open_connection(sandbox, world):
     import subprocess
     import sys
     sb = sandbox(Network.allow(domains=["www.example.test", "api.example.test"]))
-    code = pyclient("""
-        import socket, sys, time
-        conns = {}
-        for name in ("www.example.test", "api.example.test"):
-            s = socket.create_connection((name, 80), timeout=20)
-            s.sendall(("GET /slow HTTP/1.1\\r\\nHost: %s\\r\\n\\r\\n" % name).encode())
-            s.recv(100)
-            conns[name] = s
-        print("open", flush=True)
-        sys.stdin.readline()
-        t0 = time.monotonic()
-        for name, s in conns.items():
-            try:
-                while True:
-                    d = s.recv(4096)
-                    if not d:
-                        print(name, "eof", flush=True); break
-                    if time.monotonic() - t0 > 1.0:
-                        print(name, "alive", flush=True); break
-            except ConnectionResetError:
-                print(name, "reset", flush=True)
-    """)
+    code = HOLD_WWW_AND_API
     p = subprocess.Popen(["ip", "netns", "exec", sb.netns, sys.executable, "-c", code], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

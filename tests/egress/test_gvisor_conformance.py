@@ -164,18 +164,7 @@ def test_another_gvisor_sandbox_is_unreachable(sandbox):
     listen.start()
     try:
         assert wait_for(lambda: "ready" in {f.name for f in b.sb.files.list("/tmp")}, timeout=15), "no listener"
-        r = a.py(conf.pyclient(f"""
-            import socket
-            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            try:
-                u.sendto(b"x", ({baddr!r}, 8000))
-            except OSError:
-                pass
-            try:
-                socket.create_connection(({baddr!r}, 8000), timeout=3); print("connected")
-            except OSError:
-                print("error")
-        """))
+        r = a.py(conf.reach_by_udp_and_tcp(baddr))
         assert r.stdout.strip() == "error", r.stdout + r.stderr
     finally:
         listen.join(40)
@@ -240,28 +229,7 @@ def test_set_policy_none_refuses_everything_and_allow_brings_it_back_on_gvisor(s
 
 def test_policy_change_resets_a_now_forbidden_open_connection_on_gvisor(sandbox):
     sb = sandbox(hutch.Network.allow(domains=["www.example.test", "api.example.test"]))
-    code = conf.pyclient("""
-        import socket, sys, time
-        conns = {}
-        for name in ("www.example.test", "api.example.test"):
-            s = socket.create_connection((name, 80), timeout=20)
-            s.sendall(("GET /slow HTTP/1.1\\r\\nHost: %s\\r\\n\\r\\n" % name).encode())
-            s.recv(100)
-            conns[name] = s
-        print("open", flush=True)
-        sys.stdin.readline()
-        t0 = time.monotonic()
-        for name, s in conns.items():
-            try:
-                while True:
-                    d = s.recv(4096)
-                    if not d:
-                        print(name, "eof", flush=True); break
-                    if time.monotonic() - t0 > 1.0:
-                        print(name, "alive", flush=True); break
-            except ConnectionResetError:
-                print(name, "reset", flush=True)
-    """)
+    code = conf.HOLD_WWW_AND_API
     p = sb.sb.exec("/usr/bin/python3", "-c", code, stdin=True, timeout=60)
     try:
         assert p.stdout.readline().strip() == "open"
