@@ -1,8 +1,26 @@
-"""What the benchmarks share: writing one benchmark's section of docs/benchmarks.md (not a benchmark)."""
+"""What the benchmarks share (not a benchmark): a private daemon, and writing one benchmark's section of
+docs/benchmarks.md."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import hutch_testing  # noqa: E402  (stdlib only at import)
+
+#: SIGTERM (the daemon ends its sandboxes), SIGKILL only past the timeout
+stop_daemon = hutch_testing.stop_daemon
+
+
+def start_daemon(run_dir: Path, env: dict | None = None) -> subprocess.Popen:
+    """tests/hutch_testing.py's start_daemon (`env` added to the daemon's environment, its output in
+    run_dir/daemon.log), and this process's SDK pointed at it (HUTCH_RUN_DIR, HUTCH_SOCKET; no HUTCH_URL)."""
+    os.environ.update(HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(run_dir / "hutch.sock"))
+    os.environ.pop("HUTCH_URL", None)
+    return hutch_testing.start_daemon(run_dir, env, log=run_dir / "daemon.log")
 
 
 def write_section(path: Path, bench: str, title: str, text: str) -> None:

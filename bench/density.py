@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _report import write_section  # bench/ is the script's directory
+from _report import start_daemon, stop_daemon, write_section  # bench/ is the script's directory
 from sandbox import Overlay, bwrap_argv, leftovers, mem_used_mib, setup_peers
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
@@ -70,32 +70,6 @@ def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a process has used itself."""
     f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def start_daemon(run_dir: Path, env: dict) -> subprocess.Popen:
-    from hutch.sandbox._client import Endpoint, _ping
-
-    os.environ.update(HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(run_dir / "hutch.sock"))
-    os.environ.pop("HUTCH_URL", None)
-    log = open(run_dir / "daemon.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "hutch", "serve"], stdout=log, stderr=log, env={**os.environ, **env},
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    for _ in range(600):
-        if _ping(Endpoint(), 1.0):
-            return proc
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise SystemExit(f"the daemon did not start; see {run_dir / 'daemon.log'}")
-
-
-def stop_daemon(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def hutch_density(image, n: int, native: bool, threads: int) -> dict:

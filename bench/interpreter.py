@@ -19,15 +19,13 @@ import argparse
 import concurrent.futures as cf
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _report import write_section  # bench/ is the script's directory
+from _report import start_daemon, stop_daemon, write_section  # bench/ is the script's directory
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
@@ -180,24 +178,6 @@ def peer(n_cold, n_warm, n_chart):
 # ------------------------------------------------------------------ main
 
 
-def start_daemon(run_dir: Path):
-    from hutch.sandbox._client import Endpoint, _ping
-
-    os.environ.update(HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(run_dir / "hutch.sock"))
-    os.environ.pop("HUTCH_URL", None)
-    log = open(run_dir / "daemon.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "hutch", "serve"], stdout=log, stderr=log,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    ep = Endpoint()
-    for _ in range(600):
-        if _ping(ep, 1.0):
-            return proc
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise SystemExit(f"the daemon did not start; see {run_dir / 'daemon.log'}")
-
-
 def row(name, h, p=None, target=""):
     hp = f"{h['p50']:.1f} / {h['p99']:.1f}"
     pp = f"{p['p50']:.1f} / {p['p99']:.1f}" if p else "n/a"
@@ -235,12 +215,7 @@ def main():
     finally:
         for sb in hutch.Sandbox.list(tags=TAG):
             sb.terminate()
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(20)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+        stop_daemon(daemon, 20)
         shutil.rmtree(run_dir, ignore_errors=True)
 
     h_cold, h_pool, h_warm = summary(r_cold), summary(r_pool), summary(r_warm)

@@ -20,7 +20,6 @@ import ctypes
 import os
 import resource
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _report import write_section  # bench/ is the script's directory
+from _report import start_daemon, stop_daemon, write_section  # bench/ is the script's directory
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
@@ -327,24 +326,6 @@ def podman_terminate(root, n):
 # ------------------------------------------------------------------ main
 
 
-def start_daemon(run_dir: Path):
-    from hutch.sandbox._client import Endpoint, _ping
-
-    os.environ.update(HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(run_dir / "hutch.sock"))
-    os.environ.pop("HUTCH_URL", None)
-    log = open(run_dir / "daemon.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "hutch", "serve"], stdout=log, stderr=log,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    ep = Endpoint()
-    for _ in range(600):
-        if _ping(ep, 1.0):
-            return proc
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise SystemExit(f"the daemon did not start; see {run_dir / 'daemon.log'}")
-
-
 def fmt_row(name, h, peers):
     cells = [f"{h['p50']:.1f} / {h['p99']:.1f}"]
     for p in peers:
@@ -405,12 +386,7 @@ def main():
     finally:
         for sb in hutch.Sandbox.list(tags=TAG):
             sb.terminate()
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(20)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+        stop_daemon(daemon, 20)
         after_stop = leftovers(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
 

@@ -17,7 +17,6 @@ import argparse
 import os
 import select
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _report import write_section  # bench/ is the script's directory
+from _report import start_daemon, stop_daemon, write_section  # bench/ is the script's directory
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
@@ -91,23 +90,6 @@ def echo_times(t, n: int, prompt: bytes | None) -> list[float]:
     return out
 
 
-def start_daemon(run_dir: Path):
-    from hutch.sandbox._client import Endpoint, _ping
-
-    os.environ.update(HUTCH_RUN_DIR=str(run_dir), HUTCH_SOCKET=str(run_dir / "hutch.sock"))
-    os.environ.pop("HUTCH_URL", None)
-    log = open(run_dir / "daemon.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "hutch", "serve"], stdin=subprocess.DEVNULL, stdout=log,
-                            stderr=log, start_new_session=True)
-    ep = Endpoint(socket_path=str(run_dir / "hutch.sock"))
-    for _ in range(600):
-        if _ping(ep, 1.0):
-            return proc
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"the daemon did not start; see {run_dir / 'daemon.log'}")
-
-
 BASH = ["bash", "--norc", "--noprofile"]
 PROMPT = b"$ "
 
@@ -155,12 +137,7 @@ def main():
     finally:
         for s in hutch.Sandbox.list(tags=TAG):
             s.terminate()
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(20)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+        stop_daemon(daemon, 20)
         shutil.rmtree(run_dir, ignore_errors=True)
 
     def num(x):
