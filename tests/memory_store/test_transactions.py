@@ -58,19 +58,11 @@ def test_failed_single_op_writes_nothing(mem, store_dir):
     assert before == after
 
 
-def _writer(path, w, m):
-    mem = hutch.Memory(path)
-    for i in range(m):
-        e = mem.put("notes", f"writer {w} note {i}", facts=[f"w{w}-{i}"])
-        if i:
-            mem.link(e, "after", f"notes/writer-{w}-note-{i - 1}")
-
-
-def test_concurrent_writers_lose_nothing(store_dir):
-    hutch.Memory(store_dir)
-    n, m = 4, 15
+def run_forked(target, arg_lists) -> None:
+    """target(*args) in a forked process for each of `arg_lists`, all at once; each must exit 0 within 120 s
+    (a hang guard); none outlives this, also when one failed."""
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_writer, args=(str(store_dir), w, m)) for w in range(n)]
+    procs = [ctx.Process(target=target, args=args) for args in arg_lists]
     for p in procs:
         p.start()
     try:
@@ -82,6 +74,20 @@ def test_concurrent_writers_lose_nothing(store_dir):
             if p.is_alive():
                 os.kill(p.pid, 9)
                 p.join()
+
+
+def _writer(path, w, m):
+    mem = hutch.Memory(path)
+    for i in range(m):
+        e = mem.put("notes", f"writer {w} note {i}", facts=[f"w{w}-{i}"])
+        if i:
+            mem.link(e, "after", f"notes/writer-{w}-note-{i - 1}")
+
+
+def test_concurrent_writers_lose_nothing(store_dir):
+    hutch.Memory(store_dir)
+    n, m = 4, 15
+    run_forked(_writer, [(str(store_dir), w, m) for w in range(n)])
     mem = hutch.Memory(store_dir)
     assert len(mem.ls("notes")) == n * m
     assert commits(mem) == 1 + n * m + n * (m - 1)
@@ -148,19 +154,7 @@ def _tx_writer(path, w, batches, size):
 def test_concurrent_transactions_interleave_whole(store_dir):
     hutch.Memory(store_dir)
     n, batches, size = 3, 5, 4
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_tx_writer, args=(str(store_dir), w, batches, size)) for w in range(n)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(120)
-            assert p.exitcode == 0
-    finally:
-        for p in procs:
-            if p.is_alive():
-                os.kill(p.pid, 9)
-                p.join()
+    run_forked(_tx_writer, [(str(store_dir), w, batches, size) for w in range(n)])
     mem = hutch.Memory(store_dir)
     assert len(mem.ls("notes")) == n * batches * size
     log = mem.git.log()
