@@ -16,8 +16,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 #: The variables that point the SDK at a daemon; a test that changes them restores them.
@@ -154,6 +156,29 @@ def sandbox_maker(image, tags: dict, timeout: float = 120):
     finally:
         for sb in made:
             sb.terminate()
+
+
+
+class LoopbackHTTP:
+    """An HTTP server on 127.0.0.1 (a free port) serving `handler` (a BaseHTTPRequestHandler class) in a thread
+    while its `with` block runs: the base of the fakes at a true external boundary (a model API)."""
+
+    def __init__(self, handler):
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
 
 
 # --- other host accounts: the attacker's side of the access tests --------------------------------------

@@ -9,11 +9,12 @@ A turn is a dict (the answer) or a callable(request_body) -> dict.
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from hutch_testing import LoopbackHTTP
 
 
-class ScriptedAPI:
+class ScriptedAPI(LoopbackHTTP):
     def __init__(self, turns):
         self.turns = list(turns)
         self.requests: list[dict] = []
@@ -42,17 +43,8 @@ class ScriptedAPI:
             def log_message(self, *a):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._t = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
+        self.url = self.origin
 
 
 # ------------------------------------------------------------------ Anthropic Messages answers

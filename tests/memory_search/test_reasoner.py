@@ -12,9 +12,10 @@ import subprocess
 import sys
 import threading
 import warnings
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from hutch_testing import LoopbackHTTP
 
 import hutch
 from hutch.memory._index import _reason
@@ -22,7 +23,7 @@ from hutch.memory._index import _reason
 QUESTION = "What animal does Sam keep in the backyard?"
 
 
-class FakeChatServer:
+class FakeChatServer(LoopbackHTTP):
     """A fake OpenAI-compatible /chat/completions on 127.0.0.1. In `mode` "ok" it answers a rewrite request with
     `queries`, a re-rank request with the passages that contain `prefer` first, the rest in reverse order. Other
     modes are the failures: "500", "not-json", "deep" (a re-rank answer nested past any parser's depth), "not-text" (a
@@ -95,23 +96,15 @@ class FakeChatServer:
                 except OSError:  # the client stopped reading (the "huge" answer): as it should
                     pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        super().__init__(Handler)
 
     @property
     def url(self):
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def __enter__(self):
-        self.thread.start()
-        return self
+        return f"{self.origin}/v1"
 
     def __exit__(self, *exc):
-        self.stop.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join()
+        self.stop.set()   # the "slow" and "drip" answers end
+        super().__exit__(*exc)
 
 
 def _store(path, body_words=""):

@@ -6,17 +6,17 @@ answers /embeddings with deterministic bag-of-words vectors): the external API i
 
 import hashlib
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import numpy as np
 import pytest
+from hutch_testing import LoopbackHTTP
 
 import hutch
 from hutch.memory._index import MiniLMProvider, OpenAIEmbeddings, default_provider
 
 
-class FakeEmbeddingServer:
+class FakeEmbeddingServer(LoopbackHTTP):
     """A fake OpenAI-compatible embeddings endpoint on 127.0.0.1 (named as a fake: it is not a model)."""
 
     def __init__(self, dim=64):
@@ -44,8 +44,7 @@ class FakeEmbeddingServer:
                 self.end_headers()
                 self.wfile.write(out)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        super().__init__(Handler)
 
     def vector(self, text):
         v = np.zeros(self.dim)
@@ -55,16 +54,7 @@ class FakeEmbeddingServer:
 
     @property
     def url(self):
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join()
+        return f"{self.origin}/v1"
 
 
 @pytest.fixture

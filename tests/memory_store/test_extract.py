@@ -1,10 +1,10 @@
 """The optional LLM extractor, against a FAKE OpenAI-compatible server on loopback (the true external boundary)."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from hutch_testing import LoopbackHTTP
 
 import hutch
 from hutch.memory._extract import Extractor, OpenAIExtractor
@@ -21,7 +21,7 @@ CANNED = {
 }
 
 
-class FakeOpenAIServer:
+class FakeOpenAIServer(LoopbackHTTP):
     """A FAKE chat-completions endpoint: records requests, answers with a canned JSON extraction."""
 
     def __init__(self, answer):
@@ -43,18 +43,8 @@ class FakeOpenAIServer:
             def log_message(self, *a):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(5)
+        super().__init__(Handler)
+        self.url = f"{self.origin}/v1"
 
 
 def test_extractor_proposals_are_written_and_linked(mem):
