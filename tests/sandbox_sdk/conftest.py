@@ -13,8 +13,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hutch_testing import make_busybox_root, sandbox_maker, session_daemon
-from sdk_support import RUN_TAG
+import os
+
+from hutch_testing import make_busybox_root, restore_env, sandbox_maker, session_daemon
+from sdk_support import REMOTE_ENV, RUN_TAG
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +48,15 @@ def make_sandbox(daemon, busybox_root):
 def sb(make_sandbox):
     """One idle busybox sandbox."""
     return make_sandbox()
+
+
+@pytest.fixture
+def remote_dir():
+    """A temp dir for a remote daemon's files (start_remote); the SDK's variables (REMOTE_ENV) restored after."""
+    d = Path(tempfile.mkdtemp(prefix="hutch-sdk-remote-"))
+    saved = {k: os.environ.get(k) for k in REMOTE_ENV}
+    try:
+        yield d
+    finally:
+        restore_env(saved)
+        shutil.rmtree(d, ignore_errors=True)

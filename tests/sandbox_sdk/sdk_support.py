@@ -12,10 +12,14 @@ import time
 import uuid
 from pathlib import Path
 
+from hutch_testing import SDK_ENV
+
 #: Every sandbox the suite makes carries this tag; the session ends by terminating whatever has it.
 RUN_TAG = {"suite": f"sdk-{uuid.uuid4().hex[:8]}"}
 
 MB = 1 << 20
+#: what points the SDK at a remote daemon (SDK_ENV and its TLS and token files): a test that sets them restores them
+REMOTE_ENV = (*SDK_ENV, "HUTCH_TOKEN_FILE", "HUTCH_FINGERPRINT", "HUTCH_CA")
 
 
 def sandbox_file_size(sb, path: str) -> int:

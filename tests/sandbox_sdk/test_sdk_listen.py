@@ -4,38 +4,24 @@ the Unix socket's clients nor fills the disk with log."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import ssl
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 import hutch
-from hutch_testing import SDK_ENV, restore_env
 from sdk_support import RUN_TAG, start_remote, stop_remote
 
 HEADER_TIMEOUT, IDLE_TIMEOUT = 1.0, 2.0
 
 
 @pytest.fixture
-def work():
-    d = Path(tempfile.mkdtemp(prefix="hutch-listen-"))
-    saved = {k: os.environ.get(k) for k in (*SDK_ENV, "HUTCH_TOKEN_FILE", "HUTCH_FINGERPRINT", "HUTCH_CA")}
-    try:
-        yield d
-    finally:
-        restore_env(saved)
-        shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def tight(work):
+def tight(remote_dir):
     """A daemon whose request heads get HEADER_TIMEOUT and idle connections IDLE_TIMEOUT."""
-    r = start_remote(work, "--header-timeout", str(HEADER_TIMEOUT), "--idle-timeout", str(IDLE_TIMEOUT))
+    r = start_remote(remote_dir, "--header-timeout", str(HEADER_TIMEOUT), "--idle-timeout", str(IDLE_TIMEOUT))
     try:
         yield r
     finally:
@@ -143,10 +129,10 @@ def _fds(pid: int) -> int:
 
 
 @pytest.fixture
-def starved(work):
+def starved(remote_dir):
     """A daemon limited to 512 descriptors (hard limit too), with the default caps (so fitted to the limit)."""
     os.environ.pop("HUTCH_URL", None)
-    r = start_remote(work, "--header-timeout", "5", prefix=("prlimit", "--nofile=512:512"))
+    r = start_remote(remote_dir, "--header-timeout", "5", prefix=("prlimit", "--nofile=512:512"))
     try:
         yield r
     finally:
@@ -209,13 +195,13 @@ def test_the_log_stays_bounded_under_a_flood(starved):
 # connection before the handshake (SSLSocket._create: getpeername says ENOTCONN, its recv(1) raises ECONNRESET,
 # nothing closes it), and this test's daemon resets what is over its per-peer cap, on purpose
 @pytest.mark.filterwarnings("ignore:Exception ignored in. <ssl.SSLSocket:pytest.PytestUnraisableExceptionWarning")
-def test_a_burst_of_clients_from_one_address_is_served(work, busybox_root):
+def test_a_burst_of_clients_from_one_address_is_served(remote_dir, busybox_root):
     """The per-address cap of unauthenticated connections resets what is beyond it; the SDK retries a reset
     during the TLS handshake (nothing was sent yet), so a burst of clients from one host (a platform's
     workers) is served, not failed: bench/load.py's 50 clients lost 17 of 200 cycles before."""
     import threading
 
-    r = start_remote(work, "--max-tcp-per-peer", "2")
+    r = start_remote(remote_dir, "--max-tcp-per-peer", "2")
     try:
         os.environ.update(HUTCH_URL=r.url, HUTCH_TOKEN_FILE=str(r.token_file), HUTCH_FINGERPRINT=r.fingerprint,
                           HUTCH_SOCKET=str(r.run_dir / "no-such.sock"))
@@ -246,10 +232,10 @@ def test_a_burst_of_clients_from_one_address_is_served(work, busybox_root):
         stop_remote(r)
 
 
-def test_a_cap_that_stays_full_names_itself(work):
+def test_a_cap_that_stays_full_names_itself(remote_dir):
     """While the address's unauthenticated connections stay at the cap, the SDK's retries run out and the
     error names the cap to raise (not "start the daemon")."""
-    r = start_remote(work, "--max-tcp-per-peer", "2", "--header-timeout", "60")
+    r = start_remote(remote_dir, "--max-tcp-per-peer", "2", "--header-timeout", "60")
     held = [socket.create_connection(("127.0.0.1", r.port), timeout=5) for _ in range(2)]   # never speak TLS
     try:
         time.sleep(0.3)

@@ -6,36 +6,19 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 import hutch
-from hutch_testing import SDK_ENV, restore_env
 from sdk_support import RUN_TAG, Remote, blocked_writer_then_kill, slow_read_of_random_bytes, start_remote, stop_remote
 from sdk_support import token_file
-
-SDK_TLS_ENV = (*SDK_ENV, "HUTCH_TOKEN_FILE", "HUTCH_FINGERPRINT", "HUTCH_CA")
-
-
-@pytest.fixture
-def remote_dir():
-    d = Path(tempfile.mkdtemp(prefix="hutch-sdk-remote-"))
-    saved = {k: os.environ.get(k) for k in SDK_TLS_ENV}
-    try:
-        yield d
-    finally:
-        restore_env(saved)
-        shutil.rmtree(d, ignore_errors=True)
-
 
 @pytest.fixture
 def remote(remote_dir):

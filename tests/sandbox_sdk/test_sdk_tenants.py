@@ -21,10 +21,9 @@ from pathlib import Path
 import pytest
 
 import hutch
-from hutch_testing import SDK_ENV, restore_env
-from sdk_support import RUN_TAG, start_remote, stop_remote
+from hutch_testing import restore_env
+from sdk_support import REMOTE_ENV, RUN_TAG, start_remote, stop_remote
 
-ENV = (*SDK_ENV, "HUTCH_TOKEN_FILE", "HUTCH_FINGERPRINT", "HUTCH_CA")
 SHARED = "bb-shared"
 
 
@@ -82,7 +81,7 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(busybox_root):
-    saved = {k: os.environ.get(k) for k in ENV}
+    saved = {k: os.environ.get(k) for k in REMOTE_ENV}
     d = Path(tempfile.mkdtemp(prefix="hutch-tenants-"))
     tf, audit = d / "etc" / "tenants.json", d / "log" / "audit.jsonl"
     tokens = {"a": add_tenant(tf, "a", "sandboxes=3", "memory=1G"), "b": add_tenant(tf, "b"),
