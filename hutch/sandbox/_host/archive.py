@@ -18,8 +18,8 @@ import time
 
 from hutch._core.errors import ConfigError, InvalidArchiveError, StateError
 from hutch.sandbox._host.layers import (
-    ID_RE, KINDS, NAME_POLICIES, NAME_RE, PREFIX, chain, chain_digest, commit_dir, find, layer_fs, layers_dir,
-    measure_tree, name_moves, private_dir, put_nodes,
+    ID_RE, KINDS, NAME_POLICIES, NAME_RE, PREFIX, chain, chain_digest, commit_dir, find, is_own_snapshot, layer_fs,
+    layers_dir, measure_tree, name_moves, private_dir, put_nodes,
 )
 from hutch.sandbox._host.untar import MANIFEST, ImportLimits, components, read_archive, refuse
 
@@ -241,7 +241,10 @@ def import_(fileobj, limits: ImportLimits | None = None, *, digest: str | None =
         # A step's id is its recipe's hash, not its content's: an archive's "step" is no build cache of this
         # host (a build of that recipe makes its own and replaces it), unless the importer was given the
         # chain's digest by its source (ANY_BASE: a fleet's transfer between its own nodes).
-        put_nodes([{**n, "kind": "import" if n["kind"] == "step" and base != ANY_BASE else n["kind"],
+        # A "snapshot" is one only if its id is the hash of what it runs (is_own_snapshot): else its id may be
+        # one a sandbox of this host snapshots later, which would then run the archive's layer.
+        put_nodes([{**n, "kind": "import" if base != ANY_BASE and (n["kind"] == "step" or n["kind"] == "snapshot"
+                                                                   and not is_own_snapshot(n)) else n["kind"],
                     "pinned": n["id"] == manifest["top"] or n["pinned"]} for n in manifest["nodes"]],
                   names="keep" if names == "none" else names, refuse=lambda moves: _name_refusal(manifest, moves))
         return {"ref": PREFIX + manifest["top"], "id": manifest["top"], "base": manifest["base"],

@@ -427,8 +427,8 @@ def _put(node_id: str, parent: str, *, layer: str | None, kind: str, env: dict |
                 atomic_write(nodes_dir() / f"{other['id']}.json", json.dumps(other).encode(), fsync_file=False)
                 _cache.pop(other["id"], None)
     node = json.loads(path.read_text()) if path.exists() else None
-    if node is not None and node.get("kind") == "import" and kind == "step":
-        # a build step recorded under the id an import had (its recipe's hash): the build's own content wins
+    if node is not None and node.get("kind") == "import" and kind in ("step", "snapshot"):
+        # a build step (or a snapshot) recorded under the id an import had: this host's own content wins
         name, pinned = name or node.get("name"), bool(pinned or node.get("pinned"))
         node = None
     if node is not None:
@@ -445,8 +445,20 @@ def _put(node_id: str, parent: str, *, layer: str | None, kind: str, env: dict |
     return node
 
 
-def snapshot_id(parent: str, layer: str) -> str:
-    return hashlib.sha256(f"snapshot\0{parent}\0{layer}".encode()).hexdigest()
+def snapshot_id(parent: str, layer: str, env: dict | None = None, workdir: str | None = None) -> str:
+    """A snapshot's id: a hash of all it runs (its parent, its layer's digest, and the env and workdir it sets),
+    so two snapshots share one node only when they run alike. Without env and workdir, the id hutch always gave."""
+    if not env and workdir is None:
+        return hashlib.sha256(f"snapshot\0{parent}\0{layer}".encode()).hexdigest()
+    run = json.dumps([dict(env or {}), workdir], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"snapshot\0{parent}\0{layer}\0{run}".encode()).hexdigest()
+
+
+def is_own_snapshot(node: dict) -> bool:
+    """Is `node` (put_node's fields) a snapshot whose id is the one this host gives what it runs (snapshot_id)?
+    An archive's other "snapshot" claims an id a sandbox here may make later, with content of its own."""
+    return node.get("kind") == "snapshot" and isinstance(node.get("layer"), str) and \
+        node["id"] == snapshot_id(node["parent"], node["layer"], node.get("env"), node.get("workdir"))
 
 
 def list_nodes() -> list[dict]:

@@ -120,7 +120,7 @@ class StoreRoutes:
         finally:
             os.close(dfd)
         parent = sb.spec.image
-        node_id = key or layers.snapshot_id(parent, digest)
+        node_id = key or layers.snapshot_id(parent, digest, env, workdir)
         node = layers.put_node(node_id, parent, layer=digest, kind="step" if key else "snapshot", env=env,
                                 workdir=workdir, name=name, pinned=key is None,
                                 description=description or f"snapshot of sandbox {sb.id}")
