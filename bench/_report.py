@@ -4,8 +4,10 @@ docs/benchmarks.md."""
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -13,6 +15,21 @@ import hutch_testing  # noqa: E402  (stdlib only at import)
 
 #: SIGTERM (the daemon ends its sandboxes), SIGKILL only past the timeout
 stop_daemon = hutch_testing.stop_daemon
+
+
+def pct(xs, q):
+    """The q-th percentile of `xs`, nearest rank (nan for none)."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+
+def summary(xs):
+    return {"p50": statistics.median(xs), "p99": pct(xs, 99), "n": len(xs)}
+
+
+def ms(t0):
+    """Milliseconds since perf_counter() was `t0`."""
+    return (time.perf_counter() - t0) * 1000
 
 
 def start_daemon(run_dir: Path, env: dict | None = None) -> subprocess.Popen:

@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _report import pct  # bench/ is the script's directory
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "egress"))
@@ -81,11 +83,6 @@ else:
         t = time.perf_counter(); once(); out.append((time.perf_counter() - t) * 1e3)
     print(json.dumps(out))
 """
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
 def row(label, xs, peer=None, unit="ms"):

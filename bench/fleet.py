@@ -39,7 +39,7 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from _report import write_section  # bench/ is the script's directory
+from _report import pct, write_section  # bench/ is the script's directory
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
@@ -47,11 +47,6 @@ sys.path.insert(0, str(ROOT_DIR / "tests" / "fleet"))
 from fleet_support import LOOPBACK, node_args  # noqa: E402  (the test suite's cluster: loopback, chosen agent ports)
 
 TAG_KEY = "bench-fleet"
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
 
 
 def cell(xs) -> str:

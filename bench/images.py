@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _report import ms, pct  # bench/ is the script's directory
+
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
 sys.path.insert(0, str(ROOT_DIR / "tests"))
@@ -35,11 +37,6 @@ from hutch_testing import make_busybox_root, start_daemon, stop_daemon  # noqa: 
 TAG = {"bench": f"images-{os.getpid()}"}
 
 
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
-
-
 def line(label, xs, peer=None, peer_label=""):
     p50, p99 = statistics.median(xs), pct(xs, 99)
     s = f"{label:<46} p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  (n={len(xs)})"
@@ -48,10 +45,6 @@ def line(label, xs, peer=None, peer_label=""):
         s += f"   vs {peer_label} p50 {q50:7.2f} ms: diff {p50 - q50:+6.2f} ms, ratio {p50 / q50:.2f}"
     print(s, flush=True)
     return p50
-
-
-def ms(t0):
-    return (time.perf_counter() - t0) * 1000
 
 
 def start_to_true(image) -> float:

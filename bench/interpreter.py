@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _report import start_daemon, stop_daemon, write_section  # bench/ is the script's directory
+from _report import ms, start_daemon, stop_daemon, summary, write_section  # bench/ is the script's directory
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
@@ -43,19 +43,6 @@ PANDAS = ("import pandas as pd, numpy as np\n"
           "df = pd.DataFrame({'k': np.arange(100_000) % 100, 'v': np.arange(100_000)})\n"
           "int(df.groupby('k')['v'].sum().max())")
 PANDAS_ANSWER = str(sum(range(99, 100_000, 100)))
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
-
-
-def summary(xs):
-    return {"p50": statistics.median(xs), "p99": pct(xs, 99), "n": len(xs)}
-
-
-def ms(t0):
-    return (time.perf_counter() - t0) * 1000
 
 
 # ------------------------------------------------------------------ hutch

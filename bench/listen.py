@@ -21,17 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from _report import pct  # bench/ is the script's directory
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "sandbox_sdk"))
 
 from sdk_support import start_remote, stop_remote  # noqa: E402
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
 def row(label, xs, peer=None):

@@ -44,7 +44,7 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from _report import write_section  # bench/ is the script's directory
+from _report import pct, write_section  # bench/ is the script's directory
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
@@ -52,11 +52,6 @@ sys.path.insert(0, str(ROOT_DIR / "bench"))
 
 TAG_KEY = "bench-load"
 OPS = ("create", "exec", "terminate", "cycle")
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
 
 
 # ------------------------------------------------------------------ one client process

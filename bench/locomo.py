@@ -40,6 +40,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from _report import pct  # bench/ is the script's directory
+
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -104,11 +106,6 @@ def score(ranked: list[list[str]], qs: list[dict]) -> dict:
     out["mrr"] = statistics.fmean(mrr)
     out["n"] = len(qs)
     return out
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
 def recall_table(title: str, ranked: list[list[str]], qs: list[dict], convs: list[str] | None = None) -> dict:

@@ -29,7 +29,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _report import write_section  # bench/ is the script's directory
+from _report import pct, write_section  # bench/ is the script's directory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -49,11 +49,6 @@ def uptime() -> str:
         return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     except OSError:
         return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
 def row(name: str, ours: list[float] | float, peer: list[float] | float | None, unit: str = "ms") -> None:

@@ -20,14 +20,13 @@ import ctypes
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _report import start_daemon, stop_daemon, write_section  # bench/ is the script's directory
+from _report import ms, start_daemon, stop_daemon, summary, write_section  # bench/ is the script's directory
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
@@ -38,19 +37,6 @@ TAG = {"bench": f"sandbox-{os.getpid()}"}
 
 
 # ------------------------------------------------------------------ helpers
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
-
-
-def summary(xs):
-    return {"p50": statistics.median(xs), "p99": pct(xs, 99), "n": len(xs)}
-
-
-def ms(t0):
-    return (time.perf_counter() - t0) * 1000
 
 
 def setup_peers():

@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _report import pct  # bench/ is the script's directory
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hutch  # noqa: E402
@@ -112,11 +114,6 @@ QUESTIONS = [
 ]
 #: What the questions' time words are read against (the store's notes are dated in 2026).
 NOW = "2026-06-15T12:00:00+00:00"
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
 def row(name, ours, peer, unit="ms"):

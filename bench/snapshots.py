@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _report import pct  # bench/ is the script's directory
+
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
 sys.path.insert(0, str(ROOT_DIR / "tests"))
@@ -30,11 +32,6 @@ from hutch_testing import make_busybox_root, start_daemon, stop_daemon  # noqa: 
 TARGETS = {"pause gvisor": 25, "resume gvisor": 25, "pause native": 2, "resume native": 2,
            "snapshot 256": 600, "restore 256": 400, "fork4 256": 1300, "first exec": 50, "first exec of a fork": 50}
 PEERS = "E2B (published): pause ~4 s per GiB, resume ~1 s"
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
 
 
 def timed(fn):

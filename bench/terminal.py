@@ -17,14 +17,13 @@ import argparse
 import os
 import select
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _report import start_daemon, stop_daemon, write_section  # bench/ is the script's directory
+from _report import start_daemon, stop_daemon, summary, write_section  # bench/ is the script's directory
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
@@ -33,15 +32,6 @@ import hutch  # noqa: E402
 
 TAG = {"bench": f"terminal-{os.getpid()}"}
 KEYS_PER_LINE = 40   # then Enter, so that a line never wraps
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
-
-
-def summary(xs):
-    return {"p50": statistics.median(xs), "p99": pct(xs, 99), "n": len(xs)}
 
 
 class HostPty:

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _report import pct  # bench/ is the script's directory
+
 ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
 sys.path.insert(0, str(ROOT_DIR / "tests"))
@@ -28,11 +30,6 @@ import hutch  # noqa: E402
 from hutch_testing import make_busybox_root, start_daemon, stop_daemon  # noqa: E402
 
 TAG = {"bench": f"userns-{os.getpid()}"}
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
 
 
 def create_first_exec(sock: Path, image) -> tuple[float, str]:
