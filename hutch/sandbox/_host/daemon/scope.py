@@ -320,6 +320,7 @@ class Tenancy:
 
         while True:
             await asyncio.sleep(EGRESS_EVERY)
+            await self.end_removed(mgr)
             live = [s for s in mgr.sandboxes.values() if s.active and s.tenant is not None and s.spec is not None]
             for sb in live:
                 self.charge_egress(mgr, sb)
@@ -340,6 +341,20 @@ class Tenancy:
                               f"{sb.id}'s network is now none", file=sys.stderr, flush=True)
                     except Exception as e:  # noqa: BLE001 - it may have ended meanwhile
                         print(f"hutch daemon: could not cut sandbox {sb.id}'s network: {e}", file=sys.stderr)
+
+    async def end_removed(self, mgr) -> None:
+        """Terminate the sandboxes of tenants removed from the tenants file (`hutch tenant rm`: its "removed").
+        Their token stopped working, so nobody could reach them but the operator, while they kept running on
+        the host, holding its memory and CPU and their network. Seen within EGRESS_EVERY of the change."""
+        self.registry.refresh()
+        gone = [s for s in mgr.sandboxes.values() if s.active and s.tenant in self.registry.removed]
+        for sb in gone:
+            print(f"hutch daemon: tenant {sb.tenant} was removed: its sandbox {sb.id} is terminated",
+                  file=sys.stderr, flush=True)
+            try:
+                await asyncio.shield(mgr.end(sb, "terminated"))
+            except Exception as e:  # noqa: BLE001 - the next tick tries again
+                print(f"hutch daemon: could not terminate sandbox {sb.id}: {e}", file=sys.stderr, flush=True)
 
     # --- quotas --------------------------------------------------------------------------------------------
 

@@ -334,7 +334,7 @@ class Registry:
     def __init__(self, path: str | os.PathLike, log=None):
         self.path = Path(path)
         self.log = log
-        self.by_name = read_file(self.path)   # a bad file at start is the operator's error, raised
+        self.by_name, self.removed = read_doc(self.path)   # a bad file at start is the operator's error, raised
         self._index()
         self._stamp = self._stat()
         self._checked = 0.0
@@ -355,7 +355,7 @@ class Registry:
             return
         self._stamp = stamp
         try:
-            self.by_name = read_file(self.path)
+            self.by_name, self.removed = read_doc(self.path)
         except ConfigError as e:
             if self.log is not None:
                 self.log.note("tenants-file", f"hutch daemon: the tenants file changed and is refused, the last "
