@@ -62,26 +62,38 @@ def owned_by_root(path: Path, what: str = "HUTCH_RUN_DIR / HUTCH_SOCKET (the def
                               f"of root's own in {what}.")
 
 
-def _code_refusal(p: str, st: os.stat_result | None, why: str) -> ConfigError:
+_CODE = ("the root daemon runs the code found there (its interpreter, the Python it imports, the programs on its "
+         "PATH): that user would run code as root", "install hutch, its Python and its PATH's programs where only "
+         "root can write (`hutch serve` refuses to start until then)")
+
+
+def _code_refusal(p: str, st: os.stat_result | None, why: str, role: tuple[str, str] = _CODE) -> ConfigError:
     fix = (f"`chown -R root {p}` and `chmod -R go-w {p}`" if st is not None and stat.S_ISDIR(st.st_mode)
            else f"`chown root {p}` and `chmod go-w {p}`")
-    return ConfigError(f"{p} {why}, and the root daemon runs the code found there (its interpreter, the Python it "
-                       f"imports, the programs on its PATH): that user would run code as root. {fix}, or install "
-                       "hutch, its Python and its PATH's programs where only root can write (`hutch serve` refuses "
-                       "to start until then).")
+    return ConfigError(f"{p} {why}, and {role[0]}. {fix}, or {role[1]}.")
 
 
-def _root_only(p: str, st: os.stat_result, *, sticky_ok: bool = False) -> None:
+def root_only_file(path: str | os.PathLike, trusted_for: str, fix: str) -> None:
+    """Refuse (ConfigError) a file the root daemon trusts (`trusted_for`: what another user changing it would
+    get) unless it and the directories above it are root's and writable by no other user (a sticky ancestor
+    may be); `fix`: the other way out, named in the error."""
+    try:
+        _code_path(os.fspath(path), role=(trusted_for, fix))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot check it ({e.strerror}); {fix}.") from None
+
+
+def _root_only(p: str, st: os.stat_result, *, sticky_ok: bool = False, role: tuple[str, str] = _CODE) -> None:
     """`p` (stat `st`) is root's and writable by nobody else (its group may write only if it is root's group);
     `sticky_ok`: a sticky directory may be writable by all (/tmp, as a parent: nobody renames root's names)."""
     if st.st_uid != 0:
-        raise _code_refusal(p, st, f"belongs to uid {st.st_uid}, not root")
+        raise _code_refusal(p, st, f"belongs to uid {st.st_uid}, not root", role)
     writable = st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0)
     if writable and not (sticky_ok and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
-        raise _code_refusal(p, st, f"is writable by other users ({stat.S_IMODE(st.st_mode):04o})")
+        raise _code_refusal(p, st, f"is writable by other users ({stat.S_IMODE(st.st_mode):04o})", role)
 
 
-def _code_path(path: str, *, children: bool = False) -> None:
+def _code_path(path: str, *, children: bool = False, role: tuple[str, str] = _CODE) -> None:
     """`path` and every directory above it (as given and as its links resolve) are root's and writable by no
     other user (a sticky ancestor may be: /tmp); with `children`, so is each entry directly in it (a package
     or module a search path holds). A path that does not exist is checked where it would be made: its nearest
@@ -95,7 +107,7 @@ def _code_path(path: str, *, children: bool = False) -> None:
             except (FileNotFoundError, NotADirectoryError):
                 st = None
             if st is not None:
-                _root_only(p, st, sticky_ok=not first and p != form)
+                _root_only(p, st, sticky_ok=not first, role=role)
                 first = False
             parent = os.path.dirname(p)
             if parent == p:

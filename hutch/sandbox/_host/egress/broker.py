@@ -28,7 +28,7 @@ import os
 import ssl
 import time
 
-from hutch._core import settings
+from hutch._core import paths, settings
 from hutch.sandbox._host.egress import sniff
 
 HANDSHAKE_TIMEOUT = 10.0
@@ -108,6 +108,10 @@ def upstream_context(cafile: str | None = None) -> ssl.SSLContext:
     """The context the gateway dials credential hosts with: certificate and name verified, HTTP/1.1."""
     env_ca = settings.EGRESS_UPSTREAM_CA.get()
     cafile = cafile or (str(env_ca) if env_ca else None)
+    if cafile is not None:   # whoever may change it could add a CA and read the credentials the gateway sends
+        paths.root_only_file(cafile, "the egress gateway trusts the CAs in it when it sends a credential to its "
+                             "host: that user could add one of theirs and read every brokered credential",
+                             f"point {ENV_UPSTREAM_CA} at a bundle of root's own")
     ctx = ssl.create_default_context(cafile=cafile)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_alpn_protocols(["http/1.1"])
