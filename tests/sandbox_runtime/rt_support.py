@@ -43,7 +43,7 @@ class Api:
     def __init__(self, sock: Path, run_dir: Path):
         self.sock = sock
         self.run_dir = run_dir
-        self.http = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://hutch", timeout=60)
+        self.http = uds_client(sock)
         self.created: list[str] = []
         self.runtime: str | None = None   # the runtime create() asks for unless a test names one
 
@@ -220,6 +220,50 @@ def private_state_daemon(base: Path):
     finally:
         d.stop()
         d.cleanup_cgroups()
+
+
+def uds_client(sock: Path, timeout: float = 60, token: str | None = None) -> httpx.Client:
+    """A raw HTTP client of the daemon on the Unix socket `sock`: the operator's, or with `token` a tenant's."""
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://hutch", timeout=timeout,
+                        headers={"Authorization": f"Bearer {token}"} if token else None)
+
+
+@contextmanager
+def shared_snapshot_daemon(base: Path, busybox_root: Path, tenant: str, quotas, shared: str):
+    """A started daemon (state under `base`) serving one tenant `tenant` with `quotas` (tenants.Quotas), who may use
+    `shared`: the operator's memory snapshot of a busybox sandbox (gVisor; a tenant may not use a host directory).
+    Yields (daemon, operator client, tenant client); at the end every sandbox is terminated and the daemon
+    stopped, its cgroups removed, also when a test failed."""
+    from hutch.sandbox._host.daemon import tenants
+
+    tf = base / "etc" / "tenants.json"
+    token = tenants.add(tf, tenant, quotas, images=[shared])
+    d = Daemon(base / "run", env={"HUTCH_STATE_DIR": str(base / "state"), "HUTCH_WARM_POOL": "0"},
+               serve_kw={"tenants": str(tf)})
+    d.state_dir, d.tenants_file = base / "state", tf
+    op = ten = None
+    try:
+        d.start()
+        op = uds_client(d.sock, timeout=120)
+        ten = uds_client(d.sock, timeout=120, token=token)
+        r = op.post("/v1/sandboxes", json={"spec": {"image": f"dir:{busybox_root}", "detach": True, "timeout": 120}})
+        assert r.status_code == 201, r.text
+        src = r.json()["id"]
+        r = op.post(f"/v1/sandboxes/{src}/snapshot", json={"name": shared})
+        assert r.status_code == 201, r.text
+        op.post(f"/v1/sandboxes/{src}/terminate")
+        yield d, op, ten
+    finally:
+        try:
+            if op is not None:
+                for s in op.get("/v1/sandboxes").json()["sandboxes"]:
+                    op.post(f"/v1/sandboxes/{s['id']}/terminate")
+        finally:
+            for c in (op, ten):
+                if c is not None:
+                    c.close()
+            d.stop()
+            d.cleanup_cgroups()
 
 
 def host_state(daemon: Daemon, sid: str) -> dict:

@@ -39,7 +39,7 @@ from hutch._core import errors  # noqa: E402
 from hutch._core import settings as hutch_settings  # noqa: E402
 from hutch.sandbox._host.daemon.openapi import OPERATIONS  # noqa: E402
 from hutch.sandbox._host.instance import names_for  # noqa: E402
-from rt_support import Daemon  # noqa: E402
+from rt_support import Daemon, uds_client  # noqa: E402
 
 schemathesis.serializer.alias("application/x-tar", "application/octet-stream")   # an archive is raw bytes
 EXAMPLES = hutch_settings.FUZZ_EXAMPLES.get()
@@ -94,7 +94,7 @@ def world(busybox_root, tmp_path_factory):
         d.stop()
         d.cleanup_cgroups()
         raise
-    unix = httpx.Client(transport=httpx.HTTPTransport(uds=str(d.sock)), base_url="http://hutch", timeout=ANSWER_WITHIN)
+    unix = uds_client(d.sock, timeout=ANSWER_WITHIN)
     tcp = httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=False, timeout=ANSWER_WITHIN)
     image = f"dir:{busybox_root}"
     w = {"daemon": d, "unix": unix, "tcp": tcp, "image": image, "bind_src": str(bind_src), "port": port,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rt_support import private_state_daemon, Api
+from rt_support import private_state_daemon, Api, uds_client
 
 pytestmark = pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc is not installed (scripts/setup.sh)")
 
@@ -241,7 +241,7 @@ def test_a_client_gone_mid_snapshot_leaves_nothing(gapi, gvd, image):
     sid = gapi.create(image, runtime="gvisor", limits={"memory": 256 * 1024**2},
                       command=["sh", "-c", "dd if=/dev/urandom of=/dev/held bs=1M count=64 2>/dev/null; exec sleep 1000"])["id"]
     time.sleep(1.5)
-    short = httpx.Client(transport=httpx.HTTPTransport(uds=str(gvd.sock)), base_url="http://hutch", timeout=0.05)
+    short = uds_client(gvd.sock, timeout=0.05)
     with pytest.raises(httpx.TimeoutException):
         short.post(f"/v1/sandboxes/{sid}/snapshot-memory")
     short.close()

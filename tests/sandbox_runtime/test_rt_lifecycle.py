@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from rt_support import Api, Daemon, host_state, leftovers, wait_gone
+from rt_support import Api, Daemon, host_state, leftovers, uds_client, wait_gone
 
 
 def test_create_exec_terminate_leaves_nothing(api, daemon, image):
@@ -318,7 +318,7 @@ def _parent(pid: str) -> int:
 
 def test_a_client_that_hangs_up_takes_its_command_along(api, image):
     sid = api.create(image)["id"]
-    other = httpx.Client(transport=httpx.HTTPTransport(uds=str(api.sock)), base_url="http://hutch", timeout=10)
+    other = uds_client(api.sock, timeout=10)
     with other.stream("POST", f"/v1/sandboxes/{sid}/exec", json={"argv": ["sleep", "37"]}) as r:
         assert r.status_code == 200
         assert api.sh(sid, "ps -o args | grep -c '^sleep 37'")[0].strip() == "1"

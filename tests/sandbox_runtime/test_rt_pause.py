@@ -6,9 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import httpx
-
-from rt_support import host_state, split_frames, wait_gone
+from rt_support import host_state, split_frames, uds_client, wait_gone
 
 COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.01; done"
 
@@ -86,7 +84,7 @@ def test_a_kill_or_terminate_of_a_paused_sandbox_ends_its_command(api, image):
     runsc call: a kill of a paused sandbox's command resumes the sandbox, as every call acting in it does, and
     the command ends with the signal; a terminate of a paused one ends it and its command."""
     sid = api.create(image)["id"]
-    http = httpx.Client(transport=httpx.HTTPTransport(uds=str(api.sock)), base_url="http://hutch", timeout=30)
+    http = uds_client(api.sock, timeout=30)
     try:
         with http.stream("POST", f"/v1/sandboxes/{sid}/exec", json={"argv": ["sleep", "60"]}) as r:
             eid = r.headers["X-Hutch-Exec-Id"]

@@ -18,7 +18,7 @@ import pytest
 
 from hutch.sandbox._host.daemon import tenants as T
 
-from rt_support import Daemon
+from rt_support import Daemon, shared_snapshot_daemon
 
 pytestmark = pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc is not installed (scripts/setup.sh)")
 
@@ -29,36 +29,8 @@ MB = 1 << 20
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, busybox_root):
     base = tmp_path_factory.mktemp("gvquota")
-    tf = base / "etc" / "tenants.json"
-    token = T.add(tf, "q", T.Quotas(sandboxes=2, memory=300 * MB), images=[SHARED])
-    d = Daemon(base / "run", env={"HUTCH_STATE_DIR": str(base / "state"), "HUTCH_WARM_POOL": "0"},
-               serve_kw={"tenants": str(tf)})
-    d.state_dir, d.tenants_file = base / "state", tf
-    op = ten = None
-    try:
-        d.start()
-        op = httpx.Client(transport=httpx.HTTPTransport(uds=str(d.sock)), base_url="http://hutch", timeout=120)
-        ten = httpx.Client(transport=httpx.HTTPTransport(uds=str(d.sock)), base_url="http://hutch", timeout=120,
-                           headers={"Authorization": f"Bearer {token}"})
-        # the operator shares an image (a tenant may not use a host directory)
-        r = op.post("/v1/sandboxes", json={"spec": {"image": f"dir:{busybox_root}", "detach": True, "timeout": 120}})
-        assert r.status_code == 201, r.text
-        src = r.json()["id"]
-        r = op.post(f"/v1/sandboxes/{src}/snapshot", json={"name": SHARED})
-        assert r.status_code == 201, r.text
-        op.post(f"/v1/sandboxes/{src}/terminate")
-        yield d, op, ten
-    finally:
-        try:
-            if op is not None:
-                for s in op.get("/v1/sandboxes").json()["sandboxes"]:
-                    op.post(f"/v1/sandboxes/{s['id']}/terminate")
-        finally:
-            for c in (op, ten):
-                if c is not None:
-                    c.close()
-            d.stop()
-            d.cleanup_cgroups()
+    with shared_snapshot_daemon(base, busybox_root, "q", T.Quotas(sandboxes=2, memory=300 * MB), SHARED) as world:
+        yield world
 
 
 def _state(d: Daemon, op: httpx.Client) -> dict:
