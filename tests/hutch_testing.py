@@ -45,6 +45,16 @@ def make_busybox_root(root: Path, busybox: str | None = None) -> Path:
     return root
 
 
+@contextmanager
+def temp_busybox_root(prefix: str, busybox: str | None = None):
+    """make_busybox_root in a new temp dir (named `prefix`...), yielded; the dir removed on exit."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield make_busybox_root(tmp / "root", busybox)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def start_daemon(run_dir: Path, extra_env: dict | None = None, prefix: tuple[str, ...] = (),
                  timeout: float = 120.0, args: tuple[str, ...] = (), sock: Path | None = None,
                  log: Path | None = None, preexec_fn=None, python: str | None = None) -> subprocess.Popen:

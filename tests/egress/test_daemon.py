@@ -11,13 +11,11 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 from egress_world import daemon_in_world
-from hutch_testing import make_busybox_root
+from hutch_testing import temp_busybox_root
 
 import hutch
 from hutch import Network
@@ -29,14 +27,10 @@ BUSYBOX = shutil.which("busybox")
 def busybox_root():
     if BUSYBOX is None:
         pytest.skip("busybox-static is not installed (scripts/debian-packages.txt lists it)")
-    tmp = Path(tempfile.mkdtemp(prefix="hutch-egress-root-"))
-    try:
-        root = make_busybox_root(tmp / "root", BUSYBOX)
+    with temp_busybox_root("hutch-egress-root-", BUSYBOX) as root:
         # a hostile image: resolv.conf points at a host file; the daemon must not write through it
         os.symlink("/etc/hutch-egress-must-not-exist", root / "etc" / "resolv.conf")
         yield root
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module", params=["default", "opt-out"])

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 from egress_world import daemon_in_world
-from hutch_testing import make_busybox_root
+from hutch_testing import temp_busybox_root
 
 import hutch
 from hutch import Network
@@ -21,11 +19,8 @@ pytestmark = pytest.mark.skipif(shutil.which("runsc") is None or shutil.which("b
 
 @pytest.fixture(scope="module")
 def busybox_root():
-    tmp = Path(tempfile.mkdtemp(prefix="hutch-egress-gv-root-"))
-    try:
-        yield make_busybox_root(tmp / "root", shutil.which("busybox"))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with temp_busybox_root("hutch-egress-gv-root-", shutil.which("busybox")) as root:
+        yield root
 
 
 @pytest.fixture(scope="module")

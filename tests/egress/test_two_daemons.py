@@ -16,13 +16,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from egress_world import DNS_ADDR, SUBNET, sh
-from hutch_testing import make_busybox_root, restore_env, stop_daemon
+from hutch_testing import restore_env, stop_daemon, temp_busybox_root
 
 import hutch
 from hutch import Network
@@ -117,11 +116,8 @@ def gateway(sb) -> str:
 def image():
     if shutil.which("busybox") is None:
         pytest.skip("busybox-static is not installed (scripts/debian-packages.txt lists it)")
-    tmp = Path(tempfile.mkdtemp(prefix="hutch-twin-root-"))
-    try:
-        yield hutch.Image.from_directory(make_busybox_root(tmp / "root"))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with temp_busybox_root("hutch-twin-root-") as root:
+        yield hutch.Image.from_directory(root)
 
 
 def test_two_daemons_with_one_run_dir_path_keep_apart(world, image, tmp_path):

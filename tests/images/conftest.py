@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from hutch_testing import sandbox_maker, sdk_pointed_at
-from img_support import RUN_TAG, make_busybox_root, start_daemon, stop_daemon
+from hutch_testing import temp_busybox_root
+from img_support import RUN_TAG, start_daemon, stop_daemon
 
 class Daemon:
     """The suite's daemon; `restart()` stops it and starts a new one on the same dirs."""
@@ -56,11 +57,8 @@ def busybox_root():
     busybox = shutil.which("busybox")
     if busybox is None:
         pytest.fail("busybox is not installed; run scripts/setup.sh (busybox-static is in scripts/debian-packages.txt).")
-    tmp = Path(tempfile.mkdtemp(prefix="hutch-img-root-"))
-    try:
-        yield make_busybox_root(tmp / "root", busybox)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with temp_busybox_root("hutch-img-root-", busybox) as root:
+        yield root
 
 
 @pytest.fixture

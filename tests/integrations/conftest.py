@@ -8,14 +8,11 @@ installed is skipped with the extra that installs it (scripts/setup.sh installs 
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
 import hutch
-from hutch_testing import make_busybox_root, session_daemon
+from hutch_testing import session_daemon, temp_busybox_root
 from integ_support import RUN_TAG, running
 
 
@@ -45,11 +42,8 @@ def own_event_loop():
 @pytest.fixture(scope="session")
 def busybox_image():
     """A busybox root (sh, cat, ls, sed ...; no python) as an image."""
-    tmp = Path(tempfile.mkdtemp(prefix="hutch-integ-root-"))
-    try:
-        yield hutch.Image.from_directory(make_busybox_root(tmp / "root"))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with temp_busybox_root("hutch-integ-root-") as root:
+        yield hutch.Image.from_directory(root)
 
 
 @pytest.fixture

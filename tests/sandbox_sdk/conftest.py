@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import os
 
-from hutch_testing import make_busybox_root, restore_env, sandbox_maker, session_daemon
+from hutch_testing import restore_env, sandbox_maker, session_daemon, temp_busybox_root
 from sdk_support import REMOTE_ENV, RUN_TAG
 
 
@@ -29,11 +29,8 @@ def daemon():
 @pytest.fixture(scope="session")
 def busybox_root():
     """A tiny root filesystem: static busybox and its applets, enough for sh, cat, sleep, ls ..."""
-    tmp = Path(tempfile.mkdtemp(prefix="hutch-sdk-root-"))
-    try:
-        yield make_busybox_root(tmp / "root")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with temp_busybox_root("hutch-sdk-root-") as root:
+        yield root
 
 
 @pytest.fixture
