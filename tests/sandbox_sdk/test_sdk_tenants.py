@@ -836,3 +836,38 @@ def test_an_operators_import_gives_no_tenants_name_to_other_content(world):
                 content=_renamed(exported, "t.a.app"), headers={"Content-Type": "application/x-tar"})
     assert r.status_code == 201, r.text
     assert hutch.Image.from_name("app").ref == theirs.ref
+
+
+def test_a_tenants_file_in_a_directory_another_user_owns_is_refused(tmp_path):
+    """The file is root's and 0600, but the directory's owner may rename it away and back: an older copy of it
+    (a removed tenant's or a rotated token working again), or a copy of theirs. Refused by the CLI before it
+    writes there, and by the daemon's reading."""
+    from hutch_testing import HOST_PYTHON, host_user, run_as
+
+    from hutch.sandbox._host.daemon import tenants as T
+
+    if HOST_PYTHON is None:
+        pytest.skip("needs the host's python3.11 for the second account")
+    public = Path(tempfile.mkdtemp(prefix="hutch-tf-"))
+    os.chmod(public, 0o1777)
+    try:
+        with host_user() as other:
+            theirs = public / "theirs"
+            r = run_as(other, "import os, sys; os.mkdir(sys.argv[1], 0o755); print('made')", str(theirs))
+            assert r.returncode == 0, r.stderr
+            tf = theirs / "tenants.json"
+            r = hutch_cli("tenant", "add", "x", "--file", str(tf), "--token-file", str(tmp_path / "x.token"))
+            assert r.returncode == 1 and f"{theirs} belongs to uid {other.pw_uid}" in r.stderr, r.stderr
+            assert not tf.exists() and not (tmp_path / "x.token").exists()
+            good = tmp_path / "tenants.json"
+            assert hutch_cli("tenant", "add", "x", "--file", str(good), "--token-file",
+                             str(tmp_path / "x.token")).returncode == 0
+            assert T.Registry(good).get("x") is not None   # root's directory: read
+            os.chmod(theirs, 0o777)
+            shutil.copy2(good, tf)   # root's file, 0600, in their directory
+            os.chmod(theirs, 0o755)
+            with pytest.raises(hutch.ConfigError, match=f"{theirs} belongs to uid {other.pw_uid}"):
+                T.Registry(tf)
+            os.unlink(tf)
+    finally:
+        shutil.rmtree(public, ignore_errors=True)

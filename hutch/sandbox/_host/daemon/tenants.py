@@ -45,6 +45,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from hutch._core import paths
 from hutch._core.atomic import atomic_write
 from hutch._core.errors import ConfigError, DaemonError, QuotaExceededError
 from hutch.sandbox._spec import parse_size
@@ -188,9 +189,18 @@ def read_file(path: str | os.PathLike) -> dict[str, Tenant]:
     return read_doc(path)[0]
 
 
+def _own_directory(p: Path) -> None:
+    """The tenants file's directory, and those above it, are root's and writable by no other user (a sticky one,
+    /tmp, may be): else its owner renames the file away and back, e.g. an older copy in which a removed tenant or
+    a rotated token works again, or one with a tenant of their own."""
+    paths.owned_by_root(p.absolute().parent, "--tenants / --file (/etc/hutch/tenants.json, say)",
+                        sticky=True)
+
+
 def read_doc(path: str | os.PathLike) -> tuple[dict[str, Tenant], tuple[str, ...]]:
     """The tenants of `path` and the names of those removed (never given again: see `remove`)."""
     p = Path(path)
+    _own_directory(p)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
@@ -257,6 +267,7 @@ def parse_doc(data: bytes, where: str) -> tuple[dict[str, Tenant], tuple[str, ..
 def write_file(path: str | os.PathLike, tenants: dict[str, Tenant], removed=()) -> None:
     """Replace the tenants file (root's, 0600), its directory made 0700 if missing."""
     p = Path(path)
+    _own_directory(p)   # before anything is made there
     p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     doc = {"tenants": {n: t.to_dict() for n, t in sorted(tenants.items())}}
     if removed:
