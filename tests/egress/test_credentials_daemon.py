@@ -194,6 +194,12 @@ print(hits)
         assert "PRIVATE KEY" not in own + bundle
         env = sb.run("sh", "-c", "echo $SSL_CERT_FILE $REQUESTS_CA_BUNDLE").stdout.split()
         assert env == ["/etc/ssl/certs/ca-certificates.crt"] * 2
+        with sb.exec("sh", "-c", "echo $SSL_CERT_FILE $REQUESTS_CA_BUNDLE", pty=True) as t:   # on a terminal too
+            assert t.wait(30) == 0
+            out = b""
+            while chunk := t.read(timeout=10):
+                out += chunk
+        assert out.decode().split() == ["/etc/ssl/certs/ca-certificates.crt"] * 2
 
         # the daemon's answers and log
         assert SECRET not in json.dumps(sb.info) and SECRET not in json.dumps(hutch.Sandbox.from_id(sb.id).info)

@@ -260,6 +260,10 @@ class Gvisor:
             if not sb.active:
                 raise StateError(f"sandbox {sb.id} ended while its snapshot waited; only a running one can be "
                                  "snapshotted.")
+            if any(ex.pty is not None for ex in sb.exec_records.values()):
+                raise StateError(f"sandbox {sb.id} has a terminal open (an exec with pty=True), a pty of the host "
+                                 "that gVisor cannot checkpoint; end that session first (exit its shell, or close "
+                                 "or kill it), then snapshot or fork.")
             if mgr.execs.busy(sb):
                 raise StateError(f"sandbox {sb.id} runs a command started by exec, whose pipes are the host's "
                                  "(gVisor cannot restore those); wait for it or kill it first, and start long-lived "

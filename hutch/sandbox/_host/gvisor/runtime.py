@@ -17,12 +17,15 @@ native init: exec and kill through runsc, file calls through the files server, `
 from __future__ import annotations
 
 import asyncio
+import errno
+import fcntl
 import itertools
 import json
 import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -40,6 +43,12 @@ ROOTS = "/run/hutch-gvisor"
 MOUNT_DATA_MAX = 4096   # bytes of mount(2) options the kernel reads (a page), its NUL included
 #: runsc exec's PATH for a command whose env has none (its error names this list)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Terminals one sandbox may hold at once, as a native one (native/init.MAX_PTYS): its devpts instance's max=
+MAX_PTYS = 64
+#: util-linux's setsid: `setsid -c` makes a terminal exec's runsc the leader of a session whose controlling
+#: terminal is the pty (its stdin), so the signals the kernel sends for that terminal (^C, ^Z, SIGWINCH, hang-up)
+#: reach runsc, which forwards them to the foreground process group inside
+SETSID = "setsid"
 
 
 @dataclass
@@ -61,6 +70,7 @@ class GvSandbox:
     #: held while a memory snapshot is taken; a pause, an exec's start or a file call waits for it
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     rids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    tty: Path | None = None          # its devpts instance (Runsc.ttys/<id>), mounted at its first terminal exec
 
     @property
     def merged(self) -> Path:
@@ -80,6 +90,9 @@ class Runsc:
         # 0700 run directory would forbid: each sandbox's directory is here, 0700 and its root's own, under a
         # root-owned 0711 parent named after the daemon's cgroup parent (its instance).
         self.dirs = Path(ROOTS) / name
+        # The ptys of terminal execs: a devpts instance per sandbox under here, root's and 0700 all the way (the
+        # sandbox's own directory is its root's host uid's, the sentry's and the gofer's)
+        self.ttys = run_dir / "gvisor-tty"
 
     def argv(self, gv: GvSandbox, *args: str) -> list[str]:
         return [runsc.probe().path or runsc.RUNSC, *runsc.global_flags(str(self.root), gv.network), *args]
@@ -103,11 +116,14 @@ class Runsc:
 
     def reap(self) -> None:
         """A crashed predecessor's sandboxes died with it (their keepers' PDEATHSIG): only state files are left."""
-        for d in (self.root, self.dirs):
+        for d in (self.root, self.dirs, self.ttys):
             if d.is_dir():
                 _unmount_all(d)
                 remove_unmounted(d)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.ttys.mkdir(exist_ok=True, mode=0o700)
+        os.chown(self.ttys, 0, 0)
+        os.chmod(self.ttys, 0o700)
         for d in (self.dirs.parent, self.dirs):
             d.mkdir(exist_ok=True, mode=0o711)
             os.chown(d, 0, 0)
@@ -115,10 +131,35 @@ class Runsc:
 
     def remove_dirs(self) -> None:
         """At daemon stop: its sandboxes are gone, so is their parent directory."""
+        for d in (self.dirs, self.ttys):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+    def open_pty(self, gv: GvSandbox, rows: int, cols: int) -> tuple[int, int]:
+        """A new pty of the sandbox's devpts instance on the host (mounted at its first one, `max=MAX_PTYS`), not
+        the host's /dev/pts: (master, slave), sized rows x cols, both root's; OSError ENOSPC when it holds
+        MAX_PTYS. The slave comes from its master (TIOCGPTPEER), never through a path."""
+        if gv.tty is None:
+            at = self.ttys / gv.id
+            at.mkdir(mode=0o700)
+            try:
+                linux.mount("hutch-gvisor-pts", str(at), "devpts", linux.MS_NOSUID | linux.MS_NOEXEC,
+                            f"newinstance,ptmxmode=0600,mode=0600,gid=0,max={MAX_PTYS}")
+            except BaseException:
+                at.rmdir()
+                raise
+            gv.tty = at
+        master = os.open(gv.tty / "ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
         try:
-            self.dirs.rmdir()
-        except OSError:
-            pass
+            fcntl.ioctl(master, linux.TIOCSPTLCK, struct.pack("i", 0))
+            fcntl.ioctl(master, linux.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+            slave = fcntl.ioctl(master, linux.TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        except BaseException:
+            os.close(master)
+            raise
+        return master, slave
 
 
 def _unmount_all(d: Path) -> None:
@@ -269,6 +310,7 @@ def remove_unmounted(d: Path) -> None:
 
 
 def unmount_root(gv: GvSandbox) -> None:
+    """Unmount the sandbox's root (and its terminals' devpts) and remove its directories."""
     for target in reversed(gv.mounts):
         try:
             linux.umount2(target, linux.MNT_DETACH)
@@ -276,6 +318,16 @@ def unmount_root(gv: GvSandbox) -> None:
             pass
     gv.mounts.clear()
     remove_unmounted(gv.dir)
+    if gv.tty is not None:
+        try:
+            linux.umount2(str(gv.tty), linux.MNT_DETACH)
+        except OSError:
+            pass
+        try:
+            gv.tty.rmdir()
+        except OSError as e:
+            print(f"hutch daemon: {gv.tty} is kept ({e}); unmount and remove it.", file=sys.stderr)
+        gv.tty = None
 
 
 @dataclass
@@ -450,7 +502,8 @@ class GvisorChannel:
         self.closed = False
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.starting: set[str] = set()          # execs on their way to runsc exec (a kill for one waits)
-        self.pending: dict[str, list[int]] = {}  # signals for those
+        self.pending: dict[str, list[tuple[int, bool]]] = {}  # signals for those (and whether to its session)
+        self.terminals: set[str] = set()         # running execs on a terminal
         self.tasks: set[asyncio.Task] = set()
 
     def drain(self) -> None:
@@ -470,7 +523,7 @@ class GvisorChannel:
             raise StateError("the sandbox has ended; create a new sandbox.")
         op = msg["op"]
         if op == "exec":
-            return await self._exec(msg, list(fds)), []
+            return await self._exec(msg, list(fds))
         if op == "upper":
             return {"ok": True}, [os.open(self.gv.upper, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
         if op == "kill":
@@ -485,7 +538,7 @@ class GvisorChannel:
         if msg["op"] == "kill":
             self._kill(msg)
 
-    async def _exec(self, msg: dict, fds: list[int]) -> dict:
+    async def _exec(self, msg: dict, fds: list[int]) -> tuple[dict, list[int]]:
         """`runsc exec` of the command. One arriving while a memory snapshot is taken waits for it (a runsc exec
         of a paused or checkpointing sandbox is not defined; and its pipes, the host's, must not be in it): it
         starts holding the lock, so a snapshot after it sees it running (Execs.busy) and refuses."""
@@ -494,13 +547,18 @@ class GvisorChannel:
             async with self.gv.lock:
                 if self.closed:
                     return {"ok": False, "error": "StateError", "message": "the sandbox has ended; create a new "
-                                                                          "sandbox."}
+                                                                          "sandbox."}, []
                 return await self._start_exec(msg, fds)
         finally:
             self.starting.discard(msg["eid"])
             self.pending.pop(msg["eid"], None)
 
-    async def _start_exec(self, msg: dict, fds: list[int]) -> dict:
+    async def _start_exec(self, msg: dict, fds: list[int]) -> tuple[dict, list[int]]:
+        """runsc exec; (reply, [the terminal's master] for an exec with "pty": [rows, cols]). A terminal is a pty
+        of the sandbox's devpts instance on the host (Runsc.open_pty): runsc exec gets its slave as stdin, stdout
+        and stderr and as its controlling terminal (`setsid -c`), and gVisor gives the command that host terminal
+        as its own (isatty, termios, window size and job control go to it; `tty` says "not a tty": gVisor names
+        it host:[N], not /dev/pts/N)."""
         eid = msg["eid"]
         pidfile = self.gv.dir / f"exec-{eid}.pid"
         args = ["exec", f"--internal-pid-file={pidfile}", f"--cwd={msg['cwd']}", f"--user={msg.get('uid', 0)}:"
@@ -510,26 +568,49 @@ class GvisorChannel:
         args += ["--", self.gv.id, *msg["argv"]]
         if any("\0" in a for a in args) or any(not k or "=" in k for k in msg["env"]):
             return {"ok": False, "error": "ConfigError", "message": "argv, env and workdir may not hold NUL bytes, "
-                                                                    "nor an env name '=' or be empty; fix the command."}
+                                                                    "nor an env name '=' or be empty; fix the command."}, []
         # the program and the workdir looked up in the root first (keeper.Files.op_which): runsc exec would start
         # and fail inside, a 200 with an exit code where a native init says NotFoundError
         reply, _ = await self.gv.files.request({"op": "which", "argv0": msg["argv"][0], "cwd": msg["cwd"],
                                                 "path": msg["env"].get("PATH") or DEFAULT_PATH})
         if not reply["ok"]:
-            return reply
-        passed = iter(fds)
-        stdio = [next(passed) if want else subprocess.DEVNULL for want in msg["streams"]]
+            return reply, []
+        argv = self.calls.argv(self.gv, *args)
+        master = slave = None
+        if msg.get("pty"):
+            if shutil.which(SETSID) is None:
+                return {"ok": False, "error": "UnsupportedError", "message": "a terminal exec on gVisor needs "
+                        "util-linux's setsid, which is not on the daemon's PATH; install util-linux."}, []
+            try:
+                master, slave = await asyncio.to_thread(self.calls.open_pty, self.gv, *msg["pty"])
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                return {"ok": False, "error": "SandboxError", "message":
+                        f"the sandbox holds all the {MAX_PTYS} terminals it may have open; end some of its "
+                        "terminal sessions first."}, []
+            stdio = [slave, slave, slave]
+            argv = [SETSID, "-c", *argv]
+        else:
+            passed = iter(fds)
+            stdio = [next(passed) if want else subprocess.DEVNULL for want in msg["streams"]]
         try:
-            proc = await asyncio.create_subprocess_exec(*self.calls.argv(self.gv, *args), stdin=stdio[0],
-                                                        stdout=stdio[1], stderr=stdio[2])
+            proc = await asyncio.create_subprocess_exec(*argv, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2])
         except OSError as e:
-            return {"ok": False, "error": "SandboxError", "message": f"runsc exec could not start: {e}"}
+            if master is not None:
+                os.close(master)
+            return {"ok": False, "error": "SandboxError", "message": f"runsc exec could not start: {e}"}, []
+        finally:
+            if slave is not None:
+                os.close(slave)   # runsc has it, and gives it to the sentry
         self.join(proc.pid)
         self.procs[eid] = proc
         self._task(self._wait(eid, proc, pidfile))
-        for sig in self.pending.pop(eid, ()):   # kills that came while it started
-            self._task(self._signal(eid, sig))
-        return {"ok": True, "pid": proc.pid}
+        if master is not None:
+            self.terminals.add(eid)
+        for sig, session in self.pending.pop(eid, ()):   # kills that came while it started
+            self._task(self._signal(eid, sig, session))
+        return {"ok": True, "pid": proc.pid}, ([master] if master is not None else [])
 
     def _task(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -544,21 +625,23 @@ class GvisorChannel:
         except FileNotFoundError:
             pass
         status = wait_status(code) if code >= 0 else -code
+        self.terminals.discard(eid)
         self.on_event({"op": "exec_exit", "eid": eid, "status": status}, [])
 
     def _kill(self, msg: dict) -> None:
-        eid, sig = msg["eid"], int(msg["signal"])
+        eid, sig, session = msg["eid"], int(msg["signal"]), bool(msg.get("session"))
         if eid in self.procs:
-            self._task(self._signal(eid, sig))
+            self._task(self._signal(eid, sig, session))
         elif eid in self.starting and len(self.pending.get(eid, ())) < 8:
-            self.pending.setdefault(eid, []).append(sig)
+            self.pending.setdefault(eid, []).append((sig, session))
 
-    async def _signal(self, eid: str, sig: int) -> None:
+    async def _signal(self, eid: str, sig: int, session: bool = False) -> None:
         """Signal exec `eid`'s process group inside, as a native init does (killpg): gVisor makes each exec'd
         command the leader of a session of its own, so `kill -SIG -PID` from a helper exec reaches what it started
         (`sleep 30 &` too); then `runsc kill --pid` for the command itself, should it have left its group or the
         helper could not start (the sandbox at its pids limit). Its pid is known once runsc exec has written it:
-        a kill that comes sooner waits for it."""
+        a kill that comes sooner waits for it. `session` (a terminal's command ending): every process of its
+        session too, the shell's jobs in process groups of their own, as a native init ends them."""
         pidfile = self.gv.dir / f"exec-{eid}.pid"
         while True:
             proc = self.procs.get(eid)
@@ -570,9 +653,14 @@ class GvisorChannel:
             except (OSError, ValueError):
                 await asyncio.sleep(0.005)
         gv = self.gv
+        bb = runsc.BUSYBOX_AT
+        if session:   # the command is its session's leader (gVisor's exec makes it one): its sid is its pid
+            helper = [bb, "sh", "-c", f'{bb} kill -{sig} -- -$1 $({bb} ps -o sid,pid | {bb} awk -v s=$1 '
+                                      "'$1 == s && $2 != s {print $2}')", bb, str(pid)]
+        else:
+            helper = [bb, "kill", f"-{sig}", "--", f"-{pid}"]
         try:
-            code, _ = await self.calls.call(gv, "exec", "--cap=CAP_KILL", "--", gv.id, runsc.BUSYBOX_AT, "kill",
-                                            f"-{sig}", "--", f"-{pid}", check=False)
+            code, _ = await self.calls.call(gv, "exec", "--cap=CAP_KILL", "--", gv.id, *helper, check=False)
             if code:
                 await self.calls.call(gv, "kill", f"--pid={pid}", gv.id, str(sig), check=False)
         except SandboxError:   # runsc did not answer (the sandbox is ending): its teardown kills everything
