@@ -1,7 +1,8 @@
 """A command on a terminal of its own in a sandbox: `Sandbox.exec(..., pty=True)` (and AsyncSandbox's).
 
 Spoken over a WebSocket to the daemon (docs/api.md, "Terminals"): binary messages are the terminal's bytes,
-text messages JSON control. The terminal is a pty made inside the sandbox; what this handle reads is what the
+text messages JSON control. The terminal is a pty of the sandbox's own (on gVisor one on the host, given to
+the command by gVisor's kernel); what this handle reads is what the
 command wrote to it, escape sequences and all, and what it writes is typed into it (b"\\x03" is Ctrl-C).
 """
 

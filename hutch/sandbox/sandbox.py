@@ -248,7 +248,10 @@ class Sandbox(SandboxState):
         `pty=True` (a 24 x 80 terminal, or `pty=(rows, cols)`) runs it on a terminal of its own, made inside
         the sandbox (colours, line editing, Ctrl-C, job control work as in a terminal) and returns a
         `hutch.PtyProcess`: `write()`, `read()`, `read_until()`, `resize(rows, cols)`, `wait()`; stdin,
-        stdout, stderr and text do not apply (the terminal is all three, in bytes).
+        stdout, stderr and text do not apply (the terminal is all three, in bytes). On runtime="gvisor" the
+        terminal is a pty of the sandbox's own on the host that gVisor gives the command: the same, except that
+        `tty` there says "not a tty" (gVisor names it host:[N]), and a memory snapshot or fork is refused
+        while one is open.
 
         Example: `for line in sb.exec("ls", "-l", "/").stdout: print(line, end="")`
         """

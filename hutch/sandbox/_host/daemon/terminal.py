@@ -1,7 +1,8 @@
 """An exec on a terminal (`GET /v1/sandboxes/{id}/exec/pty`, docs/api.md): a WebSocket to a pty of the sandbox.
 
-The pty is made by the sandbox's init in the sandbox's own devpts (owned by the exec's user); the daemon holds
-only its master, and moves bytes: binary messages are the terminal's bytes both ways, text messages JSON
+The pty is made by the sandbox's init in the sandbox's own devpts (owned by the exec's user), or on gVisor by
+the daemon in a devpts instance of the sandbox's on the host (gvisor.runtime.Runsc.open_pty, its slave given to
+runsc exec: gVisor makes it the command's terminal); the daemon holds only its master, and moves bytes: binary messages are the terminal's bytes both ways, text messages JSON
 control (the exec's body first; then resize and signal from the client; the exec id, an error or the exit
 from the daemon). Nothing of the host's terminals is involved: the client's local terminal is a byte stream
 to the sandbox, so nothing it runs can push input into it (TIOCSTI) or resize it.
