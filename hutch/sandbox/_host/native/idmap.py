@@ -222,3 +222,47 @@ class IdMapper:
         if self.userns_fd >= 0:
             os.close(self.userns_fd)
             self.userns_fd = -1
+
+
+def _overlaps(start: int, count: int) -> bool:
+    return start < HUTCH_IDS.stop and start + count > HUTCH_IDS.start
+
+
+def check_host_accounts(passwd=None, group=None, subid_files=("/etc/subuid", "/etc/subgid")) -> None:
+    """Refuse (ConfigError) a host where another account may act as a sandbox's ids: a local user or group
+    whose id is in HUTCH_IDS would own the files sandboxes write (their layers, volumes) and could signal their
+    processes, and an /etc/subuid or /etc/subgid range overlapping HUTCH_IDS lets its user make a user
+    namespace that maps those very host ids (newuidmap). `passwd`/`group`: the entries to look at (default:
+    the host's, pwd.getpwall()/grp.getgrall())."""
+    import grp
+    import pwd
+
+    from hutch._core.errors import ConfigError
+
+    span = f"{HUTCH_IDS.start}-{HUTCH_IDS.stop - 1}"
+    for kind, entries in (("user", pwd.getpwall() if passwd is None else passwd),
+                          ("group", grp.getgrall() if group is None else group)):
+        for e in entries:
+            xid = e.pw_uid if kind == "user" else e.gr_gid
+            name = e.pw_name if kind == "user" else e.gr_name
+            if xid in HUTCH_IDS:
+                raise ConfigError(f"host {kind} {name!r} has id {xid}, among the ids hutch gives sandboxes ({span}): "
+                                  f"it would own what sandboxes write and could signal their processes; give it "
+                                  f"another id (`{kind}mod -{'u' if kind == 'user' else 'g'} NEW {name}`) before "
+                                  "starting the daemon.")
+    for path in subid_files:
+        try:
+            text = Path(path).read_text(errors="replace")
+        except FileNotFoundError:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            parts = line.strip().split(":")
+            if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+                continue
+            start, count = int(parts[1]), int(parts[2])
+            if _overlaps(start, count):
+                raise ConfigError(f"{path} line {n} gives {parts[0]!r} the ids {start}-{start + count - 1}, which "
+                                  f"overlap those hutch gives sandboxes ({span}): that user could map a sandbox's "
+                                  f"host ids into a user namespace of theirs and own its files; give them a range "
+                                  f"below {HUTCH_IDS.start} (`usermod --del-subuids/--del-subgids`, then "
+                                  "--add-subuids/--add-subgids) before starting the daemon.")
