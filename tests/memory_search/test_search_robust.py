@@ -31,6 +31,8 @@ def test_a_malformed_file_is_never_a_hit_and_is_named_once(mem, store_dir):
     assert "notes/broken" not in {h.entity_id for h in hits}
     assert all(h.entity.title and h.text is not None for h in hits)  # every hit's entity can be read
     assert len(said) == 1 and "notes/broken.md" in str(said[0].message) and "hutch mem check" in str(said[0].message)
+    # named by its path in the store, as check() and doctor name it: the store's own place is no part of it
+    assert str(store_dir) not in str(said[0].message) and "): notes/broken.md has malformed" in str(said[0].message)
     hits, said = _searched(mem, "walrus", k=1)  # in a small store the broken file matched every query
     assert [h.entity_id for h in hits] == ["notes/garden-plan"] and said == []  # named once, not per query
     assert mem.doctor().unreadable == ("notes/broken",)
@@ -57,6 +59,7 @@ def test_the_cli_names_a_malformed_file_on_stderr_and_lists_only_good_hits(mem, 
     assert r.returncode == 0, r.stderr
     assert "notes/garden-plan" in r.stdout and "broken" not in r.stdout
     assert r.stderr.count("hutch: warning: search leaves out 1 file") == 1 and "notes/broken.md" in r.stderr
+    assert str(store_dir) not in r.stderr  # the path relative to the store, as check and doctor say it
     assert "Traceback" not in r.stderr
 
 

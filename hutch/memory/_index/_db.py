@@ -501,7 +501,7 @@ class IndexDB:
         cls = entity_id.split("/", 1)[0]
         error = None
         try:
-            meta, body = _format.parse(text, str(path))
+            meta, body = _format.parse(text, f"{entity_id}.md")  # the reason names the file relative to the store
         except MalformedEntityError as e:
             # Indexed by its words (fixed, it answers at once), but search leaves it out of its hits (a hit's
             # entity could not be read) and names it; doctor and check() list it.

@@ -380,10 +380,13 @@ class SearchIndex:
         if not new:
             return
         first = self.idx.db.execute("select error from files where entity_id = ?", (new[0],)).fetchone()
+        rel = f"{new[0]}.md"
+        # the file by its path in the store (an index made before this commit kept its absolute path)
+        why = f"{rel} {first[0].removeprefix(f'{self.root / rel} ').removeprefix(f'{rel} ')}" if first else rel
         more = f"; and {', '.join(f'{e}.md' for e in new[1:6])}{' ...' if len(new) > 6 else ''}" if len(new) > 1 else ""
         warnings.warn(f"search leaves out {len(new)} file{'s' if len(new) > 1 else ''} whose front matter is "
-                      "malformed, until fixed (`hutch mem check` lists them): "
-                      f"{first[0] if first else new[0] + '.md'}{more}", MalformedEntityWarning, stacklevel=3)
+                      f"malformed, until fixed (`hutch mem check` lists them): {why}{more}",
+                      MalformedEntityWarning, stacklevel=3)
 
     def _reference(self, mask: np.ndarray) -> float:
         """What relative time words in a question are read against when the caller gives no now= or as_of: the
