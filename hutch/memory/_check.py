@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def check(mem: "Memory") -> CheckReport:
     issues: list[CheckIssue] = []
-    add = lambda sev, code, path, msg, fix: issues.append(CheckIssue(sev, code, path, msg, fix))  # noqa: E731
+    # a path on disk may hold control characters or bytes that are not UTF-8: each issue names it on one line
+    add = lambda sev, code, path, msg, fix: issues.append(CheckIssue(sev, code, _shown(path), msg, fix))  # noqa: E731
     entities: set[str] = set()
     linked: set[str] = set()
     link_dirs: list[tuple[str, str, str]] = []  # (class, slug, path)
@@ -46,13 +47,14 @@ def check(mem: "Memory") -> CheckReport:
             continue  # .git, .hutch (derived index, lock), .gitignore ...
         if not top.is_dir(follow_symlinks=False):
             if top.is_symlink():
-                add("error", "symlink-class", top.name, "is a symbolic link at the top of the store.",
-                    f"replace it with a real directory or remove it: rm {top.name}")
+                add("error", "symlink-class", _shown(top.name), "is a symbolic link at the top of the store.",
+                    f"replace it with a real directory or remove it: rm {_sh(top.name)}")
             continue
         cls = top.name
         if not fmt.is_name(cls):
-            add("warning", "bad-class-name", cls + "/", "is not a valid class name (a-z, 0-9, '_', '-'); "
-                "hutch does not read entities in it.", f"rename the directory, e.g. mv {cls} {fmt.slugify(cls)}")
+            add("warning", "bad-class-name", _shown(cls) + "/", "is not a valid class name (a-z, 0-9, '_', '-'); "
+                "hutch does not read entities in it.",
+                f"rename the directory, e.g. mv {_sh(cls)} {_sh(fmt.slugify(cls))}")
             continue
         try:
             with os.scandir(top.path) as it:
@@ -62,7 +64,8 @@ def check(mem: "Memory") -> CheckReport:
         for e in entries:
             rel = f"{cls}/{e.name}"
             if e.name.startswith(TEMP_PREFIX):
-                add("warning", "stray-temp", rel, "is a temp file left by an interrupted write.", f"remove it: rm {rel}")
+                add("warning", "stray-temp", _shown(rel), "is a temp file left by an interrupted write.",
+                    f"remove it: rm {_sh(rel)}")
                 continue
             if e.name.endswith(fmt.LINKS_SUFFIX) and e.is_dir(follow_symlinks=False):
                 link_dirs.append((cls, e.name[: -len(fmt.LINKS_SUFFIX)], e.path))
@@ -70,32 +73,30 @@ def check(mem: "Memory") -> CheckReport:
             if e.name.endswith(fmt.LINKS_SUFFIX) and e.is_symlink():
                 add("error", "symlink-links-dir", rel, "is a symbolic link where a links directory belongs: "
                     "hutch does not follow it (it could lead outside the store), so the links behind it count "
-                    "for nothing.", f"replace it with a real directory of links, or remove it: rm {rel}")
+                    "for nothing.", f"replace it with a real directory of links, or remove it: rm {_sh(rel)}")
                 continue
             if e.name.endswith(fmt.LINKS_SUFFIX):
                 add("error", "links-not-dir", rel, f"is {_kind(e.path)} where a links directory belongs: the "
                     f"links of {cls}/{e.name[:-len(fmt.LINKS_SUFFIX)]} count for nothing.",
-                    f"remove it (rm {rel}) and link with `hutch mem link`")
+                    f"remove it (rm {_sh(rel)}) and link with `hutch mem link`")
                 continue
             if not e.name.endswith(".md"):
                 continue  # attachments and other files are allowed
             if not fmt.is_slug(e.name[:-3]):
-                shown = rel.encode("unicode_escape", "backslashreplace").decode("ascii")
-                add("error", "bad-entity-name", shown, "is not a valid entity file name (a control character such "
-                    "as a newline, a leading space, or more than 120 characters): hutch reads no entity from it "
-                    "(ls and search leave it out).",
-                    f"rename it to a valid slug, e.g. mv {_quoted(e.path, root)} {cls}/{fmt.slugify(e.name[:-3])}.md")
+                add("error", "bad-entity-name", _shown(rel), f"is not a valid entity file name "
+                    f"({_no_slug_why(e.name)}): hutch reads no entity from it (ls and search leave it out).",
+                    f"rename it to a valid slug, e.g. mv {_sh(rel)} {_sh(f'{cls}/{fmt.slugify(e.name[:-3])}.md')}")
                 continue
             if e.is_symlink():
                 add("error", "symlink-entity", rel, "is a symbolic link, not an entity file.",
-                    f"replace it with a regular file or remove it: rm {rel}")
+                    f"replace it with a regular file or remove it: rm {_sh(rel)}")
                 continue
             if not e.is_file(follow_symlinks=False):
                 kind = _kind(e.path)
                 if kind:  # (gone since the listing: nothing to say)
                     add("error", "not-a-file", rel, f"is {kind}, not an entity file: hutch reads no entity from it "
                         "(search, ls and the FUSE view leave it out).",
-                        f"remove it, or move it out of the store: rm {'-r ' if 'directory' in kind else ''}{rel}")
+                        f"remove it, or move it out of the store: rm {'-r ' if 'directory' in kind else ''}{_sh(rel)}")
                 continue
             slug = e.name[:-3]
             entity_id = f"{cls}/{slug}"
@@ -107,7 +108,7 @@ def check(mem: "Memory") -> CheckReport:
                 continue  # removed since the listing
             except OSError as err:
                 add("error", "unreadable", rel, f"cannot be read ({err.strerror}).",
-                    f"make it a readable regular file, or remove it: rm {rel}")
+                    f"make it a readable regular file, or remove it: rm {_sh(rel)}")
                 continue
             entities.add(entity_id)
             try:
@@ -130,7 +131,8 @@ def check(mem: "Memory") -> CheckReport:
                     add("warning", "not-utf8", rel,
                         f"has bytes that are not UTF-8 (the first at byte {bad.start}): search reads each as U+FFFD "
                         "(the file itself is kept as it is).",
-                        f"convert it to UTF-8, e.g. iconv -f latin1 -t utf-8 {rel} > {rel}.new && mv {rel}.new {rel}")
+                        f"convert it to UTF-8, e.g. iconv -f latin1 -t utf-8 {_sh(rel)} > {_sh(rel + '.new')} && "
+                        f"mv {_sh(rel + '.new')} {_sh(rel)}")
                 meta, _ = fmt.parse(head.decode("utf-8", errors="surrogateescape"), rel)
             except MalformedEntityError as err:
                 add("error", "bad-front-matter", rel, str(err).removeprefix(rel + " "), front_matter_fix(rel))
@@ -138,7 +140,7 @@ def check(mem: "Memory") -> CheckReport:
             except OSError as err:  # replaced by something else meanwhile, or an I/O error
                 entities.discard(entity_id)
                 add("error", "unreadable", rel, f"cannot be read ({err.strerror}).",
-                    f"make it a readable regular file, or remove it: rm {rel}")
+                    f"make it a readable regular file, or remove it: rm {_sh(rel)}")
                 continue
             _check_meta(add, rel, entity_id, cls, meta)
 
@@ -147,15 +149,15 @@ def check(mem: "Memory") -> CheckReport:
         rel_dir = f"{cls}/{slug}{fmt.LINKS_SUFFIX}"
         if src not in entities:
             add("warning", "orphan-links-dir", rel_dir, f"holds links of {src}, which does not exist.",
-                f"remove it (rm -r {rel_dir}) or restore {src}.md")
+                f"remove it (rm -r {_sh(rel_dir)}) or restore {src}.md")
         for rname in sorted(_listdir(path)):
             rpath = os.path.join(path, rname)
             if not os.path.isdir(rpath) or os.path.islink(rpath):
-                add("error", "bad-link-entry", f"{rel_dir}/{rname}", "is not a relation directory.",
-                    f"remove it: rm {rel_dir}/{rname}")
+                add("error", "bad-link-entry", _shown(f"{rel_dir}/{rname}"), "is not a relation directory.",
+                    f"remove it: rm {_sh(f'{rel_dir}/{rname}')}")
                 continue
             if not fmt.is_name(rname):
-                add("warning", "bad-relation-name", f"{rel_dir}/{rname}", "is not a valid relation name.",
+                add("warning", "bad-relation-name", _shown(f"{rel_dir}/{rname}"), "is not a valid relation name.",
                     "rename it with a-z, 0-9, '_', '-' only")
             for lname in sorted(_listdir(rpath)):
                 lrel = f"{rel_dir}/{rname}/{lname}"
@@ -164,7 +166,7 @@ def check(mem: "Memory") -> CheckReport:
                     kind = _kind(lpath)
                     if kind:
                         add("error", "not-a-symlink", lrel, f"is {kind} where a link (symlink) belongs.",
-                            f"remove it (rm {'-r ' if 'directory' in kind else ''}{lrel}) and link with "
+                            f"remove it (rm {'-r ' if 'directory' in kind else ''}{_sh(lrel)}) and link with "
                             "`hutch mem link`")
                     continue
                 n_links += 1
@@ -199,7 +201,7 @@ def escape_message(lpath) -> str:
 
 
 def escape_fix(lrel: str) -> str:
-    return f"remove it: rm {lrel}"
+    return f"remove it: rm {_sh(lrel)}"
 
 
 def dangling_message(tid: str) -> str:
@@ -208,18 +210,63 @@ def dangling_message(tid: str) -> str:
 
 
 def dangling_fix(src: str, relation: str, tid: str, lrel: str) -> str:
-    return f"remove it (hutch mem unlink {src} {relation} {tid}, or rm {lrel}) or create {tid}"
+    return f"remove it (hutch mem unlink {src} {relation} {tid}, or rm {_sh(lrel)}) or create {tid}"
 
 
 def _quoted(path: str, root) -> str:
-    """`path` relative to the store, quoted for a POSIX shell ($'...' with escapes when it holds control
-    characters, so that the fix line stays one line and can be pasted)."""
+    """`path` relative to the store, quoted for a shell (see _sh)."""
+    return _sh(os.path.relpath(path, root))
+
+
+def _escaped(rel: str, quote: str = "") -> str:
+    """`rel` on one printable line: a control character as its escape (\\n, \\x01, \\u2028), a byte that is not
+    UTF-8 (os gives it as a lone surrogate) as \\xHH, and `quote` with a backslash: what bash's $'...' reads back
+    as the same bytes."""
+    out = []
+    for c in rel:
+        if "\udc80" <= c <= "\udcff":
+            out.append(f"\\x{ord(c) - 0xdc00:02x}")
+        elif c == "\\" or c == quote:
+            out.append("\\" + c)
+        elif c.isprintable():
+            out.append(c)
+        elif ord(c) < 0x100:
+            out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c, f"\\x{ord(c):02x}"))
+        else:
+            out.append(f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}")
+    return "".join(out)
+
+
+def _shown(rel: str) -> str:
+    """A path relative to the store as a CheckIssue names it: itself, or (holding a control character or bytes
+    that are not UTF-8) _escaped, so that the report stays one line of valid text."""
+    return rel if rel.isprintable() else _escaped(rel)
+
+
+def _sh(rel: str) -> str:
+    """A path relative to the store quoted for a POSIX shell, so that a fix line can be pasted as it is:
+    shlex.quote, or bash's $'...' with escapes when it holds control characters or bytes that are not UTF-8."""
     import shlex
 
-    rel = os.path.relpath(path, root)
     if rel.isprintable():
         return shlex.quote(rel)
-    return "$'" + rel.encode("unicode_escape", "backslashreplace").decode("ascii").replace("'", "\\'") + "'"
+    return "$'" + _escaped(rel, "'") + "'"
+
+
+def _no_slug_why(name: str) -> str:
+    """Why the file name `name` (a `*.md`) is no entity's: fmt.is_slug refused it."""
+    slug = name[:-3]
+    if any("\ud800" <= c <= "\udfff" for c in slug):
+        return "it holds bytes that are not UTF-8"
+    if any(not c.isprintable() and not c == " " for c in slug):
+        return "it holds a control character (a newline, a tab...)"
+    if slug[:1].isspace():
+        return "it starts with white space"
+    if slug[:1] == ".":
+        return "it starts with '.'"
+    if len(slug) > 120:
+        return f"its slug is {len(slug)} characters long, past 120"
+    return "it holds '\\', or ends in .md or .links"
 
 
 def _kind(path: str) -> str:

@@ -78,6 +78,39 @@ def test_a_name_that_is_no_slug_is_no_entity_and_check_says_how_to_rename_it(mem
     assert "notes/new-line" in mem.ls() and "notes/new-line" in {h.entity_id for h in mem.search("odd quokka")}
 
 
+def test_names_that_are_not_utf8_or_need_quoting_get_fixes_that_work_when_pasted(mem, store_dir):
+    """A file or class directory whose name holds bytes that are not UTF-8 (a latin-1 shell, an archive), and odd
+    things whose names hold a space or a quote: check() names each on one line of valid text and its fix, pasted
+    into bash as it is, does what it says (it printed the lone surrogate as \\udcff, which bash cannot read
+    back, and `rm notes/my link's.md` unquoted)."""
+    mem.put("notes", "Plain", body="plain quokka")
+    raw = os.fsencode(store_dir)
+    (store_dir / "notes").joinpath(os.fsdecode(b"caf\xe9.md")).write_bytes(b"---\ntitle: Cafe\n---\ncafe quokka\n")
+    os.mkdir(raw + b"/cl\xe9s")
+    (store_dir / os.fsdecode(b"cl\xe9s") / "a.md").write_text("---\ntitle: A\n---\nclassless quokka\n")
+    os.symlink("plain.md", store_dir / "notes" / "my link's.md")
+    os.mkdir(store_dir / "notes" / "a dir $(x).md")
+    hits = mem.search("quokka", k=10)
+    assert [h.entity_id for h in hits] == ["notes/plain"]
+    issues = {i.code: i for i in mem.check().issues if i.code != "orphan"}
+    assert sorted(issues) == ["bad-class-name", "bad-entity-name", "not-a-file", "symlink-entity"]
+    assert issues["bad-entity-name"].path == "notes/caf\\xe9.md"
+    assert "not UTF-8" in issues["bad-entity-name"].message
+    assert issues["bad-class-name"].path == "cl\\xe9s/"
+    for i in issues.values():
+        str(i).encode("utf-8")  # valid text (a lone surrogate cannot be written to a UTF-8 terminal or JSON)
+        assert str(i).isprintable()
+    r = run(store_dir, "check")
+    assert r.exit_code == 3 and "\\udc" not in r.output
+    for code in ("bad-entity-name", "bad-class-name"):
+        subprocess.run(["bash", "-c", issues[code].fix.split("e.g. ", 1)[1]], cwd=store_dir, check=True)
+    for code in ("symlink-entity", "not-a-file"):
+        subprocess.run(["bash", "-c", "rm " + issues[code].fix.split(": rm ", 1)[1]], cwd=store_dir, check=True)
+    assert sorted(os.listdir(raw + b"/notes")) == [b"caf.md", b"plain.md"]
+    assert sorted(mem.ls()) == ["cl-s/a", "notes/caf", "notes/plain"]
+    assert [i.code for i in mem.check().issues if i.code != "orphan"] == []
+
+
 def test_an_index_made_under_the_old_front_matter_rule_reads_such_files_again(mem, store_dir):
     """An index that a hutch without the byte order mark rule made holds the BOM file as malformed, and the file
     does not change: the index of this version reads it again (it stayed left out of search until touched)."""
