@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 def check(mem: "Memory") -> CheckReport:
     issues: list[CheckIssue] = []
     # a path on disk may hold control characters or bytes that are not UTF-8: each issue names it on one line
-    add = lambda sev, code, path, msg, fix: issues.append(CheckIssue(sev, code, _shown(path), msg, fix))  # noqa: E731
+    add = lambda sev, code, path, msg, fix: issues.append(CheckIssue(sev, code, shown(path), msg, fix))  # noqa: E731
     entities: set[str] = set()
     linked: set[str] = set()
     link_dirs: list[tuple[str, str, str]] = []  # (class, slug, path)
@@ -47,12 +47,12 @@ def check(mem: "Memory") -> CheckReport:
             continue  # .git, .hutch (derived index, lock), .gitignore ...
         if not top.is_dir(follow_symlinks=False):
             if top.is_symlink():
-                add("error", "symlink-class", _shown(top.name), "is a symbolic link at the top of the store.",
+                add("error", "symlink-class", shown(top.name), "is a symbolic link at the top of the store.",
                     f"replace it with a real directory or remove it: rm {_sh(top.name)}")
             continue
         cls = top.name
         if not fmt.is_name(cls):
-            add("warning", "bad-class-name", _shown(cls) + "/", "is not a valid class name (a-z, 0-9, '_', '-'); "
+            add("warning", "bad-class-name", shown(cls) + "/", "is not a valid class name (a-z, 0-9, '_', '-'); "
                 "hutch does not read entities in it.",
                 f"rename the directory, e.g. mv {_sh(cls)} {_sh(fmt.slugify(cls))}")
             continue
@@ -64,7 +64,7 @@ def check(mem: "Memory") -> CheckReport:
         for e in entries:
             rel = f"{cls}/{e.name}"
             if e.name.startswith(TEMP_PREFIX):
-                add("warning", "stray-temp", _shown(rel), "is a temp file left by an interrupted write.",
+                add("warning", "stray-temp", shown(rel), "is a temp file left by an interrupted write.",
                     f"remove it: rm {_sh(rel)}")
                 continue
             if e.name.endswith(fmt.LINKS_SUFFIX) and e.is_dir(follow_symlinks=False):
@@ -82,22 +82,12 @@ def check(mem: "Memory") -> CheckReport:
                 continue
             if not e.name.endswith(".md"):
                 continue  # attachments and other files are allowed
-            if not fmt.is_slug(e.name[:-3]):
-                add("error", "bad-entity-name", _shown(rel), f"is not a valid entity file name "
-                    f"({_no_slug_why(e.name)}): hutch reads no entity from it (ls and search leave it out).",
-                    f"rename it to a valid slug, e.g. mv {_sh(rel)} {_sh(f'{cls}/{fmt.slugify(e.name[:-3])}.md')}")
-                continue
-            if e.is_symlink():
-                add("error", "symlink-entity", rel, "is a symbolic link, not an entity file.",
-                    f"replace it with a regular file or remove it: rm {_sh(rel)}")
+            why = left_out(cls, e.name, e.path)
+            if why is not None:
+                add("error", *why)
                 continue
             if not e.is_file(follow_symlinks=False):
-                kind = _kind(e.path)
-                if kind:  # (gone since the listing: nothing to say)
-                    add("error", "not-a-file", rel, f"is {kind}, not an entity file: hutch reads no entity from it "
-                        "(search, ls and the FUSE view leave it out).",
-                        f"remove it, or move it out of the store: rm {'-r ' if 'directory' in kind else ''}{_sh(rel)}")
-                continue
+                continue  # gone since the listing: nothing to say
             slug = e.name[:-3]
             entity_id = f"{cls}/{slug}"
             try:
@@ -153,11 +143,11 @@ def check(mem: "Memory") -> CheckReport:
         for rname in sorted(_listdir(path)):
             rpath = os.path.join(path, rname)
             if not os.path.isdir(rpath) or os.path.islink(rpath):
-                add("error", "bad-link-entry", _shown(f"{rel_dir}/{rname}"), "is not a relation directory.",
+                add("error", "bad-link-entry", shown(f"{rel_dir}/{rname}"), "is not a relation directory.",
                     f"remove it: rm {_sh(f'{rel_dir}/{rname}')}")
                 continue
             if not fmt.is_name(rname):
-                add("warning", "bad-relation-name", _shown(f"{rel_dir}/{rname}"), "is not a valid relation name.",
+                add("warning", "bad-relation-name", shown(f"{rel_dir}/{rname}"), "is not a valid relation name.",
                     "rename it with a-z, 0-9, '_', '-' only")
             for lname in sorted(_listdir(rpath)):
                 lrel = f"{rel_dir}/{rname}/{lname}"
@@ -184,6 +174,26 @@ def check(mem: "Memory") -> CheckReport:
         add("warning", "orphan", f"{entity_id}.md", "has no links in or out.",
             f"link it to something (hutch mem link {entity_id} <relation> <class/slug>) or ignore this warning")
     return CheckReport(len(entities), n_links, tuple(issues))
+
+
+def left_out(cls: str, name: str, path: str) -> tuple[str, str, str, str] | None:
+    """Why the `*.md` entry `name` of class `cls` (at `path`) is no entity that search, ls and the FUSE view read:
+    (code, path relative to the store, what, fix), or None if it is an entity file (or gone). check() and
+    doctor() say the same."""
+    rel = f"{cls}/{name}"
+    if not fmt.is_slug(name[:-3]):
+        return ("bad-entity-name", rel, f"is not a valid entity file name ({_no_slug_why(name)}): hutch reads no "
+                "entity from it (ls and search leave it out).",
+                f"rename it to a valid slug, e.g. mv {_sh(rel)} {_sh(f'{cls}/{fmt.slugify(name[:-3])}.md')}")
+    kind = _kind(path)
+    if kind == "a symbolic link":
+        return ("symlink-entity", rel, "is a symbolic link, not an entity file: hutch never follows it (search, "
+                "ls and the FUSE view leave it out).", f"replace it with a regular file or remove it: rm {_sh(rel)}")
+    if kind and kind != "a regular file":
+        return ("not-a-file", rel, f"is {kind}, not an entity file: hutch reads no entity from it (search, ls and "
+                "the FUSE view leave it out).",
+                f"remove it, or move it out of the store: rm {'-r ' if 'directory' in kind else ''}{_sh(rel)}")
+    return None
 
 
 def front_matter_fix(rel: str) -> str:
@@ -237,7 +247,7 @@ def _escaped(rel: str, quote: str = "") -> str:
     return "".join(out)
 
 
-def _shown(rel: str) -> str:
+def shown(rel: str) -> str:
     """A path relative to the store as a CheckIssue names it: itself, or (holding a control character or bytes
     that are not UTF-8) _escaped, so that the report stays one line of valid text."""
     return rel if rel.isprintable() else _escaped(rel)

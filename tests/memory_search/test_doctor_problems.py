@@ -137,11 +137,12 @@ def test_dangling_and_escaping_links_are_no_neighbors_and_are_named_with_their_f
         report = mem.doctor()
         assert report.fresh and not report.ok
         named = {p.split(":", 1)[0]: p for p in report.problems}
-        assert set(named) == {rel + n for n in [*hand, "gamma.md"]}
-        assert all(" Fix: remove it" in p for p in named.values())
+        # and the "entity" that is a link out: search leaves it out, doctor names it
+        assert set(named) == {rel + n for n in [*hand, "gamma.md"]} | {"notes/sneaky.md"}
+        assert all(" Fix: remove it" in p or " Fix: replace it" in p for p in named.values())
         assert "hutch mem unlink notes/alpha knows notes/gamma" in named[rel + "gamma.md"]
         r = run(store_dir, "doctor")
-        assert r.exit_code == EXIT_CHECK_FAILED and "state: 6 problems" in r.output
+        assert r.exit_code == EXIT_CHECK_FAILED and "state: 7 problems" in r.output
         assert opens.names() == [], "a file outside the store was opened through a link"
         # the fix each line names works: unlink the dangling one, remove the others
         assert run(store_dir, "unlink", a.id, "knows", "notes/gamma").exit_code == 0
@@ -155,3 +156,37 @@ def test_dangling_and_escaping_links_are_no_neighbors_and_are_named_with_their_f
         assert opens.names() == []
     finally:
         opens.close()
+
+
+def test_doctor_names_what_search_leaves_out_that_is_no_entity_file(mem, store_dir, tmp_path):
+    """A `*.md` in a class that is no entity file (a symbolic link, one in a loop, one to a file outside the
+    store, a directory, a name that is not UTF-8 or holds a newline) is left out of search and named by doctor,
+    as check() names it, by its path in the store with its fix; doctor said "ok" and exited 0."""
+    mem.put("notes", "Garden plan", body="Tomatoes in the walrus garden.")
+    outside = tmp_path / "outside.md"
+    outside.write_text("---\ntitle: Outside\n---\nwalrus secrets\n")
+    notes = store_dir / "notes"
+    os.symlink("loop.md", notes / "loop.md")
+    os.symlink(str(outside), notes / "out.md")
+    os.symlink("garden-plan.md", notes / "alias.md")
+    os.mkdir(notes / "dir.md")
+    (notes / "new\nline.md").write_text("---\ntitle: Odd\n---\nwalrus\n")
+    with open(os.fsencode(notes) + b"/caf\xe9.md", "wb") as f:
+        f.write(b"---\ntitle: Cafe\n---\nwalrus\n")
+    assert [h.entity_id for h in mem.search("walrus", k=10)] == ["notes/garden-plan"]
+    report = mem.doctor()
+    assert report.fresh and not report.ok
+    named = sorted(p.split(": ", 1)[0] for p in report.problems)
+    assert named == ["notes/alias.md", "notes/caf\\xe9.md", "notes/dir.md", "notes/loop.md", "notes/new\\nline.md",
+                     "notes/out.md"]
+    checked = {i.path: f"{i.path}: {i.message} Fix: {i.fix}" for i in mem.check().errors}
+    for p in report.problems:
+        assert p == checked[p.split(": ", 1)[0]] and str(store_dir) not in p and p.isprintable()
+    r = run(store_dir, "doctor")
+    assert r.exit_code == EXIT_CHECK_FAILED and r.output.count("problem: ") == 6
+    assert "Traceback" not in r.output and "walrus secrets" not in r.output
+    for name in ("loop.md", "out.md", "alias.md", "new\nline.md"):
+        os.unlink(notes / name)
+    os.rmdir(notes / "dir.md")
+    os.unlink(os.fsencode(notes) + b"/caf\xe9.md")
+    assert mem.doctor().ok and run(store_dir, "doctor").exit_code == 0

@@ -32,6 +32,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from hutch._core.atomic import TEMP_PREFIX
 from hutch._core.errors import MalformedEntityError, SearchIndexError
 from hutch.memory import _format
 from hutch.memory._index import _units
@@ -315,9 +316,11 @@ class IndexDB:
             "select entity_id, eid, mtime_ns, size, hash, linkstamp from files")}
         self._gen_seen = gen
 
-    def scan(self, only: set[str] | None = None) -> tuple[dict[str, tuple[str, int, int]], dict[str, tuple[str, str]]]:
+    def scan(self, only: set[str] | None = None, left_out: list | None = None
+             ) -> tuple[dict[str, tuple[str, int, int]], dict[str, tuple[str, str]]]:
         """Stat every entity file and links directory (of the classes `only`, if given):
-        ({id: (path, mtime_ns, size)}, {id: (links dir, stamp)})."""
+        ({id: (path, mtime_ns, size)}, {id: (links dir, stamp)}). `left_out` gets (class, name, path) of each
+        `*.md` entry of a class that is no entity file (a name that is no slug, a link, a directory...)."""
         files: dict[str, tuple[Path, int, int]] = {}
         links: dict[str, tuple[Path, str]] = {}
         try:
@@ -336,12 +339,16 @@ class IndexDB:
                 for e in it:
                     name = e.name
                     if name.startswith(".") or not _utf8(name):
+                        if left_out is not None and name.endswith(".md") and not name.startswith(TEMP_PREFIX):
+                            left_out.append((cls, name, e.path))
                         continue
                     if name.endswith(".md"):
                         if _format.is_slug(name[:-3]) and e.is_file(follow_symlinks=False):
                             st = e.stat(follow_symlinks=False)
                             # plain str paths: 100,000 Path objects cost 1.5 s here
                             files[f"{cls}/{name[:-3]}"] = (e.path, st.st_mtime_ns, st.st_size)
+                        elif left_out is not None:
+                            left_out.append((cls, name, e.path))
                     elif name.endswith(LINKS_SUFFIX) and e.is_dir(follow_symlinks=False):
                         links[f"{cls}/{name[:-len(LINKS_SUFFIX)]}"] = (e.path, _linkstamp(e.path))
         return files, links

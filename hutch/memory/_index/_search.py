@@ -176,15 +176,23 @@ class IndexReport:
 _MAX_PROBLEM_LINES = 50
 
 
-def _problems(root: Path, files: dict, linkdirs: dict, errors: dict[str, str]) -> tuple[str, ...]:
-    """What is wrong in the files doctor() looked at, one line each with its fix: each file whose front matter
-    does not parse (`errors`: id -> the index's reason), each link whose target is not an entity file of the
-    store (dangling) or is not inside it. check() finds these and more (hutch/memory/_check.py)."""
+def _problems(root: Path, files: dict, linkdirs: dict, errors: dict[str, str],
+              left_out: list = ()) -> tuple[str, ...]:
+    """What is wrong in the files doctor() looked at, one line each with its fix: each `*.md` in a class that
+    search leaves out because it is no entity file (`left_out`: (class, name, path) from the scan: a name that is
+    no slug or not UTF-8, a symbolic link, a directory...), each file whose front matter does not parse
+    (`errors`: id -> the index's reason), each link whose target is not an entity file of the store (dangling)
+    or is not inside it. check() finds these and more (hutch/memory/_check.py)."""
     from hutch.memory import _check
     from hutch.memory._layout import Layout
     from hutch.memory._links import link_entries
 
     out = []
+    for cls, name, path in sorted(left_out):
+        why = _check.left_out(cls, name, path)
+        if why is not None:
+            _, rel, what, fix = why
+            out.append(f"{_check.shown(rel)}: {what} Fix: {fix}")
     for entity_id in sorted(errors):
         rel = f"{entity_id}.md"
         why = errors[entity_id].removeprefix(f"{root / rel} ").removeprefix(f"{rel} ")
@@ -575,7 +583,8 @@ class SearchIndex:
         try:
             self.idx.open()
             db = self.idx.db
-            files, linkdirs = self.idx.scan()
+            left_out: list = []
+            files, linkdirs = self.idx.scan(left_out=left_out)
             rows = {r[0]: r[1:] for r in db.execute("select entity_id, mtime_ns, size, hash, linkstamp, error from files")}
         except sqlite3.DatabaseError as e:
             self.idx.recover(e)
@@ -613,7 +622,7 @@ class SearchIndex:
                              "on v.dense_hash = u.dense_hash where v.dense_hash is null").fetchone()[0]
         fresh = not (stale or missing or extra or pending or self.idx.embed_error)
         problems = _problems(self.store.root, files, linkdirs,
-                             {e: r[4] for e, r in rows.items() if r[4] and e in files})
+                             {e: r[4] for e, r in rows.items() if r[4] and e in files}, left_out)
         return IndexReport(self.idx.path, fresh and not problems, len(rows), units, vectors, pending, name, rev, dim,
                            self.idx.meta("space_changed_from"), tuple(stale), tuple(missing), tuple(extra),
                            tuple(unreadable), tuple(self.idx.recovered), self.idx.embed_error,
