@@ -277,7 +277,8 @@ class Memory:
                as_of: Any = None, expand: int = 0, fusion: str = "learned", now: Any = None):
         """Hybrid search (BM25 + dense + entity + mentions + time, fused, then a learned second stage); returns
         a list of Hit. `fusion="weighted"` is the plain sum without the second stage, "rrf" reciprocal rank
-        fusion. A query of more than 4,096 characters is a ConfigError.
+        fusion. A query of more than 4,096 characters, a k that is not a positive integer, a `classes` that is
+        not a class name or up to 1,024 of them: each a ConfigError.
 
         Changes made to the files behind the API's back are indexed before the
         query answers. `classes` keeps those classes; `since` / `until` keep

@@ -85,6 +85,35 @@ def test_a_query_past_the_limit_is_a_config_error_at_once(mem):
     assert r.returncode == 0 and "notes/garden-plan" in r.stdout
 
 
+def test_bad_k_and_classes_are_config_errors_naming_the_fix(mem):
+    """k and classes= as a new user may get them wrong: each a ConfigError that says what to pass, refused before
+    any work (a list of a million class names took a set and a scan per name, then answered nothing); a
+    generator of classes is read once and still filters the hits that links bring in (expand)."""
+    a = mem.put("notes", "Garden plan", body="Tomatoes and beans in the garden.")
+    b = mem.put("actors", "Gardener", body="Looks after the beans.")
+    mem.link(a, "tended_by", b)
+    for k in (0, -1, True, False, 2.5, "5", None):
+        with pytest.raises(hutch.ConfigError, match="positive integer"):
+            mem.search("garden", k=k)
+    assert {h.entity_id for h in mem.search("garden", k=10**9)} == {"notes/garden-plan", "actors/gardener"}
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for many in ([f"c{i}" for i in range(1_000_000)], (f"c{i}" for i in range(10**12)), ["notes"] * 2000):
+        with pytest.raises(hutch.ConfigError, match="at most 1,024: name the few classes"):
+            mem.search("garden", classes=many)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 * 1024  # KiB: the peak, not a timing
+    for bad in (["../etc"], [1], ["no\x00tes"], ["Notes"], [None], [""]):
+        with pytest.raises(hutch.ConfigError, match="not a class name"):
+            mem.search("garden", classes=bad)
+    with pytest.raises(hutch.ConfigError, match="not a list of class names"):
+        mem.search("garden", classes=5)
+    assert [h.entity_id for h in mem.search("garden", classes=["notes"] * 1024)] == ["notes/garden-plan"]
+    assert [h.entity_id for h in mem.search("garden", classes=[])] == []   # no class named: no hit
+    got = mem.search("tomatoes", k=1, expand=1, classes=(c for c in ["notes"]))
+    assert [h.entity_id for h in got] == ["notes/garden-plan"]   # the linked actor is of another class
+    assert {h.entity_id for h in mem.search("tomatoes", k=1, expand=1, classes=None)} == {
+        "notes/garden-plan", "actors/gardener"}
+
+
 def test_a_long_query_within_the_limit_answers(mem):
     # ~700 distinct words, each counted once against a store over MIN_UNITS_FOR_DF units
     with mem.transaction():

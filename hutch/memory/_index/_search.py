@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from hutch._core.errors import ConfigError, MalformedEntityWarning, ReasonerWarning, SearchIndexError
-from hutch.memory._format import LINKS_SUFFIX
+from hutch.memory._format import LINKS_SUFFIX, is_name
 from hutch.memory._index import _anchor, _channels, _lexicon, _query, _rank, _reason, _rerank, _units
 from hutch.memory._index._db import IndexDB, SyncStats, file_digest
 from hutch.memory._index._embed import default_provider
@@ -209,6 +209,35 @@ def _problems(root: Path, files: dict, linkdirs: dict, errors: dict[str, str],
     return tuple(out)
 
 
+def _classes(classes: Any) -> tuple[str, ...] | None:
+    """search()'s `classes=` as a tuple of class names (a generator is read once, here), or None for all; a
+    ConfigError naming the fix for what no class could be: a name that is not a class name (a-z, 0-9, '_', '-'),
+    something that is not a string, more than MAX_CLASSES names."""
+    if classes is None:
+        return None
+    if isinstance(classes, str):
+        classes = (classes,)
+    limit = _units.MAX_CLASSES
+    if hasattr(classes, "__len__") and len(classes) > limit:
+        raise ConfigError(f"classes= names {len(classes):,} classes; search takes at most {limit:,}: name the few "
+                          "classes to search, or leave classes=None to search them all.")
+    try:
+        got = []
+        for c in classes:
+            got.append(c)
+            if len(got) > limit:
+                raise ConfigError(f"classes= names more than {limit:,} classes; search takes at most {limit:,}: "
+                                  "name the few classes to search, or leave classes=None to search them all.")
+    except TypeError:
+        raise ConfigError(f"classes={classes!r:.80} is not a list of class names: pass e.g. classes=['notes'] "
+                          "or classes='notes'.") from None
+    for c in got:
+        if not is_name(c):
+            raise ConfigError(f"classes= holds {c!r:.80}, which is not a class name (1-64 characters of a-z, 0-9, "
+                              "'_' or '-'): name classes as `hutch mem ls` shows them, e.g. classes=['notes'].")
+    return tuple(dict.fromkeys(got))
+
+
 def _passage(h: Hit) -> str:
     """What the reasoner is shown of a hit (bounded: _reason.passage)."""
     try:
@@ -299,14 +328,13 @@ class SearchIndex:
                               f"{_units.MAX_QUERY_CHARS:,}: ask with the words that matter (the embedding model reads "
                               "the first ~600 characters of a query).")
         query = _units.valid_text(query)
-        if not isinstance(k, int) or k < 1:
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ConfigError(f"k={k!r} is not a positive integer: ask for at least one hit, e.g. k=10.")
         if not isinstance(expand, int) or not 0 <= expand <= 3:
             raise ConfigError(f"expand={expand!r} must be 0..3 (hops over links from each hit).")
         if fusion not in _FUSIONS:
             raise ConfigError(f"fusion={fusion!r} is unknown: use one of {', '.join(_FUSIONS)}.")
-        if isinstance(classes, str):
-            classes = [classes]
+        classes = _classes(classes)
         since_t = _units.epoch_of(since, "since")
         until_t = _units.epoch_of(until, "until")
         as_of_t = _units.epoch_of(as_of, "as_of")

@@ -163,6 +163,9 @@ def time_window(query: str) -> tuple[float, float] | None:
 #: counts), so a 10 MB one took 14 s and 1.5 GB before it failed in SQLite; the embedding model reads its first
 #: 128 tokens (~600 characters) and BM25 gains nothing from a page of words.
 MAX_QUERY_CHARS = 4096
+#: The most class names search's `classes=` takes (a store has a handful of classes; a list of millions cost
+#: seconds and hundreds of MB in a set and a scan per name before it answered nothing).
+MAX_CLASSES = 1024
 
 
 def valid_text(text: str) -> str:
