@@ -61,6 +61,9 @@ def check(mem: "Memory") -> CheckReport:
                 entries = sorted(it, key=lambda e: e.name)
         except (FileNotFoundError, NotADirectoryError):
             continue  # gone since the listing
+        except OSError as err:
+            add("error", *unreadable_dir(cls, err))
+            continue
         for e in entries:
             rel = f"{cls}/{e.name}"
             if e.name.startswith(TEMP_PREFIX):
@@ -98,7 +101,7 @@ def check(mem: "Memory") -> CheckReport:
                 continue  # removed since the listing
             except OSError as err:
                 add("error", "unreadable", rel, f"cannot be read ({err.strerror}).",
-                    f"make it a readable regular file, or remove it: rm {_sh(rel)}")
+                    unreadable_fix(rel))
                 continue
             entities.add(entity_id)
             try:
@@ -130,7 +133,7 @@ def check(mem: "Memory") -> CheckReport:
             except OSError as err:  # replaced by something else meanwhile, or an I/O error
                 entities.discard(entity_id)
                 add("error", "unreadable", rel, f"cannot be read ({err.strerror}).",
-                    f"make it a readable regular file, or remove it: rm {_sh(rel)}")
+                    unreadable_fix(rel))
                 continue
             _check_meta(add, rel, entity_id, cls, meta)
 
@@ -140,7 +143,14 @@ def check(mem: "Memory") -> CheckReport:
         if src not in entities:
             add("warning", "orphan-links-dir", rel_dir, f"holds links of {src}, which does not exist.",
                 f"remove it (rm -r {_sh(rel_dir)}) or restore {src}.md")
-        for rname in sorted(_listdir(path)):
+        try:
+            rnames = os.listdir(path)
+        except (FileNotFoundError, NotADirectoryError):
+            rnames = []
+        except OSError as err:
+            add("error", *unreadable_dir(rel_dir, err))
+            rnames = []
+        for rname in sorted(rnames):
             rpath = os.path.join(path, rname)
             if not os.path.isdir(rpath) or os.path.islink(rpath):
                 add("error", "bad-link-entry", shown(f"{rel_dir}/{rname}"), "is not a relation directory.",
@@ -149,7 +159,14 @@ def check(mem: "Memory") -> CheckReport:
             if not fmt.is_name(rname):
                 add("warning", "bad-relation-name", shown(f"{rel_dir}/{rname}"), "is not a valid relation name.",
                     "rename it with a-z, 0-9, '_', '-' only")
-            for lname in sorted(_listdir(rpath)):
+            try:
+                lnames = os.listdir(rpath)
+            except (FileNotFoundError, NotADirectoryError):
+                lnames = []
+            except OSError as err:
+                add("error", *unreadable_dir(f"{rel_dir}/{rname}", err))
+                lnames = []
+            for lname in sorted(lnames):
                 lrel = f"{rel_dir}/{rname}/{lname}"
                 lpath = os.path.join(rpath, lname)
                 if not os.path.islink(lpath):
@@ -174,6 +191,17 @@ def check(mem: "Memory") -> CheckReport:
         add("warning", "orphan", f"{entity_id}.md", "has no links in or out.",
             f"link it to something (hutch mem link {entity_id} <relation> <class/slug>) or ignore this warning")
     return CheckReport(len(entities), n_links, tuple(issues))
+
+
+def unreadable_fix(rel: str) -> str:
+    return f"make it a readable regular file (chmod u+r {_sh(rel)}), or remove it: rm {_sh(rel)}"
+
+
+def unreadable_dir(rel: str, err: OSError) -> tuple[str, str, str, str]:
+    """(code, path, what, fix) for a class or links directory that cannot be listed (mode 000 for a user
+    without CAP_DAC_OVERRIDE): check() and doctor() say the same."""
+    return ("unreadable", f"{rel}/", f"is a directory that cannot be read ({err.strerror}): search, ls and check "
+            "leave out everything in it.", f"make it readable (chmod u+rwx {_sh(rel)}) or move it out of the store")
 
 
 def left_out(cls: str, name: str, path: str) -> tuple[str, str, str, str] | None:
@@ -291,14 +319,6 @@ def _kind(path: str) -> str:
         if test(mode):
             return name
     return "not a regular file"
-
-
-def _listdir(path: str) -> list[str]:
-    """The names in a directory; none if it went away (or stopped being a directory) since it was listed."""
-    try:
-        return os.listdir(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
 
 
 def _check_meta(add, rel: str, entity_id: str, cls: str, meta: dict) -> None:

@@ -101,7 +101,11 @@ class Layout:
             d = self.root / c
             if not d.is_dir():
                 continue
-            with os.scandir(d) as it:
+            try:
+                it = os.scandir(d)
+            except OSError:  # a class directory that cannot be read (check() names it): no entity in it
+                continue
+            with it:
                 for e in it:
                     if e.name.endswith(".md") and fmt.is_slug(e.name[:-3]) and e.is_file(follow_symlinks=False):
                         out.append(f"{c}/{e.name[:-3]}")

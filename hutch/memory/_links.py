@@ -105,19 +105,26 @@ class Links:
         """Every link in the store: (source id, relation, target id or '' if malformed, link path)."""
         for cls in self.layout.classes():
             d = self.layout.root / cls
-            with os.scandir(d) as it:
-                ldirs = [e for e in it if e.name.endswith(fmt.LINKS_SUFFIX) and e.is_dir(follow_symlinks=False)]
+            try:
+                with os.scandir(d) as it:
+                    ldirs = [e for e in it if e.name.endswith(fmt.LINKS_SUFFIX) and e.is_dir(follow_symlinks=False)]
+            except OSError:  # unreadable or gone (check() names it)
+                continue
             for e in ldirs:
                 src = f"{cls}/{e.name[: -len(fmt.LINKS_SUFFIX)]}"
                 try:
                     rels = os.listdir(e.path)
-                except NotADirectoryError:
+                except OSError:  # gone, not a directory since the listing, or unreadable
                     continue
                 for rel in sorted(rels):
                     rdir = Path(e.path) / rel
                     if not _utf8(rel) or not _real_dir(rdir):
                         continue
-                    for name in sorted(os.listdir(rdir)):
+                    try:
+                        names = sorted(os.listdir(rdir))
+                    except OSError:
+                        continue
+                    for name in names:
                         yield src, rel, self.layout.target_id(rdir / name) or "", rdir / name
 
     def neighbors(self, entity: Entity) -> list[Neighbor]:

@@ -335,7 +335,13 @@ class IndexDB:
             if only is not None and d.name not in only:
                 continue
             cls = d.name
-            with os.scandir(d.path) as it:
+            try:
+                it = os.scandir(d.path)
+            except OSError:  # unreadable (mode 000 for a user without the capability), or gone: no entity in it
+                if left_out is not None and os.path.isdir(d.path):
+                    left_out.append((cls, "", d.path))
+                continue
+            with it:
                 for e in it:
                     name = e.name
                     if name.startswith(".") or not _utf8(name):
@@ -763,7 +769,11 @@ def _read_links(root: Path, ldir: Path) -> Iterable[tuple[str, str]]:
         rdir = ldir / rel
         if rdir.is_symlink() or not rdir.is_dir():
             continue
-        for name in sorted(os.listdir(rdir)):
+        try:
+            names = sorted(os.listdir(rdir))
+        except OSError:  # unreadable, or gone since the listing
+            continue
+        for name in names:
             try:
                 target = os.readlink(rdir / name)
             except OSError:

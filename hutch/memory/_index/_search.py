@@ -177,7 +177,7 @@ _MAX_PROBLEM_LINES = 50
 
 
 def _problems(root: Path, files: dict, linkdirs: dict, errors: dict[str, str],
-              left_out: list = ()) -> tuple[str, ...]:
+              left_out: list = (), unopened: list = ()) -> tuple[str, ...]:
     """What is wrong in the files doctor() looked at, one line each with its fix: each `*.md` in a class that
     search leaves out because it is no entity file (`left_out`: (class, name, path) from the scan: a name that is
     no slug or not UTF-8, a symbolic link, a directory...), each file whose front matter does not parse
@@ -188,7 +188,18 @@ def _problems(root: Path, files: dict, linkdirs: dict, errors: dict[str, str],
     from hutch.memory._links import link_entries
 
     out = []
+    for entity_id, e in unopened:  # entity files this process may not read (mode 000): search leaves them out
+        rel = f"{entity_id}.md"
+        out.append(f"{rel}: cannot be read ({e.strerror}). Fix: {_check.unreadable_fix(rel)}")
     for cls, name, path in sorted(left_out):
+        if not name:  # a class directory that cannot be listed
+            try:
+                os.listdir(path)
+                continue
+            except OSError as e:
+                _, rel, what, fix = _check.unreadable_dir(cls, e)
+                out.append(f"{_check.shown(rel)}: {what} Fix: {fix}")
+                continue
         why = _check.left_out(cls, name, path)
         if why is not None:
             _, rel, what, fix = why
@@ -618,10 +629,17 @@ class SearchIndex:
             self.idx.recover(e)
             self.snap = None
             return self.doctor()
-        stale, missing = [], []
+        stale, missing, unopened = [], [], []
         for entity_id, (path, mtime, size) in sorted(files.items()):
             row = rows.get(entity_id)
             if row is None:
+                try:  # a file this process may not read is no index that is out of date: check() says why
+                    os.close(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC))
+                except PermissionError as e:
+                    unopened.append((entity_id, e))
+                    continue
+                except OSError:
+                    pass
                 missing.append(entity_id)
                 continue
             if (row[0], row[1]) != (mtime, size):
@@ -650,7 +668,7 @@ class SearchIndex:
                              "on v.dense_hash = u.dense_hash where v.dense_hash is null").fetchone()[0]
         fresh = not (stale or missing or extra or pending or self.idx.embed_error)
         problems = _problems(self.store.root, files, linkdirs,
-                             {e: r[4] for e, r in rows.items() if r[4] and e in files}, left_out)
+                             {e: r[4] for e, r in rows.items() if r[4] and e in files}, left_out, unopened)
         return IndexReport(self.idx.path, fresh and not problems, len(rows), units, vectors, pending, name, rev, dim,
                            self.idx.meta("space_changed_from"), tuple(stale), tuple(missing), tuple(extra),
                            tuple(unreadable), tuple(self.idx.recovered), self.idx.embed_error,
