@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -281,3 +282,53 @@ def test_spare_keepers_end_with_the_daemon(tmp_path, image, ending):
         api.close()
         d.stop()
         d.cleanup_cgroups()
+
+
+def _tty_mounts(run_dir: Path) -> list[str]:
+    at = str(run_dir / "gvisor-tty") + "/"
+    return [t for t in (ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines())
+            if t.startswith(at)]
+
+
+@pytest.mark.parametrize("ending", ["terminate", "daemon killed"])
+def test_a_terminals_devpts_goes_with_its_sandbox_and_after_a_killed_daemon(tmp_path, image, ending):
+    """A terminal exec mounts the sandbox's devpts instance (root's, 0700 parent, ptmx 0600) on the host; it is
+    unmounted and removed when the sandbox ends, and by the next daemon when the last one was killed outright."""
+    import json
+
+    from websockets.sync.client import unix_connect
+
+    from rt_support import Api, Daemon
+
+    d = Daemon(tmp_path / "run").start()
+    api = Api(d.sock, d.run_dir)
+    ws = None
+    try:
+        sid = gv(api, image)["id"]
+        ws = unix_connect(str(d.sock), f"ws://hutch/v1/sandboxes/{sid}/exec/pty")
+        ws.send(json.dumps({"argv": ["sh", "-c", "stty size; exec sleep 100"], "pty": {"rows": 9, "cols": 33}}))
+        assert "eid" in json.loads(ws.recv(timeout=60))
+        out = b""
+        while b"9 33\r\n" not in out:
+            out += ws.recv(timeout=30)
+        tty = d.run_dir / "gvisor-tty"
+        assert _tty_mounts(d.run_dir) == [str(tty / sid)]
+        st = os.stat(tty)
+        assert (st.st_uid, st.st_mode & 0o777) == (0, 0o700)
+        assert os.stat(tty / sid / "ptmx").st_mode & 0o777 == 0o600
+        if ending == "terminate":
+            api.terminate(sid)
+        else:
+            ws.close()
+            ws = None
+            d.kill9()
+            d.start()   # the next daemon clears what the killed one left
+        assert _tty_mounts(d.run_dir) == [] and list(tty.iterdir()) == []
+    finally:
+        if ws is not None:
+            ws.close()
+        api.close()
+        d.stop()
+        d.cleanup_cgroups()
+        for left in _tty_mounts(d.run_dir):   # only after a failure above
+            subprocess.run(["umount", "-l", left], capture_output=True, timeout=30)
