@@ -93,12 +93,14 @@ def _root_only(p: str, st: os.stat_result, *, sticky_ok: bool = False, role: tup
         raise _code_refusal(p, st, f"is writable by other users ({stat.S_IMODE(st.st_mode):04o})", role)
 
 
-def _code_path(path: str, *, children: bool = False, role: tuple[str, str] = _CODE) -> None:
+def _code_path(path: str, *, children: bool = False, role: tuple[str, str] = _CODE,
+               seen: set | None = None) -> None:
     """`path` and every directory above it (as given and as its links resolve) are root's and writable by no
     other user (a sticky ancestor may be: /tmp); with `children`, so is each entry directly in it (a package
     or module a search path holds). A path that does not exist is checked where it would be made: its nearest
     existing directory may not be writable by others at all (sticky or not: they would make it)."""
     path = os.path.abspath(path)
+    seen = set() if seen is None else seen   # (path, as a parent?) pairs checked already: same answer again
     for form in dict.fromkeys([path, os.path.realpath(path)]):
         p, first = form, True
         while True:
@@ -107,6 +109,9 @@ def _code_path(path: str, *, children: bool = False, role: tuple[str, str] = _CO
             except (FileNotFoundError, NotADirectoryError):
                 st = None
             if st is not None:
+                if (p, first) in seen and not first:
+                    break   # it and everything above it passed
+                seen.add((p, first))
                 _root_only(p, st, sticky_ok=not first, role=role)
                 first = False
             parent = os.path.dirname(p)
@@ -117,27 +122,40 @@ def _code_path(path: str, *, children: bool = False, role: tuple[str, str] = _CO
         with os.scandir(path) as it:
             for e in it:
                 st = e.stat(follow_symlinks=False)
-                if stat.S_ISLNK(st.st_mode):
-                    _code_path(e.path)   # where it leads, and the directories above that
+                if stat.S_ISLNK(st.st_mode):   # where it leads, and the directories above that
+                    real = os.path.realpath(e.path)
+                    try:
+                        _root_only(real, os.stat(real), role=role)
+                    except FileNotFoundError:   # dangling: what it names may not be made by another user
+                        _code_path(real, role=role, seen=seen)
+                        continue
+                    p = os.path.dirname(real)
+                    while (p, False) not in seen:
+                        seen.add((p, False))
+                        _root_only(p, os.stat(p), sticky_ok=True, role=role)
+                        if os.path.dirname(p) == p:
+                            break
+                        p = os.path.dirname(p)
                 else:
-                    _root_only(e.path, st)
+                    _root_only(e.path, st, role=role)
 
 
 def code_owned_by_root(extra: tuple[str, ...] = ()) -> None:
     """Refuse (ConfigError naming the path and the chown/chmod that fixes it) unless everything the root daemon
     runs is root's and writable by no other user: the interpreter, each directory on sys.path and what it holds
     directly (the current directory too, which `python -m` and `-c` search first), every file of the hutch
-    package, every module imported so far, and each directory on PATH (the daemon runs ip, nft, git, runsc by
-    name). Called by `hutch serve` before it makes anything. Not walked: the deeper files of third-party
+    package, every module imported so far, and each directory on PATH and the programs in it (the daemon runs
+    ip, nft, git, runsc by name). Called by `hutch serve` before it makes anything. Not walked: the deeper files of third-party
     packages not yet imported (a root-owned package directory that another user owns files in is not seen)."""
     import sys
 
     seen: set[str] = set()
+    parents: set = set()
 
     def check(p: str, **kw) -> None:
         if p not in seen:
             seen.add(p)
-            _code_path(p, **kw)
+            _code_path(p, seen=parents, **kw)
 
     check(sys.executable)
     check(os.path.realpath(sys.executable))
@@ -159,7 +177,11 @@ def code_owned_by_root(extra: tuple[str, ...] = ()) -> None:
         if isinstance(f, str) and os.path.isabs(f):
             check(f)
     search = settings.PATH.get()
+    scanned = set()
     for d in (os.defpath if search is None else search).split(os.pathsep):
-        check(d or os.getcwd())
+        d = d or os.getcwd()
+        real = os.path.realpath(d)   # /bin and /usr/bin: one directory, its programs looked at once
+        check(d, children=real not in scanned)   # the programs in it too (runsc, nft, ip)
+        scanned.add(real)
     for p in extra:
         check(p)

@@ -111,6 +111,25 @@ def test_a_path_directory_others_may_write_is_refused(public):
     _refused(_serve(src, run, PATH=f"{shared}:{os.environ['PATH']}"), shared, run, "is writable by other users")
     _refused(_serve(src, run, PATH=f"{public / 'later'}:{os.environ['PATH']}"), public, run,
              "is writable by other users")
+    # a root directory holding a program another user owns (they replace it at will)
+    tools = public / "tools"
+    tools.mkdir(mode=0o755)
+    nft = tools / "nft"
+    nft.write_text("#!/bin/sh\nexit 0\n")
+    os.chmod(nft, 0o755)
+    with host_user() as other:
+        os.chown(nft, other.pw_uid, other.pw_gid)
+        _refused(_serve(src, run, PATH=f"{tools}:{os.environ['PATH']}"), nft, run,
+                 f"belongs to uid {other.pw_uid}, not root")
+        # and one reached through a link, in a directory of theirs
+        os.chown(nft, 0, 0)
+        theirs = public / "theirs"
+        theirs.mkdir(mode=0o755)
+        os.chown(theirs, other.pw_uid, other.pw_gid)
+        shutil.move(str(nft), theirs / "nft")
+        nft.symlink_to(theirs / "nft")
+        _refused(_serve(src, run, PATH=f"{tools}:{os.environ['PATH']}"), theirs, run,
+                 f"belongs to uid {other.pw_uid}, not root")
 
 
 def test_a_copy_of_roots_in_a_sticky_directory_passes(public):
