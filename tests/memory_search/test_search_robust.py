@@ -244,3 +244,53 @@ def test_a_file_rewritten_while_it_is_indexed(mem, store_dir, tmp_path):
     hits = mem.search("quokka")
     assert hits[0].entity_id == "notes/churning" and "the final quokka text" in hits[0].text
     assert mem.doctor().ok and mem.check().ok
+
+
+_DELETER = """
+import os, sys, time
+root, stop = sys.argv[1], sys.argv[2]
+i = 0
+while not os.path.exists(stop):
+    i += 1
+    for n in range(40):   # each file and links directory gone for a moment, then back
+        p = os.path.join(root, "notes", f"n{n}.md")
+        data = open(p, "rb").read()
+        os.unlink(p)
+        with open(p + ".tmp", "wb") as f:
+            f.write(data)
+        os.rename(p + ".tmp", p)   # (a dot-less temp name: the scan sees it, then it is gone)
+        ld = os.path.join(root, "notes", f"n{n}.links")
+        if os.path.isdir(ld):
+            os.rename(ld, ld + "-away")
+            os.rename(ld + "-away", ld)
+print(i, flush=True)
+"""
+
+
+def test_files_deleted_between_the_listing_and_the_read(mem, store_dir, tmp_path):
+    """Files and links directories removed and put back while search, doctor() and check() run (an editor that
+    deletes and rewrites, a sync tool): each answers from what is there; a file gone between the scan's listing
+    and its stat made doctor() and search raise FileNotFoundError."""
+    with mem.transaction():
+        for n in range(40):
+            mem.put("notes", f"N{n}", slug=f"n{n}", body=f"walrus number {n}")
+        for n in range(1, 40):
+            mem.link(f"notes/n{n}", "see", f"notes/n{n - 1}")
+    mem.search("walrus")
+    stop = tmp_path / "stop"
+    child = subprocess.Popen([sys.executable, "-c", _DELETER, str(store_dir), str(stop)], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        for _ in range(150):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                hits = mem.search("walrus number", k=5)
+            assert all(h.entity_id.startswith("notes/n") for h in hits)
+            mem.doctor()
+            mem.check()
+    finally:
+        stop.touch()
+        out, _ = child.communicate(timeout=120)
+    assert child.returncode == 0 and int(out) > 0
+    report = mem.reindex()
+    assert report.fresh and report.entities == 40 and not report.problems

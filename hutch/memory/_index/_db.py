@@ -350,13 +350,19 @@ class IndexDB:
                         continue
                     if name.endswith(".md"):
                         if _format.is_slug(name[:-3]) and e.is_file(follow_symlinks=False):
-                            st = e.stat(follow_symlinks=False)
+                            try:
+                                st = e.stat(follow_symlinks=False)
+                            except OSError:  # removed since the listing: the next pass sees it gone
+                                continue
                             # plain str paths: 100,000 Path objects cost 1.5 s here
                             files[f"{cls}/{name[:-3]}"] = (e.path, st.st_mtime_ns, st.st_size)
                         elif left_out is not None:
                             left_out.append((cls, name, e.path))
                     elif name.endswith(LINKS_SUFFIX) and e.is_dir(follow_symlinks=False):
-                        links[f"{cls}/{name[:-len(LINKS_SUFFIX)]}"] = (e.path, _linkstamp(e.path))
+                        try:
+                            links[f"{cls}/{name[:-len(LINKS_SUFFIX)]}"] = (e.path, _linkstamp(e.path))
+                        except OSError:  # removed since the listing
+                            continue
         return files, links
 
     def sync(self, *, embed_budget: float | None = QUERY_EMBED_BUDGET_S) -> tuple[SyncStats, set[int], set[int]]:
