@@ -125,7 +125,7 @@ def _code_path(path: str, *, children: bool = False, role: tuple[str, str] = _CO
                 if stat.S_ISLNK(st.st_mode):   # where it leads, and the directories above that
                     real = os.path.realpath(e.path)
                     try:
-                        _root_only(real, os.stat(real), role=role)
+                        _root_only(real, os.stat(real), sticky_ok=True, role=role)
                     except FileNotFoundError:   # dangling: what it names may not be made by another user
                         _code_path(real, role=role, seen=seen)
                         continue
@@ -136,8 +136,8 @@ def _code_path(path: str, *, children: bool = False, role: tuple[str, str] = _CO
                         if os.path.dirname(p) == p:
                             break
                         p = os.path.dirname(p)
-                else:
-                    _root_only(e.path, st, role=role)
+                else:   # a sticky directory (/tmp in /, which `python -m` in / searches) renames no name of root's
+                    _root_only(e.path, st, sticky_ok=True, role=role)
 
 
 def code_owned_by_root(extra: tuple[str, ...] = ()) -> None:

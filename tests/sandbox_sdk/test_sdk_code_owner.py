@@ -140,6 +140,9 @@ def test_a_copy_of_roots_in_a_sticky_directory_passes(public):
     check = [sys.executable, "-c", "from hutch._core import paths; paths.code_owned_by_root(); print('ok')"]
     got = subprocess.run(check, cwd=src, capture_output=True, text=True, timeout=60)
     assert got.returncode == 0 and got.stdout == "ok\n", got.stderr
+    # started in / (the SDK's autostart and a fleet node do): / holds /tmp, sticky and root's, which is fine
+    got = subprocess.run([sys.executable, *check[1:]], cwd="/", capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0 and got.stdout == "ok\n", got.stderr
     with host_user() as other:
         mid = public / "mid"
         mid.mkdir()
