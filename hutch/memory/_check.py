@@ -176,6 +176,12 @@ def check(mem: "Memory") -> CheckReport:
                             f"remove it (rm {'-r ' if 'directory' in kind else ''}{_sh(lrel)}) and link with "
                             "`hutch mem link`")
                     continue
+                if any("\ud800" <= c <= "\udfff" for c in rname + lname):
+                    # links, neighbors and the index leave out a name that is not UTF-8 (SQLite cannot hold it)
+                    add("error", "bad-link-name", lrel, "is a link whose name (or its relation's) is not UTF-8: "
+                        "hutch leaves it out (links, neighbors, search).",
+                        f"remove it (rm {_sh(lrel)}) and link again with `hutch mem link`")
+                    continue
                 n_links += 1
                 tid = mem.link_target(lrel)
                 if tid is None:

@@ -134,3 +134,19 @@ def test_an_index_made_under_the_old_front_matter_rule_reads_such_files_again(me
         assert again.doctor().ok and again.doctor().unreadable == ()
     finally:
         again.index.close()
+
+
+def test_a_link_whose_name_is_not_utf8_is_named_by_check(mem, store_dir):
+    """Links, neighbors and the index leave out a link named with bytes that are not UTF-8; check() said the
+    store was fine and counted it as a good link. Now it names it, and the fix, pasted, removes that link."""
+    a = mem.put("notes", "Alpha", body="alpha quokka")
+    b = mem.put("notes", "Beta", body="beta quokka")
+    mem.link(a, "knows", b)
+    rdir = os.fsencode(store_dir / "notes" / "alpha.links" / "knows")
+    os.symlink(b"../../../notes/beta.md", rdir + b"/b\xe9ta.md")
+    assert [n.id for n in mem.neighbors(a)] == ["notes/beta"]
+    issues = [i for i in mem.check().errors]
+    assert [(i.code, i.path) for i in issues] == [("bad-link-name", "notes/alpha.links/knows/b\\xe9ta.md")]
+    subprocess.run(["bash", "-c", issues[0].fix.split("(rm ", 1)[1].split(")", 1)[0].join(["rm ", ""])],
+                   cwd=store_dir, check=True)
+    assert os.listdir(rdir) == [b"beta.md"] and mem.check().ok
