@@ -184,6 +184,8 @@ def check(mem: "Memory") -> CheckReport:
                     continue
                 n_links += 1
                 tid = mem.link_target(lrel)
+                if tid is not None and any("\ud800" <= c <= "\udfff" for c in tid):
+                    tid = None  # a target named with bytes that are not UTF-8 is no entity (link_entries: None)
                 if tid is None:
                     add("error", "link-escapes", lrel, escape_message(lpath), escape_fix(lrel))
                     continue
@@ -240,7 +242,7 @@ def escape_message(lpath) -> str:
         target = os.readlink(lpath)
     except OSError:
         target = "?"
-    return (f"points to {target!r}, which is not an entity inside the store (links are relative: "
+    return (f"points to '{_escaped(target, chr(39))}', which is not an entity inside the store (links are relative: "
             "../../../<class>/<slug>.md); hutch never follows it.")
 
 

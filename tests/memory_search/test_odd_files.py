@@ -5,6 +5,7 @@ real SQLite, the real CLI (click's runner)."""
 
 import os
 import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -150,3 +151,21 @@ def test_a_link_whose_name_is_not_utf8_is_named_by_check(mem, store_dir):
     subprocess.run(["bash", "-c", issues[0].fix.split("(rm ", 1)[1].split(")", 1)[0].join(["rm ", ""])],
                    cwd=store_dir, check=True)
     assert os.listdir(rdir) == [b"beta.md"] and mem.check().ok
+
+
+def test_a_link_to_a_name_that_is_not_utf8_is_named_in_valid_json(mem, store_dir):
+    """A link whose target's name holds bytes that are not UTF-8: check() called it dangling and printed the
+    raw byte, so `hutch mem check --json` wrote JSON that is not UTF-8; it is a link that leads to no entity."""
+    import json
+
+    a = mem.put("notes", "Alpha", body="alpha quokka")
+    mem.put("notes", "Beta", body="beta quokka")
+    mem.link(a, "knows", "notes/beta")
+    os.symlink(b"../../../notes/b\xffta.md", os.fsencode(store_dir / "notes" / "alpha.links" / "knows") + b"/x.md")
+    assert [n.id for n in mem.neighbors(a)] == ["notes/beta"]
+    r = subprocess.run([sys.executable, "-m", "hutch", "mem", "--store", str(store_dir), "check", "--json"],
+                       capture_output=True, timeout=120)
+    assert r.returncode == 3 and b"Traceback" not in r.stderr
+    issues = [i for i in json.loads(r.stdout.decode("utf-8")).get("issues") if i["severity"] == "error"]
+    assert [(i["code"], i["path"]) for i in issues] == [("link-escapes", "notes/alpha.links/knows/x.md")]
+    assert "points to '../../../notes/b\\xffta.md'" in issues[0]["message"]
