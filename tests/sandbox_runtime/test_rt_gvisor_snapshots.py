@@ -42,6 +42,15 @@ def _read(api, sid) -> tuple[int, str, str]:
     return int(n), h, host
 
 
+def _counts_on(api, sid, past: int, what: str) -> tuple[int, str, str]:
+    """The counter of `sid` once it is past `past` (it counts every 20 ms; a loaded machine may take longer)."""
+    deadline = time.monotonic() + 20
+    while (got := _read(api, sid))[0] <= past:
+        assert time.monotonic() < deadline, f"{what}: the count stayed at {got[0]} for 20 s"
+        time.sleep(0.05)
+    return got
+
+
 def _counter(api, image) -> str:
     sid = api.create(image, runtime="gvisor", command=["sh", "-c", COUNTER])["id"]
     deadline = time.monotonic() + 20
@@ -58,16 +67,13 @@ def test_snapshot_restore_carries_on_with_the_same_memory(gapi, gvd, image):
     assert r.status_code == 201, r.text
     snap = r.json()
     n_at, h_src, _ = _read(gapi, sid)
-    time.sleep(0.2)
-    assert _read(gapi, sid)[0] > n_at, "the source stopped after the snapshot"
+    _counts_on(gapi, sid, n_at, "the source stopped after the snapshot")
     r = gapi.http.post(f"/v1/memory-snapshots/{snap['id']}/restore", json={"detach": True})
     assert r.status_code == 201, r.text
     copy = r.json()["id"]
     gapi.created.append(copy)
-    time.sleep(0.3)
-    n1, h1, host1 = _read(gapi, copy)
-    time.sleep(0.3)
-    n2, _, host2 = _read(gapi, copy)
+    n1, h1, host1 = _counts_on(gapi, copy, 0, "the restored copy")
+    n2, _, host2 = _counts_on(gapi, copy, n1, "the restored copy")
     assert n2 > n1 > 0 and h1 == h_src, (n1, n2, h1, h_src)      # it counts on, with the source's memory
     assert host2 == f"hutch-{copy}", host2                          # its own hostname
     out, _, res = gapi.sh(copy, "echo alive")
@@ -150,9 +156,7 @@ def test_fork_makes_copies_that_diverge(gapi, image):
     hashes = {_read(gapi, k)[1] for k in kids} | {_read(gapi, sid)[1]}
     assert len(hashes) == 1, hashes
     gapi.terminate(kids[1])   # one copy ends: the others and the source go on
-    a = _read(gapi, kids[2])[0]
-    time.sleep(0.2)
-    assert _read(gapi, kids[2])[0] > a
+    _counts_on(gapi, kids[2], _read(gapi, kids[2])[0], "a copy after another one ended")
     assert gapi.http.get("/v1/memory-snapshots").json()["snapshots"] == [] or all(
         s["source"] != sid for s in gapi.http.get("/v1/memory-snapshots").json()["snapshots"])   # fork's own is gone
 
