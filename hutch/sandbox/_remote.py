@@ -128,7 +128,7 @@ class Remote:
 
         def once() -> bytes:
             with socket.create_connection((self.host, self.port), timeout=PROBE_TIMEOUT) as raw:
-                with probe.wrap_socket(raw, server_hostname=self.host) as s:
+                with wrap_client(probe, raw, self.host) as s:
                     return s.getpeercert(binary_form=True)
         try:
             return self._retrying(once)
@@ -141,13 +141,9 @@ class Remote:
         def once() -> socket.socket:
             raw = socket.create_connection((self.host, self.port), timeout=timeout)
             try:
-                return self.ssl_context().wrap_socket(raw, server_hostname=self.host)
+                return wrap_client(self.ssl_context(), raw, self.host)
             except ssl.SSLCertVerificationError as e:
-                raw.close()
                 raise DaemonError(f"{unverified_hint(self.url)} ({e.verify_message}).") from e
-            except BaseException:
-                raw.close()
-                raise
         return self._retrying(once)
 
     def _retrying(self, once):
@@ -163,6 +159,25 @@ class Remote:
                     raise DaemonError(cap_hint(self.url, e)) from e
             time.sleep(delay * random.uniform(0.5, 1.5))
         raise AssertionError("unreachable")
+
+
+def wrap_client(ctx: ssl.SSLContext, raw: socket.socket, host: str) -> ssl.SSLSocket:
+    """`ctx.wrap_socket(raw)` (the handshake done), or its error with the connection closed: `raw` and the
+    TLS socket made of it. CPython 3.11's SSLSocket._create closes neither when the peer reset the connection
+    before the handshake (getpeername says ENOTCONN, its recv(1) raises ECONNRESET; `raw` is detached by then),
+    which is what a daemon does to connections beyond its per-address cap: that socket, still in the frames of
+    the error's traceback, is closed here, or each retry would leak a descriptor until the collector found it."""
+    try:
+        return ctx.wrap_socket(raw, server_hostname=host)
+    except BaseException as e:
+        tb = e.__traceback__
+        while tb is not None:
+            made = tb.tb_frame.f_locals.get("self")
+            if isinstance(made, ssl.SSLSocket):
+                made.close()
+            tb = tb.tb_next
+        raw.close()
+        raise
 
 
 def cap_hint(url: str, e: BaseException) -> str:
@@ -209,4 +224,4 @@ _lock = threading.Lock()
 _contexts: dict[tuple, ssl.SSLContext] = {}
 
 __all__ = ["CONNECT_BACKOFF", "ENV_CA", "ENV_FINGERPRINT", "ENV_TOKEN", "ENV_TOKEN_FILE", "ENV_URL", "Remote",
-           "cap_hint", "reset_while_connecting", "unverified_hint", "verification_failure"]
+           "cap_hint", "reset_while_connecting", "unverified_hint", "verification_failure", "wrap_client"]
