@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import select
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from rt_support import split_frames
 
 pytestmark = pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc is not installed (scripts/setup.sh)")
 
@@ -161,6 +164,70 @@ def test_a_program_the_image_lacks_is_the_callers_error_and_leaves_nothing(api, 
                 and s.get("spec", {}).get("command") in (["no-such-program"], [""])]
     after = {p.name for p in (daemon.run_dir / "gvisor").iterdir()} if (daemon.run_dir / "gvisor").exists() else set()
     assert after <= before, sorted(after - before)
+
+
+def _children(pid: int) -> set[int]:
+    kids = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            kids |= {int(k) for k in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return kids
+
+
+def test_a_command_whose_sentry_dies_ends_with_the_sandbox(api, daemon, image):
+    """The host's OOM killer may take a sandbox's sentry (here: SIGKILL, as it sends): the command running
+    in it ends with the sandbox (sandbox_ended, the sandbox no longer running), not with runsc exec's own error
+    (exit 128 or 255) as if the command had exited. The keeper, which reaps the sentry and tells the daemon,
+    is held stopped until runsc exec has exited: the order in which the exhaustion test failed under load."""
+    sid = gv(api, image)["id"]
+    sentry = int((Path("/run/hutch-gvisor") / daemon.cgroup_parent / sid / "pid").read_text())
+    keeper = int(Path(f"/proc/{sentry}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])   # its reaper
+    assert keeper not in (1, daemon.proc.pid), keeper
+    with api.http.stream("POST", f"/v1/sandboxes/{sid}/exec", json={"argv": ["sh", "-c", "echo up; sleep 60"]}) as r:
+        buf, chunks = b"", r.iter_bytes()
+        while len(buf) < 5 or len(buf) < 5 + int.from_bytes(buf[1:5], "big"):   # "up": the command runs
+            buf += next(chunks)
+        execs = [p for p in _children(daemon.proc.pid)
+                 if b"--internal-pid-file" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(execs) == 1, execs   # its runsc exec
+        os.kill(keeper, signal.SIGSTOP)
+        try:
+            os.kill(sentry, signal.SIGKILL)
+            deadline = time.monotonic() + 60   # a hang guard
+            while Path(f"/proc/{execs[0]}").exists() and time.monotonic() < deadline:   # until the daemon reaped it
+                time.sleep(0.02)
+            time.sleep(0.5)   # and acted on it (the command's end was reported here, as an exit of 128)
+        finally:
+            os.kill(keeper, signal.SIGCONT)
+        buf += b"".join(chunks)
+    out, _, res = split_frames(buf)
+    assert out == b"up\n" and (res["returncode"], res["reason"]) == (-9, "sandbox_ended"), (out, res)
+    assert api.info(sid)["status"] in ("failed", "oom"), api.info(sid)
+
+
+def test_sentry_ending_tells_a_live_sentry_from_an_ended_one():
+    """What the exec's end asks (runtime.sentry_ending), on a real process standing in for a sentry."""
+    from hutch.sandbox._host.gvisor.runtime import GvSandbox, sentry_ending
+
+    proc = subprocess.Popen(["sleep", "60"])
+    fd = os.pidfd_open(proc.pid)
+    try:
+        stand_in = GvSandbox("x", Path("/nonexistent"), False, sentry_pid=proc.pid, sentry_fd=fd)
+        assert not sentry_ending(stand_in)
+        assert not sentry_ending(GvSandbox("y", Path("/nonexistent"), False))   # not started yet
+        proc.kill()
+        assert select.select([fd], [], [], 30)[0]
+        assert sentry_ending(stand_in)   # exited, not reaped yet
+        proc.wait()
+        assert sentry_ending(stand_in)   # reaped: its pid may be another's by now
+        stand_in.sentry_fd = -1
+        assert sentry_ending(stand_in)   # torn down
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(fd)
 
 
 def test_memory_limit_is_gvisors_total_memory(api, image):

@@ -195,6 +195,10 @@ class Gvisor:
                                   "has (a path, or a name on its PATH), or add it to the image.")
             raise SandboxError(f"runsc {args[0]} of sandbox {gv.id} failed (wait status {status}): {why}")
         gv.sentry_pid = int((gv.dir / "pid").read_text().strip())
+        try:
+            gv.sentry_fd = os.pidfd_open(gv.sentry_pid)
+        except ProcessLookupError:   # it ended already (the keeper's reaped event says how)
+            pass
 
     def _running(self, sb: "LiveSandbox", gv: GvSandbox) -> None:
         mgr = self.mgr
@@ -432,6 +436,9 @@ class Gvisor:
             except SandboxError:
                 pass
         await stop_keeper(gv)
+        if gv.sentry_fd >= 0:
+            os.close(gv.sentry_fd)
+            gv.sentry_fd = -1
         unmount_root(gv)
 
 

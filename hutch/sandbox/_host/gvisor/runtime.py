@@ -22,6 +22,7 @@ import fcntl
 import itertools
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -63,6 +64,7 @@ class GvSandbox:
     files: Channel | None = None
     files_pid: int = 0
     sentry_pid: int = 0
+    sentry_fd: int = -1              # a pidfd of the sentry (sentry_ending), from runsc run until the teardown
     mounts: list[str] = field(default_factory=list)   # what the daemon mounted for it, innermost last
     root_tmp: bool = False           # /tmp is its root's (bound to itself in config.json: runtime.root_tmp)
     runs: dict[int, asyncio.Future] = field(default_factory=dict)
@@ -483,6 +485,27 @@ def write_bundle(gv: GvSandbox, config: dict) -> Path:
     return gv.dir
 
 
+def sentry_ending(gv: GvSandbox) -> bool:
+    """Whether the sandbox's sentry has exited or is exiting: its pidfd readable (every thread gone), or the
+    kernel's PF_EXITING on its leader, which a SIGKILL (the OOM killer's) sets on every thread before the last
+    one closes the sentry's sockets; the pidfd not being readable says the pid is still the sentry's."""
+    if not gv.sentry_pid:
+        return False
+    if gv.sentry_fd < 0:   # gone before runsc run had returned, or torn down
+        return True
+    try:
+        flags = int(Path(f"/proc/{gv.sentry_pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[6])
+    except (OSError, IndexError, ValueError):
+        flags = _PF_EXITING
+    exited = select.poll()
+    exited.register(gv.sentry_fd, select.POLLIN)
+    return bool(exited.poll(0)) or bool(flags & _PF_EXITING)
+
+
+#: include/linux/sched.h: the task is in do_exit()
+_PF_EXITING = 0x4
+
+
 def wait_status(code: int) -> int:
     """`runsc exec`'s exit code as a wait status: 128+N is a death by signal N (as a shell reports it)."""
     if 128 < code <= 128 + 64:
@@ -624,6 +647,11 @@ class GvisorChannel:
             pidfile.unlink()
         except FileNotFoundError:
             pass
+        if sentry_ending(self.gv):
+            # the sandbox died under the command (its sentry OOM-killed, say): runsc exec's status is runsc's own
+            # error (128, 255), not the command's; the sandbox's end reports it (sandbox_ended), whichever of
+            # runsc exec's exit and the keeper's word of the sentry's comes first
+            return
         status = wait_status(code) if code >= 0 else -code
         self.terminals.discard(eid)
         self.on_event({"op": "exec_exit", "eid": eid, "status": status}, [])
@@ -678,5 +706,5 @@ def kill_all(cgroups, sid: str, keep: int) -> None:
                 pass
 
 
-__all__ = ["GvSandbox", "GvisorChannel", "Runsc", "Spare", "Spares", "spawn_keeper", "kill_all", "keeper_run", "make_workdir", "mount_binds", "mount_root", "remove_unmounted", "root_tmp", "start_keeper",
+__all__ = ["GvSandbox", "GvisorChannel", "Runsc", "Spare", "Spares", "spawn_keeper", "kill_all", "keeper_run", "make_workdir", "mount_binds", "mount_root", "remove_unmounted", "root_tmp", "sentry_ending", "start_keeper",
            "stop_keeper", "unmount_root", "wait_status", "write_bundle"]
