@@ -37,7 +37,8 @@ from hutch._core.errors import DaemonError, NotFoundError, QuotaExceededError, S
 from hutch._core.tokens import from_env_or_file
 from hutch.sandbox import _fleet
 from hutch.sandbox._remote import Remote
-from hutch.sandbox._remote import CONNECT_BACKOFF, cap_hint, reset_while_connecting, unverified_hint, verification_failure
+from hutch.sandbox._remote import (CONNECT_BACKOFF, cap_hint, close_unmade_tls, reset_while_connecting,
+                                   unverified_hint, verification_failure)
 from hutch.sandbox._api import error_from_answer
 AUTOSTART_TIMEOUT = 20.0   # seconds to wait for a spawned daemon's socket
 _CONNECT_TIMEOUT = 10.0
@@ -534,6 +535,7 @@ class Client:
                     resp.read()
                 break
             except httpx.ConnectError as e:
+                close_unmade_tls(e)   # httpx's connect: the same CPython leak as Remote.connect's
                 if self.ep.url and reset_while_connecting(e) and (delay := next(backoff, None)) is not None:
                     time.sleep(delay * random.uniform(0.5, 1.5))   # the listener's per-address cap: nothing was sent
                     continue
@@ -719,6 +721,7 @@ class AsyncClient:
                 resp = await self.http.send(self.http.build_request(method, path, **kw), stream=stream)
                 break
             except httpx.ConnectError as e:
+                close_unmade_tls(e)   # httpx's connect: the same CPython leak as Remote.connect's
                 if self.ep.url and reset_while_connecting(e) and (delay := next(backoff, None)) is not None:
                     await asyncio.sleep(delay * random.uniform(0.5, 1.5))
                     continue

@@ -163,21 +163,36 @@ class Remote:
 
 def wrap_client(ctx: ssl.SSLContext, raw: socket.socket, host: str) -> ssl.SSLSocket:
     """`ctx.wrap_socket(raw)` (the handshake done), or its error with the connection closed: `raw` and the
-    TLS socket made of it. CPython 3.11's SSLSocket._create closes neither when the peer reset the connection
-    before the handshake (getpeername says ENOTCONN, its recv(1) raises ECONNRESET; `raw` is detached by then),
-    which is what a daemon does to connections beyond its per-address cap: that socket, still in the frames of
-    the error's traceback, is closed here, or each retry would leak a descriptor until the collector found it."""
+    TLS socket made of it (close_unmade_tls)."""
     try:
         return ctx.wrap_socket(raw, server_hostname=host)
     except BaseException as e:
-        tb = e.__traceback__
-        while tb is not None:
-            made = tb.tb_frame.f_locals.get("self")
-            if isinstance(made, ssl.SSLSocket):
-                made.close()
-            tb = tb.tb_next
+        close_unmade_tls(e)
         raw.close()
         raise
+
+
+def close_unmade_tls(e: BaseException | None) -> None:
+    """Close the TLS socket a failed wrap_socket left open in `e` or an error it came from. CPython 3.11's
+    SSLSocket._create closes nothing when the peer reset the connection before the handshake (getpeername
+    says ENOTCONN, its recv(1) raises ECONNRESET; the plain socket is detached by then), which is what a
+    daemon does to connections beyond its per-address cap: that socket, still in _create's frame of the
+    error's traceback, is closed here, or each retry (ours or httpx's connect) left a descriptor to the
+    collector."""
+    seen = 0
+    while e is not None and seen < 10:
+        tb = e.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code is _SSL_CREATE:
+                made = tb.tb_frame.f_locals.get("self")
+                if isinstance(made, ssl.SSLSocket):
+                    made.close()
+            tb = tb.tb_next
+        e = e.__cause__ or e.__context__
+        seen += 1
+
+
+_SSL_CREATE = ssl.SSLSocket._create.__func__.__code__
 
 
 def cap_hint(url: str, e: BaseException) -> str:
@@ -224,4 +239,4 @@ _lock = threading.Lock()
 _contexts: dict[tuple, ssl.SSLContext] = {}
 
 __all__ = ["CONNECT_BACKOFF", "ENV_CA", "ENV_FINGERPRINT", "ENV_TOKEN", "ENV_TOKEN_FILE", "ENV_URL", "Remote",
-           "cap_hint", "reset_while_connecting", "unverified_hint", "verification_failure", "wrap_client"]
+           "cap_hint", "close_unmade_tls", "reset_while_connecting", "unverified_hint", "verification_failure", "wrap_client"]
