@@ -81,7 +81,7 @@ def test_the_exempt_modules_read_no_hutch_setting():
 
 
 def _string_names(path: Path) -> set[str]:
-    """The HUTCH_* names in a file's string literals (a Python name like idmap.HUTCH_IDS is not one)."""
+    """The HUTCH_* names in a file's string literals (a Python name like idmap.SANDBOX_HOST_IDS is not one)."""
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):

@@ -19,7 +19,7 @@ import pytest
 
 from rt_support import Api, Daemon
 
-from hutch.sandbox._host.native.idmap import HUTCH_IDS, ID_COUNT, VOLUME_ID_BASE
+from hutch.sandbox._host.native.idmap import SANDBOX_HOST_IDS, ID_COUNT, VOLUME_ID_BASE
 
 
 @pytest.fixture(scope="module", params=["userns", "host-root"])
@@ -102,7 +102,7 @@ def test_a_setuid_file_planted_through_a_writable_bind_makes_no_host_user_root(b
     st = os.stat(shared_dir / "id")
     assert st.st_uid != 0 and st.st_gid != 0, f"the planted file is owned by {st.st_uid}:{st.st_gid} on the host"
     assert st.st_mode & 0o6000 == 0o6000   # the bits are there: they just name nobody worth becoming
-    assert st.st_uid in HUTCH_IDS and st.st_gid in HUTCH_IDS   # an id of the sandbox's own, no host user's
+    assert st.st_uid in SANDBOX_HOST_IDS and st.st_gid in SANDBOX_HOST_IDS   # an id of the sandbox's own, no host user's
     # the attack itself: another host user runs it; the setuid bit gives it that unprivileged id, never root's
     r = subprocess.run([str(shared_dir / "id"), "-u"], user=host_user.pw_uid, group=host_user.pw_gid,
                        capture_output=True, text=True, cwd="/")
@@ -124,7 +124,7 @@ def test_host_files_in_a_writable_bind_keep_their_owners(bapi, image, shared_dir
     assert lines[0] == "host root's" and lines[1] != "0" and lines[2:] == ["end", ""], out + err
     assert (shared_dir / "hosts").read_text() == "host root's\n" and not (shared_dir / "dir" / "x").exists()
     assert oct((shared_dir / "dir").stat().st_mode & 0o777) == "0o755"
-    assert (shared_dir / "mine").stat().st_uid in HUTCH_IDS
+    assert (shared_dir / "mine").stat().st_uid in SANDBOX_HOST_IDS
 
 
 def test_every_mount_inside_is_nosuid_and_nodev(bapi, bdaemon, image, shared_dir, volume, tmp_path):
@@ -246,7 +246,7 @@ def test_owner_is_validated(bapi, image, shared_dir, tmp_path):
     assert hutch.Mount.bind(shared_dir, "/s", readonly=False, owner="root").owner == (0, 0)
     assert hutch.Mount.bind(shared_dir, "/s", readonly=False, owner=1000).owner == (1000, 1000)
     assert hutch.Mount.bind(shared_dir, "/s", readonly=False, owner=(1000, 100)).owner == (1000, 100)
-    for owner, readonly in (([VOLUME_ID_BASE, 0], False), ([HUTCH_IDS.stop - 1, 5], False), ([1000, 1000], True),
+    for owner, readonly in (([VOLUME_ID_BASE, 0], False), ([SANDBOX_HOST_IDS.stop - 1, 5], False), ([1000, 1000], True),
                             (["x", 1], False), ([1], False)):
         code, body = bapi.create_error(image, mounts=[_bind(shared_dir, "/s", readonly=readonly, owner=owner)])
         assert code == 400 and body["error"] == "InvalidSpecError", (owner, body)

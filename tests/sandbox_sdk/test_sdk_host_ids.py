@@ -1,5 +1,5 @@
 """Another account of the host may not be a sandbox's host ids. Sandboxes run as host ids from
-idmap.HUTCH_IDS (1e9 - 65536 and up); a local user or group with such an id owns what sandboxes write (their
+idmap.SANDBOX_HOST_IDS (1e9 - 65536 and up); a local user or group with such an id owns what sandboxes write (their
 layers, volumes) and may signal their processes, and an /etc/subuid or /etc/subgid range over them lets its
 user map those very ids into a user namespace of theirs (newuidmap). `hutch serve` refuses such a host,
 naming the account and the fix.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hutch.sandbox._host.native.idmap import HUTCH_IDS, VOLUME_ID_BASE
+from hutch.sandbox._host.native.idmap import SANDBOX_HOST_IDS, VOLUME_ID_BASE
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def _serve_with(d: Path, target: str, line: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-@pytest.mark.parametrize("uid", [VOLUME_ID_BASE, HUTCH_IDS.start + 65536 * 3 + 5])
+@pytest.mark.parametrize("uid", [VOLUME_ID_BASE, SANDBOX_HOST_IDS.start + 65536 * 3 + 5])
 def test_a_host_user_with_a_sandboxs_id_is_refused(d, uid):
     got = _serve_with(d, "/etc/passwd", f"hutch-ids-x:x:{uid}:{uid}::/nonexistent:/usr/sbin/nologin")
     assert got.returncode != 0, got.stderr
@@ -60,7 +60,7 @@ def test_a_host_user_with_a_sandboxs_id_is_refused(d, uid):
 
 
 def test_a_host_group_with_a_sandboxs_id_is_refused(d):
-    gid = HUTCH_IDS.start + 7
+    gid = SANDBOX_HOST_IDS.start + 7
     got = _serve_with(d, "/etc/group", f"hutch-ids-g:x:{gid}:")
     assert got.returncode != 0 and f"host group 'hutch-ids-g' has id {gid}" in got.stderr, got.stderr
 
@@ -69,9 +69,9 @@ def test_a_host_group_with_a_sandboxs_id_is_refused(d):
 def test_a_subordinate_id_range_over_the_sandboxes_ids_is_refused(d, target):
     if not Path(target).exists():
         pytest.skip(f"{target} does not exist on this host (nothing to bind over)")
-    got = _serve_with(d, target, f"hutch-ids-x:{HUTCH_IDS.start - 10}:65536")
+    got = _serve_with(d, target, f"hutch-ids-x:{SANDBOX_HOST_IDS.start - 10}:65536")
     assert got.returncode != 0, got.stderr
-    assert f"gives 'hutch-ids-x' the ids {HUTCH_IDS.start - 10}-" in got.stderr and "usermod" in got.stderr, \
+    assert f"gives 'hutch-ids-x' the ids {SANDBOX_HOST_IDS.start - 10}-" in got.stderr and "usermod" in got.stderr, \
         got.stderr
 
 

@@ -39,7 +39,7 @@ CGROUP_LOCK_OFFSET = 1 << 40   # far from any offset another program might lock 
 # for every sandbox, since a volume is shared by many; just below the per-sandbox ranges, fixed across restarts.
 VOLUME_ID_BASE = HOST_ID_BASE - ID_COUNT
 # Every host id hutch maps sandboxes to: an operator's Mount.bind(owner=) may not name one.
-HUTCH_IDS = range(VOLUME_ID_BASE, HOST_ID_BASE + RANGES * ID_COUNT)
+SANDBOX_HOST_IDS = range(VOLUME_ID_BASE, HOST_ID_BASE + RANGES * ID_COUNT)
 
 
 def write_maps(pid: int, base: int = HOST_ID_BASE) -> None:
@@ -225,13 +225,13 @@ class IdMapper:
 
 
 def _overlaps(start: int, count: int) -> bool:
-    return start < HUTCH_IDS.stop and start + count > HUTCH_IDS.start
+    return start < SANDBOX_HOST_IDS.stop and start + count > SANDBOX_HOST_IDS.start
 
 
 def check_host_accounts(passwd=None, group=None, subid_files=("/etc/subuid", "/etc/subgid")) -> None:
     """Refuse (ConfigError) a host where another account may act as a sandbox's ids: a local user or group
-    whose id is in HUTCH_IDS would own the files sandboxes write (their layers, volumes) and could signal their
-    processes, and an /etc/subuid or /etc/subgid range overlapping HUTCH_IDS lets its user make a user
+    whose id is in SANDBOX_HOST_IDS would own the files sandboxes write (their layers, volumes) and could signal their
+    processes, and an /etc/subuid or /etc/subgid range overlapping SANDBOX_HOST_IDS lets its user make a user
     namespace that maps those very host ids (newuidmap). `passwd`/`group`: the entries to look at (default:
     the host's, pwd.getpwall()/grp.getgrall())."""
     import grp
@@ -239,13 +239,13 @@ def check_host_accounts(passwd=None, group=None, subid_files=("/etc/subuid", "/e
 
     from hutch._core.errors import ConfigError
 
-    span = f"{HUTCH_IDS.start}-{HUTCH_IDS.stop - 1}"
+    span = f"{SANDBOX_HOST_IDS.start}-{SANDBOX_HOST_IDS.stop - 1}"
     for kind, entries in (("user", pwd.getpwall() if passwd is None else passwd),
                           ("group", grp.getgrall() if group is None else group)):
         for e in entries:
             xid = e.pw_uid if kind == "user" else e.gr_gid
             name = e.pw_name if kind == "user" else e.gr_name
-            if xid in HUTCH_IDS:
+            if xid in SANDBOX_HOST_IDS:
                 raise ConfigError(f"host {kind} {name!r} has id {xid}, among the ids hutch gives sandboxes ({span}): "
                                   f"it would own what sandboxes write and could signal their processes; give it "
                                   f"another id (`{kind}mod -{'u' if kind == 'user' else 'g'} NEW {name}`) before "
@@ -264,5 +264,5 @@ def check_host_accounts(passwd=None, group=None, subid_files=("/etc/subuid", "/e
                 raise ConfigError(f"{path} line {n} gives {parts[0]!r} the ids {start}-{start + count - 1}, which "
                                   f"overlap those hutch gives sandboxes ({span}): that user could map a sandbox's "
                                   f"host ids into a user namespace of theirs and own its files; give them a range "
-                                  f"below {HUTCH_IDS.start} (`usermod --del-subuids/--del-subgids`, then "
+                                  f"below {SANDBOX_HOST_IDS.start} (`usermod --del-subuids/--del-subgids`, then "
                                   "--add-subuids/--add-subgids) before starting the daemon.")

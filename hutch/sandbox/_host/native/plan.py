@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal, Union
 
 from hutch._core.errors import InvalidSpecError
-from hutch.sandbox._host.native.idmap import HUTCH_IDS, ID_COUNT, VOLUME_ID_BASE
+from hutch.sandbox._host.native.idmap import SANDBOX_HOST_IDS, ID_COUNT, VOLUME_ID_BASE
 
 #: Capability numbers (linux/capability.h) of the names SandboxSpec.capabilities may hold.
 CAPABILITIES = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6, "SETUID": 7,
@@ -72,9 +72,9 @@ def build_plan(spec, image, *, scratch: str) -> Plan:
                 raise InvalidSpecError(
                     f"bind mount source {m.source!r} does not exist on the host; create it or fix the path.")
             owner = m.owner
-            if owner is not None and any(i in HUTCH_IDS for i in owner):
+            if owner is not None and any(i in SANDBOX_HOST_IDS for i in owner):
                 raise InvalidSpecError(f"Mount.bind owner={tuple(owner)} lies in the host ids hutch gives sandboxes "
-                                       f"({HUTCH_IDS.start}..{HUTCH_IDS.stop - 1}); give a host user's uid.")
+                                       f"({SANDBOX_HOST_IDS.start}..{SANDBOX_HOST_IDS.stop - 1}); give a host user's uid.")
             mounts.append(PlannedMount("bind", m.target, m.source, m.readonly,
                                        owner=tuple(owner) if owner is not None else None))
         elif m.kind == "tmpfs":
