@@ -305,7 +305,7 @@ def _no_slug_why(name: str) -> str:
     if any("\ud800" <= c <= "\udfff" for c in slug):
         return "it holds bytes that are not UTF-8"
     if any(not c.isprintable() and not c == " " for c in slug):
-        return "it holds a control character (a newline, a tab...)"
+        return "it holds a control or bidirectional-text character (a newline, a tab, a right-to-left override...)"
     if slug[:1].isspace():
         return "it starts with white space"
     if slug[:1] == ".":

@@ -86,8 +86,12 @@ def check_relation(name: str) -> str:
     return name
 
 
-#: what check_slug accepts, as one expression (no control character, no surrogate: a name that is not UTF-8)
-_SLUG_OK = re.compile(r"^[^\s/\\.\x00-\x1f\ud800-\udfff][^/\\\x00-\x1f\ud800-\udfff]{0,119}\Z")
+#: characters no slug holds: C0 and C1 controls and DEL; the bidirectional marks, embeddings, overrides and
+#: isolates and the line and paragraph separators (a name that shows as another one in ls, git or a terminal);
+#: surrogates (a name that is not UTF-8)
+_NOT_IN_SLUG = "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff"
+#: what check_slug accepts, as one expression
+_SLUG_OK = re.compile(f"^[^\\s/\\\\.{_NOT_IN_SLUG}][^/\\\\{_NOT_IN_SLUG}]{{0,119}}\\Z")
 
 
 def is_slug(slug: str) -> bool:
@@ -107,11 +111,12 @@ def check_slug(slug: str) -> str:
         or slug.endswith(LINKS_SUFFIX)
         or slug.endswith(".md")
         or slug in (".", "..")
-        or any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in slug)  # surrogates: a name that is not UTF-8
+        or not is_slug(slug)   # a control or bidirectional character, or a surrogate (a name that is not UTF-8)
     ):
         raise StorePathError(
             f"{slug!r} is not a valid slug: use a UTF-8 file name without '/', without a leading '.', "
-            "not ending in '.md' or '.links', at most 120 characters (hutch.memory slugify() makes one)."
+            "without control or bidirectional-text characters, not ending in '.md' or '.links', at most 120 "
+            "characters (hutch.memory slugify() makes one)."
         )
     return slug
 

@@ -79,6 +79,28 @@ def test_a_name_that_is_no_slug_is_no_entity_and_check_says_how_to_rename_it(mem
     assert "notes/new-line" in mem.ls() and "notes/new-line" in {h.entity_id for h in mem.search("odd quokka")}
 
 
+def test_a_name_that_shows_as_another_is_no_entity(mem, store_dir):
+    """Names a sandbox or an archive may write to make a file look like another in ls, git or a terminal: a
+    right-to-left override ("report\u202efdp.md" shows as "reportdm.pdf"), the other bidirectional controls, DEL
+    and C1 controls (\x9b starts a terminal escape), the line separator. None is an entity's name: search and
+    ls leave them out, check() names each on one printable line, and no caller can make one."""
+    mem.put("notes", "Plain", body="plain quokka")
+    odd = ["report\u202efdp.md", "iso\u2067late.md", "mark\u200fx.md", "del\x7fete.md", "csi\x9b31m.md",
+           "line\u2028sep.md"]
+    for name in odd:
+        (store_dir / "notes" / name).write_text("---\ntitle: Odd\n---\nodd quokka\n")
+    assert [h.entity_id for h in mem.search("quokka", k=10)] == ["notes/plain"]
+    assert mem.ls() == ["notes/plain"]
+    issues = [i for i in mem.check().errors if i.code == "bad-entity-name"]
+    assert len(issues) == len(odd), issues
+    for i in issues:
+        assert str(i).isprintable(), str(i)
+    for name in odd:
+        with pytest.raises(hutch.StorePathError, match="not a valid slug"):
+            mem.put("notes", "Odd", slug=name[:-3])
+    assert mem.put("notes", "Persian", slug="pers\u200cian").id == "notes/pers\u200cian"   # ZWNJ: a letter's
+
+
 def test_names_that_are_not_utf8_or_need_quoting_get_fixes_that_work_when_pasted(mem, store_dir):
     """A file or class directory whose name holds bytes that are not UTF-8 (a latin-1 shell, an archive), and odd
     things whose names hold a space or a quote: check() names each on one line of valid text and its fix, pasted
