@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import errno
+import io
+import json
 import os
 import shutil
 import subprocess
+import tarfile
 import uuid
 from pathlib import Path
 
@@ -97,3 +100,19 @@ def _is_elf(path: str) -> bool:
 
 
 __all__ = ["RUN_TAG", "graft", "host_root", "make_busybox_root", "shared_libs", "start_daemon", "stop_daemon"]
+
+
+def one_layer_archive(path: Path, tree: Path, base: str, node_id: str, kind: str) -> Path:
+    """An image archive at `path` of one node `node_id` (of `kind`) over `base`, whose layer is `tree`."""
+    from hutch.sandbox._host import archive, layers
+
+    meta = layers.measure_tree(tree)
+    manifest = {"format": 1, "top": node_id, "base": base, "layers": {meta["digest"]: meta},
+                "nodes": [{"id": node_id, "parent": base, "layer": meta["digest"], "kind": kind}]}
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as t:
+        data = json.dumps(manifest).encode()
+        info = tarfile.TarInfo(archive.MANIFEST)
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+        t.add(tree, arcname=f"layers/{meta['digest']}")
+    return path

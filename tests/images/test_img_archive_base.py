@@ -4,16 +4,13 @@ base only when the importer names that same base (or a digest it was given vouch
 
 from __future__ import annotations
 
-import io
-import json
 import secrets
-import tarfile
 from pathlib import Path
 
 import pytest
 
 import hutch
-from hutch.sandbox._host import archive as _archive, layers as _layers
+from img_support import one_layer_archive
 
 
 def _archive_on(path: Path, base: str, tmp: Path) -> tuple[Path, str]:
@@ -21,17 +18,8 @@ def _archive_on(path: Path, base: str, tmp: Path) -> tuple[Path, str]:
     tree = tmp / f"tree-{secrets.token_hex(4)}"
     tree.mkdir(mode=0o755)
     (tree / "from-the-archive").write_text("layer\n")
-    meta = _layers.measure_tree(tree)
     node = secrets.token_hex(32)
-    manifest = {"format": 1, "top": node, "base": base, "layers": {meta["digest"]: meta},
-                "nodes": [{"id": node, "parent": base, "layer": meta["digest"], "kind": "import"}]}
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as t:
-        data = json.dumps(manifest).encode()
-        info = tarfile.TarInfo(_archive.MANIFEST)
-        info.size = len(data)
-        t.addfile(info, io.BytesIO(data))
-        t.add(tree, arcname=f"layers/{meta['digest']}")
-    return path, node
+    return one_layer_archive(path, tree, base, node, "import"), node
 
 
 @pytest.fixture
@@ -77,16 +65,7 @@ def test_an_archive_cannot_plant_a_build_step_of_this_host(daemon, base, make_sa
     tree = tmp_path / "evil"
     tree.mkdir(mode=0o755)
     (tree / "f").write_text("planted\n")
-    meta = _layers.measure_tree(tree)
-    manifest = {"format": 1, "top": key, "base": base.ref, "layers": {meta["digest"]: meta},
-                "nodes": [{"id": key, "parent": base.ref, "layer": meta["digest"], "kind": "step"}]}
-    archive = tmp_path / "plant.tar"
-    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as t:
-        data = json.dumps(manifest).encode()
-        info = tarfile.TarInfo(_archive.MANIFEST)
-        info.size = len(data)
-        t.addfile(info, io.BytesIO(data))
-        t.add(tree, arcname=f"layers/{meta['digest']}")
+    archive = one_layer_archive(tmp_path / "plant.tar", tree, base.ref, key, "step")
     img = hutch.Image.import_(archive, base=base)   # imported as what it is: an image of its own
     assert make_sandbox(image=img).run("cat", "/f").stdout == "planted\n"
     built = recipe.build(quiet=True)

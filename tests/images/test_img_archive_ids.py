@@ -6,13 +6,11 @@ must never be what a later snapshot of this host runs."""
 
 from __future__ import annotations
 
-import io
-import json
-import tarfile
 from pathlib import Path
 
 import hutch
-from hutch.sandbox._host import archive as _archive, layers as _layers
+from img_support import one_layer_archive
+from hutch.sandbox._host import layers as _layers
 
 
 def _client():
@@ -27,16 +25,7 @@ def _forged(path: Path, tmp: Path, base: str, node_id: str, text: str) -> Path:
     tree.mkdir(mode=0o755)
     (tree / "who").write_text(text)
     (tree / "who").chmod(0o644)
-    meta = _layers.measure_tree(tree)
-    manifest = {"format": 1, "top": node_id, "base": base, "layers": {meta["digest"]: meta},
-                "nodes": [{"id": node_id, "parent": base, "layer": meta["digest"], "kind": "snapshot"}]}
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as t:
-        data = json.dumps(manifest).encode()
-        info = tarfile.TarInfo(_archive.MANIFEST)
-        info.size = len(data)
-        t.addfile(info, io.BytesIO(data))
-        t.add(tree, arcname=f"layers/{meta['digest']}")
-    return path
+    return one_layer_archive(path, tree, base, node_id, "snapshot")
 
 
 def _who_snapshot(make_sandbox, base, text: str, **body) -> dict:

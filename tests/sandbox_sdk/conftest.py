@@ -57,3 +57,14 @@ def remote_dir():
     finally:
         restore_env(saved)
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def public():
+    """A sticky directory every user may write, as /tmp is (root's, 1777): where a second account plants things."""
+    d = Path(tempfile.mkdtemp(prefix="hutch-public-"))
+    os.chmod(d, 0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

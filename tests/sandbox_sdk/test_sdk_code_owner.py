@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,17 +22,6 @@ import hutch
 pytestmark = pytest.mark.skipif(HOST_PYTHON is None, reason="needs the host's python3.11 for the second account")
 
 PACKAGE = Path(hutch.__file__).resolve().parent
-
-
-@pytest.fixture
-def public():
-    """A sticky directory every user may write, as /tmp is (root's, 1777)."""
-    d = Path(tempfile.mkdtemp(prefix="hutch-code-"))
-    os.chmod(d, 0o1777)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _copy(into: Path) -> Path:

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,17 +27,6 @@ for name in ("daemon.pid", "daemon.lock", "hutch.sock", "daemon.log", "autostart
     os.symlink(victim, os.path.join(run, name))
 print("planted")
 """
-
-
-@pytest.fixture
-def public():
-    """A sticky directory every user may write, as /tmp is (root's, 1777)."""
-    d = Path(tempfile.mkdtemp(prefix="hutch-planted-"))
-    os.chmod(d, 0o1777)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _serve(run: Path, log: Path, sock: Path | None = None) -> subprocess.CompletedProcess:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import fcntl
 import itertools
 import json
 import os
@@ -26,7 +25,6 @@ import select
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -36,7 +34,7 @@ from typing import Callable
 from hutch._core import paths
 from hutch._core.errors import InvalidSpecError, SandboxError, StateError
 from hutch.sandbox._host.gvisor import runsc
-from hutch.sandbox._host.native import linux
+from hutch.sandbox._host.native import linux, ptys
 from hutch.sandbox._host.native.runtime import Channel
 
 START_TIMEOUT = 20.0   # seconds for a keeper to report ready and runsc to start the sandbox
@@ -153,15 +151,7 @@ class Runsc:
                 at.rmdir()
                 raise
             gv.tty = at
-        master = os.open(gv.tty / "ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-        try:
-            fcntl.ioctl(master, linux.TIOCSPTLCK, struct.pack("i", 0))
-            fcntl.ioctl(master, linux.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-            slave = fcntl.ioctl(master, linux.TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-        except BaseException:
-            os.close(master)
-            raise
-        return master, slave
+        return ptys.pty_pair(os.open(gv.tty / "ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC), rows, cols)
 
 
 def _unmount_all(d: Path) -> None:

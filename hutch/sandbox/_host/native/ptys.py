@@ -25,6 +25,12 @@ def open_pty(uid: int, rows: int, cols: int) -> tuple[int, int]:
         if uid:
             os.setresuid(-1, 0, -1)
             os.setresgid(-1, 0, -1)
+    return pty_pair(master, rows, cols)
+
+
+def pty_pair(master: int, rows: int, cols: int) -> tuple[int, int]:
+    """(master, slave) of the just opened ptmx `master`: unlocked, sized rows x cols, the slave from its master
+    (TIOCGPTPEER, never through a path); `master` is closed if that fails. The gVisor runtime's terminals too."""
     try:
         fcntl.ioctl(master, L.TIOCSPTLCK, struct.pack("i", 0))
         fcntl.ioctl(master, L.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
