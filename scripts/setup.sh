@@ -70,44 +70,23 @@ if [ ! -x .venv/bin/python ] || [ ! -x .venv/bin/pip ]; then
   "$PY" -m venv --clear .venv
   rm -f .venv/.hutch-installed
 fi
-# Where pip finds packages: where the machine's pip configuration says, and third_party/wheels (the few that the
-# machine's local copies of the index lack; third_party/README.md). When the package index cannot be reached (a DNS
-# or network fault outside the machine; CI machines went without one for days), pip is pointed at the machine's
-# local copies of the index instead (the file:// indexes of its configuration), rather than asking the dead index
-# for every package (minutes each). Only if that install fails too does setup wait for the network.
-cfg() { .venv/bin/pip config get "global.$1" 2>/dev/null || true; }
-links=${PIP_FIND_LINKS:-$(cfg find-links)}
-export PIP_FIND_LINKS="${links:+$links }$PWD/third_party/wheels"
-index=${PIP_INDEX_URL:-$(cfg index-url)}
-index=${index:-https://pypi.org/simple}
-local_indexes=""
-for u in ${PIP_EXTRA_INDEX_URL:-$(cfg extra-index-url)}; do
-  case "$u" in file://*) local_indexes="$local_indexes $u" ;; esac
-done
-index_down() { ! curl -fsS -m 15 -o /dev/null "${index%/}/pip/" 2>/dev/null; }
-# pip from the local copies only: the first file:// index in place of the index, the others as extras
-pip_local() {
-  local first="" extra=""
-  for u in $local_indexes; do if [ -z "$first" ]; then first=$u; else extra="$extra $u"; fi; done
-  if [ -n "$first" ]; then
-    PIP_INDEX_URL=$first PIP_EXTRA_INDEX_URL=${extra:-$first} .venv/bin/pip install "$@"
-  else
-    PIP_NO_INDEX=1 .venv/bin/pip install "$@"
-  fi
-}
-# pip, retried while the package index cannot be reached, for up to HUTCH_SETUP_NET_WAIT seconds (default 40
-# minutes) of wall clock, counted from the first failure: one attempt against a dead resolver takes minutes of its
-# own (pip retries each package), so the clock, not the number of attempts, bounds the wait. Then the error.
+# pip install, from where scripts/pip-env says: as the machine's pip configuration says, and third_party/wheels
+# (the few that the machine's local copies of the index lack). When the package index does not answer (a DNS or
+# network fault outside the machine; CI machines went without one for days), from the machine's local copies of
+# the index instead, rather than asking the dead index for every package (minutes each). Only if that fails too
+# does it wait for the index: pip is retried while the index cannot be reached, for up to HUTCH_SETUP_NET_WAIT
+# seconds (default 40 minutes) of wall clock, counted from the first failure (one attempt against a dead resolver
+# takes minutes of its own, so the clock, not the number of attempts, bounds the wait), then the error.
 # Any other failure stops at once.
 pip_install() {
-  local log=.venv/.pip-install.log start=$SECONDS limit=${HUTCH_SETUP_NET_WAIT:-2400} waited
-  if index_down; then
-    echo "setup: the package index ($index) cannot be reached; installing from the machine's local copies of it${local_indexes:+ ($local_indexes )} and third_party/wheels" >&2
-    if pip_local "$@" 2>"$log"; then cat "$log" >&2; return 0; fi
+  local log=.venv/.pip-install.log start=$SECONDS limit=${HUTCH_SETUP_NET_WAIT:-2400} waited pipenv
+  mapfile -t pipenv < <(bash scripts/pip-env)
+  if [ "${#pipenv[@]}" -gt 1 ]; then   # the index does not answer: the local copies
+    if env "${pipenv[@]}" .venv/bin/pip install "$@" 2>"$log"; then cat "$log" >&2; return 0; fi
     cat "$log" >&2
-    echo "setup: the local copies lack something (above); waiting for the package index" >&2
+    echo "setup: the machine's local copies of the index lack something (above); waiting for the index" >&2
   fi
-  until .venv/bin/pip install "$@" 2>"$log"; do
+  until env "${pipenv[0]}" .venv/bin/pip install "$@" 2>"$log"; do
     cat "$log" >&2
     if ! grep -qE 'name resolution|NameResolutionError|NewConnectionError|ConnectTimeout|ReadTimeout|Connection (reset|refused)|Network is unreachable' "$log"; then
       return 1

@@ -8,6 +8,7 @@ each wing without its extra says one line naming it.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
 import secrets
 import shutil
@@ -122,10 +123,15 @@ def test_a_core_only_install_runs_sandboxes_and_names_each_missing_extra(tmp_pat
     venv = tmp_path / "core"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
+    # from where setup installs (scripts/pip-env): with no package index, the machine's local copies of it
+    pipenv = subprocess.run(["bash", str(ROOT / "scripts" / "pip-env")], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PIP": str(venv / "bin" / "pip")}, timeout=60).stdout
+    pipenv = dict(line.split("=", 1) for line in pipenv.splitlines())
     for attempt in range(3):   # the package index is outside the machine: a passing DNS or network fault is retried
         try:
             r = subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--retries", "10",
-                                "--timeout", "30", str(src)], capture_output=True, text=True, timeout=420)
+                                "--timeout", "30", str(src)], capture_output=True, text=True, timeout=420,
+                               env={**os.environ, **pipenv})
         except subprocess.TimeoutExpired as e:   # a stalled index: try again (the next attempt installs over what it left)
             r = subprocess.CompletedProcess(e.cmd, 1, "", f"ReadTimeout: pip ran {e.timeout:.0f} s")
         if r.returncode == 0 or not any(t in r.stderr for t in NETWORK_FAULTS):
