@@ -73,6 +73,41 @@ def _code_refusal(p: str, st: os.stat_result | None, why: str, role: tuple[str, 
     return ConfigError(f"{p} {why}, and {role[0]}. {fix}, or {role[1]}.")
 
 
+class _RootCodeFinder:
+    """The first finder on sys.meta_path of the root daemon (guard_imports): each module found after start is
+    checked as code_owned_by_root checks code before it runs (ConfigError naming the path and the fix)."""
+
+    def __init__(self) -> None:
+        self.seen: set = set()
+
+    def find_spec(self, name, path=None, target=None):
+        import sys
+
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None) if finder is not self else None
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        # the source, the byte code Python reads or would write beside it, a package's directories
+        for p in (spec.origin, spec.cached, *(spec.submodule_search_locations or ())):
+            if isinstance(p, str) and os.path.isabs(p):
+                _code_path(p, seen=self.seen)
+        return spec
+
+
+def guard_imports() -> None:
+    """From now on, check each module this process imports (its file, its byte code file and their directories)
+    as code_owned_by_root checks what is imported already: a lazily imported module of a third-party package that
+    another user owns or may write, or a __pycache__ they may write, is refused (ConfigError) before it runs.
+    Installed by `hutch serve` after code_owned_by_root."""
+    import sys
+
+    if not any(isinstance(f, _RootCodeFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RootCodeFinder())
+
+
 def root_only_file(path: str | os.PathLike, trusted_for: str, fix: str) -> None:
     """Refuse (ConfigError) a file the root daemon trusts (`trusted_for`: what another user changing it would
     get) unless it and the directories above it are root's and writable by no other user (a sticky ancestor
@@ -145,8 +180,8 @@ def code_owned_by_root(extra: tuple[str, ...] = ()) -> None:
     runs is root's and writable by no other user: the interpreter, each directory on sys.path and what it holds
     directly (the current directory too, which `python -m` and `-c` search first), every file of the hutch
     package, every module imported so far, and each directory on PATH and the programs in it (the daemon runs
-    ip, nft, git, runsc by name). Called by `hutch serve` before it makes anything. Not walked: the deeper files of third-party
-    packages not yet imported (a root-owned package directory that another user owns files in is not seen)."""
+    ip, nft, git, runsc by name). Called by `hutch serve` before it makes anything. Not walked here: the deeper
+    files of third-party packages not yet imported; guard_imports() checks each of those when it is imported."""
     import sys
 
     seen: set[str] = set()

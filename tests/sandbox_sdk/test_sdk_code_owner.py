@@ -138,3 +138,60 @@ def test_a_copy_of_roots_in_a_sticky_directory_passes(public):
         inner = _copy(mid / "src")
         got = subprocess.run(check, cwd=inner, capture_output=True, text=True, timeout=60)
         assert got.returncode != 0 and f"{mid} belongs to uid {other.pw_uid}" in got.stderr, got.stderr
+
+
+_GUARDED = """
+import sys
+from hutch._core import paths
+from hutch._core.errors import ConfigError
+paths.code_owned_by_root()   # passes: the package directories are root's; what is deeper is not walked
+paths.guard_imports()        # as `hutch serve` does next
+import lib.fine              # root's, and its __pycache__ too
+try:
+    import {name}
+except ConfigError as e:
+    print("refused:", e)
+else:
+    print("imported")
+"""
+
+
+def test_a_module_imported_after_start_is_checked_too(public, tmp_path):
+    # code_owned_by_root looks at each sys.path directory and what it holds directly, not at the deeper files of
+    # packages nobody imported yet: a module that the root daemon imports lazily (a route's first call) from a
+    # package another user owns a file in, or whose byte code they may plant, is refused when it is imported,
+    # before any of it runs.
+    site = public / "site"
+    site.mkdir(mode=0o755)
+    os.chmod(site, 0o755)
+    marker = tmp_path / "ran"
+    for pkg, names in (("lib", ("__init__", "fine", "theirs")), ("cached", ("__init__", "mod"))):
+        (site / pkg).mkdir(mode=0o755)
+        (site / pkg / "__pycache__").mkdir(mode=0o755)
+        for name in names:
+            (site / pkg / f"{name}.py").write_text(f"open({f'{marker}-{pkg}.{name}'!r}, 'w').close()\n")
+    env = dict(os.environ, PYTHONPATH=str(site))
+
+    def guarded(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", _GUARDED.format(name=name)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    with host_user() as other:
+        os.chown(site / "lib" / "theirs.py", other.pw_uid, other.pw_gid)
+        got = guarded("lib.theirs")
+        assert got.returncode == 0, got.stderr
+        assert f"refused: {site / 'lib' / 'theirs.py'} belongs to uid {other.pw_uid}, not root" in got.stdout, \
+            got.stdout
+        assert "chown" in got.stdout and not Path(f"{marker}-lib.theirs").exists()
+        assert Path(f"{marker}-lib.fine").exists()   # a root-owned module still imports
+    # root's modules, but a __pycache__ any user may write: they plant the byte code Python runs instead
+    pycache = site / "cached" / "__pycache__"
+    os.chmod(pycache, 0o777)
+    got = guarded("cached.mod")
+    assert got.returncode == 0, got.stderr
+    assert f"refused: {pycache} is writable by other users (0777)" in got.stdout, got.stdout
+    assert not Path(f"{marker}-cached.__init__").exists() and not Path(f"{marker}-cached.mod").exists()
+    # once only root may write there, the same import runs
+    os.chmod(pycache, 0o755)
+    got = guarded("cached.mod")
+    assert "imported" in got.stdout and Path(f"{marker}-cached.mod").exists(), got.stdout + got.stderr

@@ -88,6 +88,7 @@ def serve(socket_path: str | os.PathLike | None = None, listen: str | None = Non
         raise DaemonError("the native runtime supports x86_64 only (its seccomp filter is written for it).")
     settings.check("daemon")   # a bad value stops the start here, before anything is made
     paths.code_owned_by_root()   # nobody but root may change the code this root process runs
+    paths.guard_imports()        # nor what it imports later
     from hutch.sandbox._host.native.idmap import check_host_accounts
     check_host_accounts()   # no other account may be a sandbox's host ids
     policy = PeerPolicy.for_group(group)
