@@ -366,9 +366,7 @@ class Gvisor:
             write_bundle(gv, self._config(sb, gv))
             await self._run(gv, "restore", "--detach", f"--image-path={mem}", f"--bundle={gv.dir}",
                             f"--pid-file={gv.dir}/pid", sb.id)
-            # identity: the image carries the source's hostname; give the copy its own
-            await self.calls.call(gv, "exec", "--cap=CAP_SYS_ADMIN", "--", sb.id, runsc.BUSYBOX_AT, "hostname",
-                                  sb.hostname, check=False)
+            await self._own_hostname(gv, sb)
             self._running(sb, gv)
         except BaseException as e:
             await mgr.end(sb, "failed")
@@ -376,6 +374,19 @@ class Gvisor:
                 raise
             raise SandboxError(f"memory snapshot {snap_id} could not be restored: {e}") from e
         return sb
+
+    async def _own_hostname(self, gv, sb: "LiveSandbox") -> None:
+        """Identity: the image carries the source's hostname; give the copy its own. A copy is never handed out
+        with the source's: an exec that fails (seen once on a loaded machine, the copy then answering with its
+        source's name) is tried again, and a third failure fails the restore, with runsc's words."""
+        for attempt in range(3):
+            code, text = await self.calls.call(gv, "exec", "--cap=CAP_SYS_ADMIN", "--", sb.id, runsc.BUSYBOX_AT,
+                                               "hostname", sb.hostname, check=False)
+            if code == 0:
+                return
+            await asyncio.sleep(0.05 * (attempt + 1))
+        raise SandboxError(f"the restored copy {sb.id} could not be given its own hostname (`runsc exec hostname` "
+                           f"failed {code}): {text[:400]}")
 
     async def fork(self, sb: "LiveSandbox", n: int, *, detach: bool = False) -> list["LiveSandbox"]:
         """`n` running copies of `sb` (a memory snapshot, restored n times at once, then deleted)."""
