@@ -78,9 +78,10 @@ fi
 # seconds (default 40 minutes) of wall clock, counted from the first failure (one attempt against a dead resolver
 # takes minutes of its own, so the clock, not the number of attempts, bounds the wait), then the error.
 # Any other failure stops at once.
+pipenv=()   # scripts/pip-env's answer, asked once (its probe waits up to 15 s for a dead index)
 pip_install() {
-  local log=.venv/.pip-install.log start=$SECONDS limit=${HUTCH_SETUP_NET_WAIT:-2400} waited pipenv
-  mapfile -t pipenv < <(bash scripts/pip-env)
+  local log=.venv/.pip-install.log start=$SECONDS limit=${HUTCH_SETUP_NET_WAIT:-2400} waited
+  [ "${#pipenv[@]}" -gt 0 ] || mapfile -t pipenv < <(bash scripts/pip-env)
   if [ "${#pipenv[@]}" -gt 1 ]; then   # the index does not answer: the local copies
     if env "${pipenv[@]}" .venv/bin/pip install "$@" 2>"$log"; then cat "$log" >&2; return 0; fi
     cat "$log" >&2
