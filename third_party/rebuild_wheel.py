@@ -69,20 +69,18 @@ def rebuild(name: str, outdir: str) -> str:
     for path, data in entries:
         writer.writerow([path, _digest(data), len(data)])
     writer.writerow([f"{infoname}/RECORD", "", ""])
-    filename = f"{stem}-{'.'.join(sorted({t.split('-')[0] for t in tags}))}-" \
-        f"{'.'.join(sorted({t.split('-')[1] for t in tags}))}-{'.'.join(sorted({t.split('-')[2] for t in tags}))}.whl"
-    out = os.path.join(outdir, filename)
+    def part(i: int) -> str:   # python, abi or platform tags of the WHEEL file, as a filename joins them
+        return ".".join(sorted({t.split("-")[i] for t in tags}))
+
+    out = os.path.join(outdir, f"{stem}-{part(0)}-{part(1)}-{part(2)}.whl")
     tmp = out + ".tmp"
+    members = sorted(entries, key=lambda e: (e[0].startswith(infoname + "/"), e[0]))
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
-        for path, data in sorted(entries, key=lambda e: (e[0].startswith(infoname + "/"), e[0])):
+        for path, data in [*members, (f"{infoname}/RECORD", record.getvalue().encode())]:
             zi = zipfile.ZipInfo(path, date_time=(1980, 1, 1, 0, 0, 0))
             zi.compress_type = zipfile.ZIP_DEFLATED
             zi.external_attr = 0o644 << 16
             z.writestr(zi, data)
-        zi = zipfile.ZipInfo(f"{infoname}/RECORD", date_time=(1980, 1, 1, 0, 0, 0))
-        zi.compress_type = zipfile.ZIP_DEFLATED
-        zi.external_attr = 0o644 << 16
-        z.writestr(zi, record.getvalue())
     os.replace(tmp, out)
     return out
 
